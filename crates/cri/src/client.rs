@@ -1,0 +1,206 @@
+//! Connected CRI clients with per-call timeouts.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1 as api;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Uri};
+use tower::service_fn;
+
+use crate::{CriError, Endpoint};
+
+/// Both CRI services, validated, plus what the runtime said about itself.
+#[derive(Clone)]
+pub struct Cri {
+    pub runtime: RuntimeClient,
+    pub images: ImageClient,
+    pub version: api::VersionResponse,
+}
+
+/// Connects to the runtime (and image) endpoint and validates both with `Version`, as the Go
+/// kubelet does before it starts anything. `image_endpoint` defaults to the runtime endpoint.
+pub async fn connect(
+    runtime_endpoint: &str,
+    image_endpoint: Option<&str>,
+    timeout: Duration,
+) -> Result<Cri, CriError> {
+    let runtime_ep = Endpoint::parse(runtime_endpoint)?;
+    let image_ep = match image_endpoint {
+        Some(raw) if !raw.trim().is_empty() => Endpoint::parse(raw)?,
+        _ => runtime_ep.clone(),
+    };
+    for ep in [&runtime_ep, &image_ep] {
+        if ep.deprecated_form {
+            tracing::warn!(endpoint = %ep, "using a bare path as endpoint is deprecated, please use the full URL format unix:///path");
+        }
+    }
+    let runtime_channel = open_channel(&runtime_ep, timeout).await?;
+    let runtime = RuntimeClient { inner: RuntimeServiceClient::new(runtime_channel.clone()), timeout };
+    let version = validate(&runtime_ep, runtime.version(api::VersionRequest::default()).await)?;
+    let image_channel =
+        if image_ep == runtime_ep { runtime_channel } else { open_channel(&image_ep, timeout).await? };
+    let images = ImageClient { inner: ImageServiceClient::new(image_channel), timeout };
+    validate_images(&image_ep, images.list_images(api::ListImagesRequest::default()).await)?;
+    Ok(Cri { runtime, images, version })
+}
+
+async fn open_channel(ep: &Endpoint, timeout: Duration) -> Result<Channel, CriError> {
+    let path = ep.path().to_path_buf();
+    match tokio::fs::symlink_metadata(&path).await {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(CriError::SocketMissing { endpoint: ep.to_string(), path });
+        }
+        _ => {}
+    }
+    // Dial once ourselves so "not listening" is reported as such rather than as an opaque
+    // transport error from the channel.
+    UnixStream::connect(&path).await.map_err(|e| CriError::Unreachable {
+        endpoint: ep.to_string(),
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    let connector_path = path.clone();
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_timeout(timeout)
+        .connect_with_connector(service_fn(move |_: Uri| dial(connector_path.clone())))
+        .await
+        .map_err(|e| CriError::Unreachable { endpoint: ep.to_string(), path, reason: e.to_string() })
+}
+
+async fn dial(path: PathBuf) -> io::Result<TokioIo<UnixStream>> {
+    Ok(TokioIo::new(UnixStream::connect(path).await?))
+}
+
+/// A socket that accepted our connection but fails `Version` is not a CRI v1 runtime: either
+/// the service is unknown (gRPC Unimplemented) or the peer does not speak gRPC at all (the
+/// Docker Engine socket answers HTTP/1.1).
+fn validate(ep: &Endpoint, result: Result<api::VersionResponse, CriError>) -> Result<api::VersionResponse, CriError> {
+    match result {
+        Ok(v) => Ok(v),
+        Err(CriError::Call { status, .. }) if status.code() != tonic::Code::DeadlineExceeded => {
+            Err(CriError::NotCriV1 { endpoint: ep.to_string(), detail: describe(&status) })
+        }
+        Err(other) => Err(other),
+    }
+}
+
+fn validate_images(ep: &Endpoint, result: Result<api::ListImagesResponse, CriError>) -> Result<(), CriError> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(CriError::Call { status, .. }) if status.code() == tonic::Code::Unimplemented => {
+            Err(CriError::NotCriV1 { endpoint: ep.to_string(), detail: describe(&status) })
+        }
+        Err(other) => Err(other),
+    }
+}
+
+fn describe(status: &tonic::Status) -> String {
+    let message = status.message();
+    match status.code() {
+        tonic::Code::Unimplemented => format!("the service is not implemented ({message})"),
+        _ if message.contains("h2") || message.contains("protocol") || message.contains("transport") => {
+            format!("the socket does not speak gRPC ({message})")
+        }
+        code => format!("{code:?}: {message}"),
+    }
+}
+
+/// Generates a thin wrapper per RPC that applies the client timeout and names the operation
+/// in errors.
+macro_rules! rpcs {
+    ($($method:ident => $op:literal : $req:ty => $resp:ty;)*) => {
+        $(
+            pub async fn $method(&self, req: $req) -> Result<$resp, CriError> {
+                self.call_with_timeout($op, self.timeout, |mut client, request| async move {
+                    client.$method(request).await
+                }, req).await
+            }
+        )*
+    };
+}
+
+/// Shared body of every wrapper: the deadline goes both into the gRPC header (so the runtime
+/// can give up) and around the future (so a stuck socket cannot hang us).
+macro_rules! client_type {
+    ($name:ident, $inner:ty) => {
+        #[derive(Clone)]
+        pub struct $name {
+            inner: $inner,
+            timeout: Duration,
+        }
+
+        impl $name {
+            async fn call_with_timeout<Req, Resp, F, Fut>(
+                &self,
+                op: &'static str,
+                timeout: Duration,
+                f: F,
+                req: Req,
+            ) -> Result<Resp, CriError>
+            where
+                F: FnOnce($inner, tonic::Request<Req>) -> Fut,
+                Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+            {
+                let mut request = tonic::Request::new(req);
+                request.set_timeout(timeout);
+                match tokio::time::timeout(timeout, f(self.inner.clone(), request)).await {
+                    Ok(Ok(resp)) => Ok(resp.into_inner()),
+                    Ok(Err(status)) => Err(CriError::call(op, status)),
+                    Err(_) => Err(CriError::Timeout { op, timeout }),
+                }
+            }
+
+            /// The timeout applied to each call.
+            pub fn timeout(&self) -> Duration {
+                self.timeout
+            }
+        }
+    };
+}
+
+client_type!(RuntimeClient, RuntimeServiceClient<Channel>);
+client_type!(ImageClient, ImageServiceClient<Channel>);
+
+impl RuntimeClient {
+    rpcs! {
+        version => "Version": api::VersionRequest => api::VersionResponse;
+        status => "Status": api::StatusRequest => api::StatusResponse;
+        run_pod_sandbox => "RunPodSandbox": api::RunPodSandboxRequest => api::RunPodSandboxResponse;
+        stop_pod_sandbox => "StopPodSandbox": api::StopPodSandboxRequest => api::StopPodSandboxResponse;
+        remove_pod_sandbox => "RemovePodSandbox": api::RemovePodSandboxRequest => api::RemovePodSandboxResponse;
+        pod_sandbox_status => "PodSandboxStatus": api::PodSandboxStatusRequest => api::PodSandboxStatusResponse;
+        list_pod_sandbox => "ListPodSandbox": api::ListPodSandboxRequest => api::ListPodSandboxResponse;
+        create_container => "CreateContainer": api::CreateContainerRequest => api::CreateContainerResponse;
+        start_container => "StartContainer": api::StartContainerRequest => api::StartContainerResponse;
+        remove_container => "RemoveContainer": api::RemoveContainerRequest => api::RemoveContainerResponse;
+        list_containers => "ListContainers": api::ListContainersRequest => api::ListContainersResponse;
+        container_status => "ContainerStatus": api::ContainerStatusRequest => api::ContainerStatusResponse;
+        exec_sync => "ExecSync": api::ExecSyncRequest => api::ExecSyncResponse;
+    }
+
+    /// Stops a container, giving it `grace` to exit after SIGTERM. The call itself may take
+    /// that long, so its deadline is the normal timeout plus the grace period (as upstream).
+    pub async fn stop_container(&self, container_id: &str, grace: Duration) -> Result<(), CriError> {
+        let req = api::StopContainerRequest { container_id: container_id.to_string(), timeout: grace.as_secs() as i64 };
+        self.call_with_timeout("StopContainer", self.timeout + grace, |mut c, r| async move {
+            c.stop_container(r).await
+        }, req)
+        .await
+        .map(|_| ())
+    }
+}
+
+impl ImageClient {
+    rpcs! {
+        list_images => "ListImages": api::ListImagesRequest => api::ListImagesResponse;
+        image_status => "ImageStatus": api::ImageStatusRequest => api::ImageStatusResponse;
+        pull_image => "PullImage": api::PullImageRequest => api::PullImageResponse;
+        remove_image => "RemoveImage": api::RemoveImageRequest => api::RemoveImageResponse;
+        image_fs_info => "ImageFsInfo": api::ImageFsInfoRequest => api::ImageFsInfoResponse;
+    }
+}

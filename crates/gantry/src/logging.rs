@@ -1,0 +1,38 @@
+//! Structured logs on stderr. The level starts at info (or `RUST_LOG`) so configuration
+//! warnings are visible, and follows klog's `-v` once the configuration is known.
+
+use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, reload, util::SubscriberInitExt};
+
+pub struct Logging {
+    handle: reload::Handle<EnvFilter, Registry>,
+    from_env: bool,
+}
+
+pub fn init() -> Logging {
+    let from_env = std::env::var_os("RUST_LOG").is_some();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (layer, handle) = reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(layer)
+        .with(tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_target(false))
+        .init();
+    Logging { handle, from_env }
+}
+
+impl Logging {
+    /// Applies klog verbosity: 0-3 info, 4-5 debug, 6+ trace (unless RUST_LOG decides).
+    pub fn set_verbosity(&self, v: u8) {
+        if self.from_env {
+            return;
+        }
+        let level = match v {
+            0..=3 => "info",
+            4..=5 => "debug",
+            _ => "trace",
+        };
+        let _ = self.handle.modify(|f| *f = EnvFilter::new(level));
+    }
+}

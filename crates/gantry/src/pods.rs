@@ -1,0 +1,100 @@
+//! `gantry pods`: the standalone agent's pods as a table, the way `kubectl get pods -o wide`
+//! shows them.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use gantry_kubelet::agent::status_store::{STATUS_FILE, read_pod_list};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::jiff::Timestamp;
+
+pub fn main(root_dir: &Path, output: &str) -> ExitCode {
+    let path = root_dir.join(STATUS_FILE);
+    if output == "json" {
+        return match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("{}: {e}; is gantry kubelet running with --root-dir {}?", path.display(), root_dir.display())),
+        };
+    }
+    match read_pod_list(&path) {
+        Ok(pods) => {
+            print!("{}", table(&pods, Timestamp::now()));
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&format!("{e}; is gantry kubelet running with --root-dir {}?", root_dir.display())),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("gantry pods: {message}");
+    ExitCode::FAILURE
+}
+
+pub fn table(pods: &[Pod], now: Timestamp) -> String {
+    let mut rows = vec![["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP"].map(String::from).to_vec()];
+    for pod in pods {
+        let status = pod.status.clone().unwrap_or_default();
+        let containers = status.container_statuses.clone().unwrap_or_default();
+        let ready = containers.iter().filter(|c| c.ready).count();
+        let restarts: i32 = containers.iter().map(|c| c.restart_count).sum();
+        let age = status.start_time.map(|t| age(now, t.0)).unwrap_or_else(|| "<none>".into());
+        rows.push(vec![
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+            format!("{ready}/{}", containers.len()),
+            display_status(pod),
+            restarts.to_string(),
+            age,
+            status.pod_ip.unwrap_or_else(|| "<none>".into()),
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    rows.iter()
+        .map(|r| {
+            let cells: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+            format!("{}\n", cells.join("   ").trim_end())
+        })
+        .collect()
+}
+
+/// The STATUS column as kubectl computes it: an init step, a container's waiting or
+/// terminated reason, or the phase.
+fn display_status(pod: &Pod) -> String {
+    let status = pod.status.clone().unwrap_or_default();
+    let phase = status.phase.clone().unwrap_or_else(|| "Unknown".into());
+    let inits = status.init_container_statuses.unwrap_or_default();
+    for (i, c) in inits.iter().enumerate() {
+        let state = c.state.clone().unwrap_or_default();
+        if let Some(t) = state.terminated.filter(|t| t.exit_code != 0) {
+            return format!("Init:{}", t.reason.unwrap_or_else(|| format!("ExitCode:{}", t.exit_code)));
+        }
+        if let Some(w) = state.waiting.and_then(|w| w.reason).filter(|r| r != "PodInitializing") {
+            return format!("Init:{w}");
+        }
+        if !c.ready {
+            return format!("Init:{i}/{}", inits.len());
+        }
+    }
+    let containers = status.container_statuses.unwrap_or_default();
+    containers.iter().rev().find_map(reason).unwrap_or(phase)
+}
+
+fn reason(c: &ContainerStatus) -> Option<String> {
+    let state = c.state.clone()?;
+    if let Some(w) = state.waiting {
+        return w.reason;
+    }
+    state.terminated.map(|t| t.reason.unwrap_or_else(|| format!("ExitCode:{}", t.exit_code)))
+}
+
+fn age(now: Timestamp, then: Timestamp) -> String {
+    let secs = (now.as_second() - then.as_second()).max(0);
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        _ => format!("{}h", secs / 3600),
+    }
+}

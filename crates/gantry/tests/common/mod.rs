@@ -1,0 +1,235 @@
+//! Shared pieces of the end-to-end tests: a private containerd, a `gantry kubelet` process
+//! pointed at it, and polls with deadlines over its status file and the runtime.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gantry_testkit::Containerd;
+use k8s_cri::v1::{ContainerFilter, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter};
+use k8s_openapi::api::core::v1::Pod;
+
+pub const NODE: &str = "e2e-node";
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A test environment: containerd plus the folders a node agent uses.
+pub struct Env {
+    pub ctd: Containerd,
+    pub manifests: PathBuf,
+    pub root: PathBuf,
+    pub pod_logs: PathBuf,
+    pub config: PathBuf,
+}
+
+impl Env {
+    pub async fn start() -> Option<Env> {
+        gantry_testkit::init_test_tracing();
+        let ctd = Containerd::start_or_skip().await?;
+        let dir = ctd.dir();
+        let (manifests, root, pod_logs) = (dir.join("manifests"), dir.join("kubelet"), dir.join("pod-logs"));
+        for d in [&manifests, &root, &pod_logs] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let config = dir.join("kubelet-config.yaml");
+        let yaml = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nfileCheckFrequency: 20s\n",
+            pod_logs.display()
+        );
+        std::fs::write(&config, yaml).unwrap();
+        Some(Env { ctd, manifests, root, pod_logs, config })
+    }
+
+    /// The flags that point a node agent at this environment.
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            format!("--config={}", self.config.display()),
+            format!("--container-runtime-endpoint={}", self.ctd.endpoint()),
+            format!("--root-dir={}", self.root.display()),
+            format!("--pod-manifest-path={}", self.manifests.display()),
+            format!("--hostname-override={NODE}"),
+            "-v=4".to_string(),
+        ]
+    }
+
+    pub fn kubelet(&self, extra: &[&str]) -> Gantry {
+        let mut args = self.args();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Gantry::start(&args, &self.root.join("gantry.log"))
+    }
+
+    pub fn write_manifest(&self, file: &str, yaml: &str) {
+        // Write then rename, as editors and config tools do, so the agent never reads half.
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.manifests.join(file)).unwrap();
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).unwrap();
+    }
+
+    /// Containers Gantry created on this node, from the runtime itself.
+    pub async fn containers(&self) -> Vec<RuntimeContainer> {
+        let mut client = self.ctd.runtime_client().await;
+        let filter = ContainerFilter { label_selector: owned(), ..Default::default() };
+        let list = client.list_containers(ListContainersRequest { filter: Some(filter) }).await.unwrap().into_inner();
+        list.containers
+            .into_iter()
+            .map(|c| RuntimeContainer {
+                id: c.id,
+                name: c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
+                attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),
+                pod: c.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default(),
+                pod_uid: c.labels.get("io.kubernetes.pod.uid").cloned().unwrap_or_default(),
+                running: c.state == k8s_cri::v1::ContainerState::ContainerRunning as i32,
+            })
+            .collect()
+    }
+
+    /// (sandbox id, pod name, ready) of Gantry's sandboxes on this node.
+    pub async fn sandboxes(&self) -> Vec<(String, String, bool)> {
+        let mut client = self.ctd.runtime_client().await;
+        let filter = PodSandboxFilter { label_selector: owned(), ..Default::default() };
+        let list = client.list_pod_sandbox(ListPodSandboxRequest { filter: Some(filter) }).await.unwrap().into_inner();
+        list.items
+            .into_iter()
+            .map(|s| {
+                let pod = s.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default();
+                (s.id, pod, s.state == k8s_cri::v1::PodSandboxState::SandboxReady as i32)
+            })
+            .collect()
+    }
+
+    pub async fn running(&self, pod: &str) -> Vec<RuntimeContainer> {
+        self.containers().await.into_iter().filter(|c| c.pod == pod && c.running).collect()
+    }
+}
+
+fn owned() -> HashMap<String, String> {
+    HashMap::from([("gantry.dev/node".to_string(), NODE.to_string())])
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeContainer {
+    pub id: String,
+    pub name: String,
+    pub attempt: u32,
+    pub pod: String,
+    pub pod_uid: String,
+    pub running: bool,
+}
+
+/// A `gantry kubelet` process. Killed (SIGKILL, like a crash) on drop.
+pub struct Gantry {
+    child: Option<Child>,
+    log: PathBuf,
+    root: PathBuf,
+}
+
+impl Gantry {
+    pub fn start(args: &[String], log: &Path) -> Gantry {
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
+            .arg("kubelet")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn gantry");
+        let root = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--root-dir="))
+            .map(PathBuf::from)
+            .expect("--root-dir");
+        Gantry { child: Some(child), log: log.to_path_buf(), root }
+    }
+
+    /// The pods in the status file (empty until the agent wrote it).
+    pub fn pods(&self) -> Vec<Pod> {
+        gantry_kubelet::agent::status_store::read_pod_list(&self.root.join("pods.json")).unwrap_or_default()
+    }
+
+    pub fn pod(&self, name: &str) -> Option<Pod> {
+        self.pods().into_iter().find(|p| p.metadata.name.as_deref() == Some(name))
+    }
+
+    pub fn pod_in_phase(&self, name: &str, phase: &str) -> Option<Pod> {
+        self.pod(name).filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+    }
+
+    pub fn phase(&self, name: &str) -> Option<String> {
+        self.pod(name)?.status?.phase
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the process the hard way, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether the process exited, and how.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Gantry {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `DEADLINE` with `what` and the
+/// agent's log.
+pub async fn eventually<T, F, Fut>(what: &str, gantry: &Gantry, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if start.elapsed() > DEADLINE {
+            panic!("timed out waiting for {what}\n--- gantry log ---\n{}", tail(&gantry.log(), 80));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A pod manifest running a busybox shell command.
+pub fn pod_yaml(name: &str, command: &str, extra_spec: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+{extra_spec}  containers:
+  - name: main
+    image: {image}
+    command: ["sh", "-c", {command:?}]
+"#,
+        image = gantry_testkit::BUSYBOX_IMAGE,
+    )
+}
+
+/// The pod's full name as Gantry names static pods.
+pub fn static_name(name: &str) -> String {
+    format!("{name}-{NODE}")
+}

@@ -1,0 +1,252 @@
+//! The node agent in standalone mode: sources in, one worker per pod, a relist that notices
+//! runtime changes (the PLEG), orphan clean-up and garbage collection.
+
+pub mod events;
+pub mod runonce;
+pub mod status_store;
+mod worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gantry_cri::CriError;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::sync::mpsc;
+
+use crate::config::Settings;
+use crate::pod::gc::{self, Removal};
+use crate::pod::{spec, ObservedPod};
+use crate::runtime::observe::PodIdentity;
+use crate::runtime::{Driver, Observer};
+use crate::source::merge::Merger;
+use crate::source::{file, http, SourceKind, SourceUpdate};
+pub use status_store::StatusStore;
+
+/// How often the runtime is relisted to notice exits and changes (upstream PLEG period).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// How often dead containers and sandboxes are collected (upstream container GC period).
+const GC_PERIOD: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("no pod manifest update after {0:?}; check --pod-manifest-path / --manifest-url")]
+    NoManifestUpdate(Duration),
+    #[error("no static pod source is configured: set --pod-manifest-path (staticPodPath) or --manifest-url (staticPodURL)")]
+    NoSources,
+}
+
+/// What every worker needs.
+pub struct Shared {
+    pub driver: Driver,
+    pub observer: Observer,
+    pub statuses: Arc<StatusStore>,
+    pub host_ip: Option<String>,
+    pub pod_logs_dir: PathBuf,
+}
+
+impl Shared {
+    /// Connects to the runtime named in `settings` and validates it.
+    pub async fn connect(settings: &Settings) -> Result<Arc<Self>, AgentError> {
+        let cri = gantry_cri::connect(
+            &settings.container_runtime_endpoint,
+            settings.image_service_endpoint.as_deref(),
+            settings.runtime_request_timeout,
+        )
+        .await?;
+        tracing::info!(
+            runtime = %cri.version.runtime_name, version = %cri.version.runtime_version,
+            api = %cri.version.runtime_api_version, node = %settings.node_name, "connected to container runtime"
+        );
+        let observer = Observer::new(cri.runtime.clone(), &settings.node_name);
+        let driver = Driver::new(cri, &settings.node_name, settings.pod_logs_dir.clone(), settings.root_dir.clone());
+        Ok(Arc::new(Shared {
+            driver,
+            observer,
+            statuses: Arc::new(StatusStore::default()),
+            host_ip: None,
+            pod_logs_dir: settings.pod_logs_dir.clone(),
+        }))
+    }
+}
+
+/// Starts the configured static pod sources; returns their kinds and the update channel.
+pub fn start_sources(settings: &Settings) -> (Vec<SourceKind>, mpsc::Receiver<SourceUpdate>) {
+    let (tx, rx) = mpsc::channel(16);
+    let mut kinds = Vec::new();
+    if let Some(path) = &settings.static_pod_path {
+        kinds.push(SourceKind::File);
+        tokio::spawn(file::run(path.clone(), settings.node_name.clone(), settings.file_check_frequency, tx.clone()));
+    }
+    if let Some(url) = &settings.static_pod_url {
+        kinds.push(SourceKind::Http);
+        let source = http::HttpSource::new(url.clone(), settings.static_pod_url_header.clone(), &settings.node_name);
+        tokio::spawn(http::run(source, settings.http_check_frequency, tx));
+    }
+    (kinds, rx)
+}
+
+/// The long-running agent.
+pub struct Agent {
+    shared: Arc<Shared>,
+    merger: Merger,
+    configured: Vec<SourceKind>,
+    desired: BTreeMap<String, Pod>,
+    workers: HashMap<String, worker::Handle>,
+    done_tx: mpsc::UnboundedSender<String>,
+    done_rx: mpsc::UnboundedReceiver<String>,
+    fingerprints: HashMap<String, u64>,
+    last_gc: Instant,
+}
+
+impl Agent {
+    pub fn new(shared: Arc<Shared>, configured: Vec<SourceKind>) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Agent {
+            shared,
+            merger: Merger::default(),
+            configured,
+            desired: BTreeMap::new(),
+            workers: HashMap::new(),
+            done_tx,
+            done_rx,
+            fingerprints: HashMap::new(),
+            last_gc: Instant::now(),
+        }
+    }
+
+    /// Runs until the process ends. Pods keep running when it does.
+    pub async fn run(mut self, mut updates: mpsc::Receiver<SourceUpdate>) {
+        let mut relist = tokio::time::interval(RELIST_PERIOD);
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                Some(update) = updates.recv() => self.apply(update),
+                Some(uid) = self.done_rx.recv() => {
+                    self.workers.remove(&uid);
+                    self.reconcile();
+                }
+                _ = relist.tick() => self.housekeeping().await,
+            }
+        }
+    }
+
+    fn apply(&mut self, update: SourceUpdate) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let desired = self.merger.apply(update, &now);
+        for message in &desired.rejected {
+            tracing::error!("{message}");
+        }
+        self.desired = desired.pods;
+        self.reconcile();
+    }
+
+    /// Starts workers for new pods, forwards spec changes, and terminates unwanted pods.
+    fn reconcile(&mut self) {
+        for (uid, pod) in &self.desired {
+            match self.workers.get(uid) {
+                None => {
+                    tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "adding pod");
+                    let handle = worker::spawn(pod.clone(), self.shared.clone(), self.done_tx.clone());
+                    self.workers.insert(uid.clone(), handle);
+                }
+                Some(h) if !h.terminating => {
+                    let _ = h.tx.send(worker::Msg::Update(Box::new(pod.clone())));
+                }
+                Some(_) => {} // restarts once the old incarnation is gone
+            }
+        }
+        for (uid, h) in self.workers.iter_mut().filter(|(uid, h)| !h.terminating && !self.desired.contains_key(*uid)) {
+            tracing::info!(pod_uid = %uid, "removing pod");
+            h.terminating = true;
+            let _ = h.tx.send(worker::Msg::Terminate);
+        }
+    }
+
+    /// The relist: wakes workers whose pods changed in the runtime, stops pods that no source
+    /// wants (after every source reported, so a restart does not kill pods it has not read
+    /// yet), and collects garbage.
+    async fn housekeeping(&mut self) {
+        let snapshot = match self.shared.observer.all().await {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list pods in the runtime");
+                return;
+            }
+        };
+        let sources_ready = self.merger.all_reported(&self.configured);
+        for (uid, observed) in &snapshot.pods {
+            let fp = fingerprint(observed);
+            if self.fingerprints.insert(uid.clone(), fp) != Some(fp)
+                && let Some(h) = self.workers.get(uid)
+            {
+                let _ = h.tx.send(worker::Msg::Wake);
+            }
+            if sources_ready && !self.workers.contains_key(uid) && !self.desired.contains_key(uid) {
+                self.stop_orphan(uid, snapshot.identities.get(uid));
+            }
+        }
+        self.fingerprints.retain(|uid, _| snapshot.pods.contains_key(uid));
+        if self.last_gc.elapsed() >= GC_PERIOD {
+            self.last_gc = Instant::now();
+            self.collect_garbage(&snapshot.pods).await;
+        }
+    }
+
+    fn stop_orphan(&mut self, uid: &str, identity: Option<&PodIdentity>) {
+        let pod = orphan_pod(uid, identity);
+        tracing::info!(pod = %spec::full_name(&pod), pod_uid = uid, "stopping pod that no source defines any more");
+        let handle = worker::spawn_terminator(pod, self.shared.clone(), self.done_tx.clone());
+        self.workers.insert(uid.to_string(), handle);
+    }
+
+    async fn collect_garbage(&self, pods: &HashMap<String, ObservedPod>) {
+        for (uid, observed) in pods {
+            if self.workers.get(uid).is_some_and(|h| h.terminating) {
+                continue;
+            }
+            for removal in gc::collect(observed, self.desired.contains_key(uid)) {
+                let result = match &removal {
+                    Removal::Container(id) => self.shared.driver.remove_container(id).await,
+                    Removal::Sandbox(id) => self.shared.driver.remove_sandbox(id).await,
+                };
+                if let Err(e) = result {
+                    tracing::warn!(pod_uid = %uid, ?removal, error = %e, "garbage collection failed");
+                }
+            }
+        }
+    }
+}
+
+/// A pod object good enough to stop what the runtime still runs for a vanished pod.
+fn orphan_pod(uid: &str, identity: Option<&PodIdentity>) -> Pod {
+    let identity = identity.cloned().unwrap_or(PodIdentity { name: String::new(), namespace: String::new(), grace_seconds: 30 });
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(identity.name),
+            namespace: Some(identity.namespace),
+            uid: Some(uid.to_string()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec { termination_grace_period_seconds: Some(identity.grace_seconds), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn fingerprint(observed: &ObservedPod) -> u64 {
+    let mut items: Vec<(&str, u8)> = observed
+        .sandboxes
+        .iter()
+        .map(|s| (s.id.as_str(), u8::from(s.ready)))
+        .chain(observed.containers.iter().map(|c| (c.id.as_str(), c.state as u8)))
+        .collect();
+    items.sort();
+    let mut hasher = DefaultHasher::new();
+    items.hash(&mut hasher);
+    hasher.finish()
+}

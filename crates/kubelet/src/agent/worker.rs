@@ -1,0 +1,315 @@
+//! One task per pod: observe, plan, act, report, wait. Pods never block each other, and a
+//! pod that cannot run only ever affects itself.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tokio::sync::mpsc;
+
+use super::events::{self, EventType};
+use super::Shared;
+use crate::pod::backoff::{self, Backoff};
+use crate::pod::plan::{self, KillReason, PodActions, Start};
+use crate::pod::status::{self, Waiting};
+use crate::pod::{spec, ContainerState, Nanos, ObservedPod};
+use crate::runtime::{Driver, StartError, Started};
+
+pub enum Msg {
+    /// The pod's spec changed (same UID).
+    Update(Box<Pod>),
+    /// Something about the pod may have changed in the runtime; look again.
+    Wake,
+    /// The pod is no longer wanted: stop it gracefully and remove it.
+    Terminate,
+}
+
+/// Upper bound on how long a pod goes without being looked at.
+const RESYNC: Duration = Duration::from_secs(10);
+/// While an init container runs, look more often than the relist does, so the next one
+/// starts promptly.
+const INIT_POLL: Duration = Duration::from_millis(200);
+const MAX_ERROR_DELAY: Duration = Duration::from_secs(10);
+/// Plan/act rounds per sync before yielding; a converging pod needs two or three.
+const MAX_ROUNDS: usize = 6;
+
+pub struct Handle {
+    pub tx: mpsc::UnboundedSender<Msg>,
+    pub terminating: bool,
+}
+
+/// Starts the worker; `done` receives the UID once the pod has been terminated and removed.
+pub fn spawn(pod: Pod, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let uid = spec::uid(&pod).to_string();
+    tokio::spawn(async move {
+        Worker::new(pod, shared).run(rx).await;
+        let _ = done.send(uid);
+    });
+    Handle { tx, terminating: false }
+}
+
+struct Worker {
+    pod: Pod,
+    shared: Arc<Shared>,
+    backoff: Backoff,
+    /// Why containers are not running, from the last attempt to start them.
+    waiting: HashMap<String, Waiting>,
+    error_delay: Option<Duration>,
+    start_time: Option<Nanos>,
+}
+
+impl Worker {
+    fn new(pod: Pod, shared: Arc<Shared>) -> Self {
+        Worker { pod, shared, backoff: Backoff::default(), waiting: HashMap::new(), error_delay: None, start_time: None }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        loop {
+            let wait = self.sync().await;
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(Msg::Update(pod)) => self.pod = *pod,
+                    Some(Msg::Wake) => {}
+                    Some(Msg::Terminate) | None => return self.terminate().await,
+                },
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Brings the pod one step closer to its spec; returns how long to wait before the next
+    /// look (absent any message).
+    async fn sync(&mut self) -> Duration {
+        for _ in 0..MAX_ROUNDS {
+            let observed = match self.shared.observer.pod(spec::uid(&self.pod)).await {
+                Ok(observed) => observed,
+                Err(e) => {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot read pod state from the runtime");
+                    return self.failed();
+                }
+            };
+            let now = now();
+            let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
+            self.note_back_off(&actions);
+            if actions.start.is_empty() && actions.kill_containers.is_empty() && actions.create_sandbox.is_none() && !actions.kill_pod {
+                self.publish(&observed, now);
+                self.error_delay = None;
+                return self.next_wait(&observed, &actions);
+            }
+            if !self.execute(&actions, &observed, now).await {
+                if let Ok(observed) = self.shared.observer.pod(spec::uid(&self.pod)).await {
+                    self.publish(&observed, now);
+                }
+                return self.failed();
+            }
+        }
+        Duration::ZERO
+    }
+
+    fn next_wait(&self, observed: &ObservedPod, actions: &PodActions) -> Duration {
+        let init_running = spec::init_containers(&self.pod)
+            .iter()
+            .any(|c| observed.latest(&c.name).is_some_and(|i| i.state == ContainerState::Running));
+        let mut wait = if init_running { INIT_POLL } else { RESYNC };
+        if let Some(backoff) = actions.next_wake() {
+            wait = wait.min(Duration::from_nanos(backoff as u64));
+        }
+        wait
+    }
+
+    fn failed(&mut self) -> Duration {
+        let delay = self.error_delay.map_or(Duration::from_secs(1), |d| (d * 2).min(MAX_ERROR_DELAY));
+        self.error_delay = Some(delay);
+        delay
+    }
+
+    fn note_back_off(&mut self, actions: &PodActions) {
+        for b in &actions.back_off {
+            let waiting = Waiting { reason: "CrashLoopBackOff".into(), message: b.delay_message.clone() };
+            if self.waiting.get(&b.name) != Some(&waiting) {
+                events::record(&self.pod, Some(&b.name), EventType::Warning, "BackOff", &format!("Back-off restarting failed container {} in pod {}", b.name, spec::name(&self.pod)));
+            }
+            self.waiting.insert(b.name.clone(), waiting);
+        }
+    }
+
+    /// Returns false if any step failed (the failure is recorded for the status).
+    async fn execute(&mut self, actions: &PodActions, observed: &ObservedPod, now: Nanos) -> bool {
+        let driver = &self.shared.driver;
+        let grace = Driver::grace(&self.pod);
+        if actions.kill_pod {
+            self.killing_events(observed.running().map(|c| c.name.as_str()));
+            if let Err(e) = driver.kill_pod(observed, grace).await {
+                tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot stop pod");
+                return false;
+            }
+        }
+        for k in &actions.kill_containers {
+            let why = match k.reason {
+                KillReason::SpecChanged => format!("Container {} definition changed, will be restarted", k.name),
+                KillReason::Stuck => format!("Stopping container {}", k.name),
+            };
+            events::record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &why);
+            if let Err(e) = driver.kill_container(&k.id, grace).await {
+                tracing::warn!(pod = %spec::full_name(&self.pod), container = %k.name, error = %e, "cannot stop container");
+                return false;
+            }
+        }
+        if let Some(attempt) = actions.create_sandbox {
+            return self.create_sandbox(attempt).await;
+        }
+        self.start_all(&actions.start, observed, now).await
+    }
+
+    async fn create_sandbox(&mut self, attempt: u32) -> bool {
+        if attempt > 0 {
+            events::record(&self.pod, None, EventType::Normal, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.");
+        }
+        match self.shared.driver.create_sandbox(&self.pod, attempt).await {
+            Ok(_) => {
+                self.start_time.get_or_insert_with(now);
+                true
+            }
+            Err(e) => {
+                events::record(&self.pod, None, EventType::Warning, "FailedCreatePodSandBox", &e.message);
+                false
+            }
+        }
+    }
+
+    async fn start_all(&mut self, starts: &[Start], observed: &ObservedPod, now: Nanos) -> bool {
+        let Some(sandbox) = observed.current_sandbox() else { return false };
+        let uid = spec::uid(&self.pod).to_string();
+        for s in starts.iter().filter_map(|s| s.restart_of.map(|f| (s, f))) {
+            self.backoff.record_restart(&backoff::key(&uid, &s.0.name), s.1, now);
+        }
+        let driver = &self.shared.driver;
+        let pod = &self.pod;
+        let results = join_all(starts.iter().map(|s| async move {
+            let c = container(pod, &s.name)?;
+            let result = driver.start_container(pod, c, &sandbox.id, s.attempt, sandbox.ip.as_deref()).await;
+            Some((s, c.image.clone().unwrap_or_default(), result))
+        }))
+        .await;
+        let mut ok = true;
+        for (s, image, result) in results.into_iter().flatten() {
+            ok &= self.record_start(s, &image, result);
+        }
+        ok
+    }
+
+    fn record_start(&mut self, s: &Start, image: &str, result: Result<Started, StartError>) -> bool {
+        let event = |reason: &str, message: &str| events::record(&self.pod, Some(&s.name), EventType::Normal, reason, message);
+        match result {
+            Ok(started) => {
+                if started.pulled {
+                    event("Pulled", &format!("Successfully pulled image {image:?}"));
+                } else {
+                    event("Pulled", &format!("Container image {image:?} already present on machine"));
+                }
+                event("Created", &format!("Created container {}", s.name));
+                event("Started", &format!("Started container {}", s.name));
+                tracing::debug!(container_id = %started.id, container = %s.name, "container started");
+                self.waiting.remove(&s.name);
+                true
+            }
+            Err(e) => {
+                let message = match e.reason {
+                    "ErrImageNeverPull" | "ErrImagePull" => e.message.clone(),
+                    _ => format!("Error: {}", e.message),
+                };
+                events::record(&self.pod, Some(&s.name), EventType::Warning, "Failed", &message);
+                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                false
+            }
+        }
+    }
+
+    fn killing_events<'a>(&self, names: impl Iterator<Item = &'a str>) {
+        for name in names {
+            events::record(&self.pod, Some(name), EventType::Normal, "Killing", &format!("Stopping container {name}"));
+        }
+    }
+
+    fn publish(&mut self, observed: &ObservedPod, now: Nanos) {
+        // A container that runs again no longer waits for anything.
+        self.waiting.retain(|name, _| !observed.latest(name).is_some_and(|i| i.state == ContainerState::Running));
+        if self.start_time.is_none() && observed.current_sandbox().is_some() {
+            self.start_time = observed.current_sandbox().map(|s| s.created_at);
+        }
+        let previous = self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status);
+        let status = status::compute(&status::Input {
+            pod: &self.pod,
+            observed,
+            waiting: &self.waiting,
+            runtime_name: self.shared.driver.runtime_name(),
+            host_ip: self.shared.host_ip.as_deref(),
+            start_time: self.start_time,
+            previous: previous.as_ref(),
+            now,
+        });
+        let old_phase = previous.as_ref().and_then(|s| s.phase.clone());
+        if old_phase != status.phase {
+            tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = spec::uid(&self.pod), phase = status.phase.as_deref().unwrap_or_default(), "pod phase changed");
+        }
+        self.shared.statuses.set(&self.pod, status);
+    }
+
+    /// Stops the pod with its grace period, then removes its containers, sandboxes and files.
+    async fn terminate(self) {
+        let uid = spec::uid(&self.pod).to_string();
+        let grace = Driver::grace(&self.pod);
+        let mut delay = Duration::from_secs(1);
+        loop {
+            match self.try_terminate(grace).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot stop pod; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_ERROR_DELAY);
+                }
+            }
+        }
+        self.shared.statuses.remove(&uid);
+        tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = %uid, "pod stopped and removed");
+    }
+
+    async fn try_terminate(&self, grace: Duration) -> Result<(), gantry_cri::CriError> {
+        let uid = spec::uid(&self.pod);
+        let observed = self.shared.observer.pod(uid).await?;
+        self.killing_events(observed.running().map(|c| c.name.as_str()));
+        self.shared.driver.kill_pod(&observed, grace).await?;
+        let observed = self.shared.observer.pod(uid).await?;
+        self.shared.driver.remove_pod(uid, &observed).await?;
+        let log_dir = crate::runtime::config::pod_log_dir(&self.shared.pod_logs_dir, &self.pod);
+        if let Err(e) = tokio::fs::remove_dir_all(&log_dir).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %log_dir.display(), error = %e, "cannot remove pod log directory");
+        }
+        Ok(())
+    }
+}
+
+fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name)
+}
+
+pub fn now() -> Nanos {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    since_epoch.as_nanos() as Nanos
+}
+
+/// A worker that only stops and removes a pod (one that no source defines any more).
+pub fn spawn_terminator(pod: Pod, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let uid = spec::uid(&pod).to_string();
+    tokio::spawn(async move {
+        Worker::new(pod, shared).terminate().await;
+        let _ = done.send(uid);
+    });
+    Handle { tx, terminating: true }
+}

@@ -1,0 +1,943 @@
+//! Command-line flags of `gantry kubelet`, with the Go kubelet's names and
+//! syntax.
+//!
+//! Every setting flag is an `Option` (or a `Vec`) so that "given on the
+//! command line" can be told apart from "left at its default": only given
+//! flags override the config file.
+//!
+//! Go (pflag) syntax is followed: `--flag value` and `--flag=value`;
+//! boolean flags take `--flag`, `--flag=true` or `--flag=false` (never a
+//! separate value); `-v 4`, `-v=4`, `-v4`, `--v=4` for verbosity.
+//! [`Flags::parse_args`] additionally maps `_` to `-` in flag names, as the
+//! Go kubelet's flag normalisation does.
+//!
+//! [`CompatFlags`] (flattened into [`Flags`], hidden from `--help`) declares
+//! the dockershim-era flags, which are refused with a message saying what to
+//! use instead, and the other Go-kubelet flags, which are accepted so that an
+//! existing command line works, and reported as not implemented yet.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, CommandFactory, FromArgMatches, Parser};
+
+use super::duration::GoDuration;
+use super::error::ConfigError;
+use super::gates::parse_go_bool;
+
+/// Flags of `gantry kubelet` (Go kubelet names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Parser)]
+#[command(
+    name = "kubelet",
+    about = "Gantry node agent: runs the pods assigned to this node (a drop-in for the Go kubelet)",
+    disable_version_flag = true
+)]
+pub struct Flags {
+    /// The kubelet config file (KubeletConfiguration, kubelet.config.k8s.io/v1beta1, YAML or JSON). Command-line flags override settings from this file.
+    #[arg(long, value_name = "FILE", value_parser = any_path, allow_hyphen_values = true)]
+    pub config: Option<PathBuf>,
+
+    /// kubeconfig for the API server. Providing it enables API server mode; omitting it enables standalone mode.
+    #[arg(long, value_name = "FILE", value_parser = any_path, allow_hyphen_values = true)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Directory of static pod manifests, or a single manifest file. Files starting with dots are ignored. (staticPodPath)
+    #[arg(long, value_name = "PATH", allow_hyphen_values = true)]
+    pub pod_manifest_path: Option<String>,
+
+    /// URL for additional static pod manifests. (staticPodURL)
+    #[arg(long, value_name = "URL", allow_hyphen_values = true)]
+    pub manifest_url: Option<String>,
+
+    /// Comma-separated `name:value` HTTP headers for --manifest-url; repeatable, and repeated names are sent in the order given, e.g. --manifest-url-header 'a:hello,b:again' --manifest-url-header 'b:beautiful'. (staticPodURLHeader)
+    #[arg(long, value_name = "NAME:VALUE,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub manifest_url_header: Vec<String>,
+
+    /// Endpoint of the CRI runtime service, e.g. unix:///run/containerd/containerd.sock. (containerRuntimeEndpoint)
+    #[arg(long, value_name = "ENDPOINT", allow_hyphen_values = true)]
+    pub container_runtime_endpoint: Option<String>,
+
+    /// Endpoint of the CRI image service; defaults to --container-runtime-endpoint. (imageServiceEndpoint)
+    #[arg(long, value_name = "ENDPOINT", allow_hyphen_values = true)]
+    pub image_service_endpoint: Option<String>,
+
+    /// Use this name for the node instead of the machine's hostname.
+    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
+    pub hostname_override: Option<String>,
+
+    /// Directory for kubelet files (volume mounts, plugin sockets, ...). [default: /var/lib/kubelet]
+    #[arg(long, value_name = "DIR", value_parser = any_path, allow_hyphen_values = true)]
+    pub root_dir: Option<PathBuf>,
+
+    /// Feature gates as comma-separated Name=bool pairs, e.g. LegacyNodeRunOnceMode=true; repeatable. Overrides featureGates from the config file gate by gate.
+    #[arg(long, value_name = "NAME=BOOL,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub feature_gates: Vec<String>,
+
+    /// Run the static pods once and exit (deprecated, KEP-4580; requires the LegacyNodeRunOnceMode feature gate). (runOnce)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub runonce: Option<bool>,
+
+    /// Timeout of runtime requests other than pull, logs, exec and attach, e.g. 2m. (runtimeRequestTimeout)
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub runtime_request_timeout: Option<GoDuration>,
+
+    /// Maximum period between syncs of running containers and config, e.g. 1m. (syncFrequency)
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub sync_frequency: Option<GoDuration>,
+
+    /// How often to check static pod files for changes, e.g. 20s. (fileCheckFrequency)
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub file_check_frequency: Option<GoDuration>,
+
+    /// How often to poll --manifest-url, e.g. 20s. (httpCheckFrequency)
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub http_check_frequency: Option<GoDuration>,
+
+    /// Maximum number of pods on this node. (maxPods) [default: 110]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
+    pub max_pods: Option<i32>,
+
+    /// Log verbosity level (klog style). (logging.verbosity) [default: 0]
+    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
+
+    #[command(flatten)]
+    pub compat: CompatFlags,
+}
+
+/// Unlike clap's `PathBuf` parser, accepts an empty value (`--kubeconfig=`),
+/// which the Go kubelet treats as "not set".
+fn any_path(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
+fn go_bool(s: &str) -> Result<bool, String> {
+    parse_go_bool(s).ok_or_else(|| {
+        "expected true or false (also accepted: 1, 0, t, f, TRUE, FALSE)".to_string()
+    })
+}
+
+fn go_int32(s: &str) -> Result<i32, String> {
+    s.parse::<i32>()
+        .map_err(|_| "expected a whole number (32-bit)".to_string())
+}
+
+fn go_duration(s: &str) -> Result<GoDuration, String> {
+    GoDuration::parse(s).map_err(|e| e.to_string())
+}
+
+impl Flags {
+    /// Parses a command line (without the program name), never exiting the
+    /// process: `--help` comes back as [`ConfigError::HelpRequested`].
+    ///
+    /// Dockershim-era flags are reported before any other problem, so that
+    /// an old command line gets the migration advice first. Flag names are
+    /// normalised (`--root_dir` = `--root-dir`), as the Go kubelet does.
+    pub fn parse_args<S: AsRef<str>>(args: &[S]) -> Result<Flags, ConfigError> {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| normalize_flag_name(a.as_ref()))
+            .collect();
+        if let Some(flag) = first_dockershim_flag(&args) {
+            return Err(dockershim_error(flag));
+        }
+        let argv =
+            std::iter::once(OsString::from("kubelet")).chain(args.iter().map(OsString::from));
+        Flags::try_parse_from(argv).map_err(from_clap_error)
+    }
+
+    /// The clap command, e.g. for rendering help.
+    pub fn command_for_help() -> Command {
+        <Flags as CommandFactory>::command()
+    }
+}
+
+/// `--root_dir=x` → `--root-dir=x` (only the name part of `--` flags).
+fn normalize_flag_name(arg: &str) -> String {
+    let Some(rest) = arg.strip_prefix("--") else {
+        return arg.to_string();
+    };
+    let (name, value) = match rest.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (rest, None),
+    };
+    if !name.contains('_') {
+        return arg.to_string();
+    }
+    let name = name.replace('_', "-");
+    match value {
+        Some(v) => format!("--{name}={v}"),
+        None => format!("--{name}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Compatibility flags
+
+/// Dockershim-era flags and what to use instead.
+pub const DOCKERSHIM_FLAGS: &[(&str, &str)] = &[
+    (
+        "container-runtime",
+        "The kubelet only talks to CRI runtimes now: drop --container-runtime and point --container-runtime-endpoint at containerd, CRI-O or cri-dockerd.",
+    ),
+    (
+        "docker-endpoint",
+        "Use --container-runtime-endpoint with containerd (unix:///run/containerd/containerd.sock), CRI-O (unix:///var/run/crio/crio.sock) or cri-dockerd (unix:///run/cri-dockerd.sock).",
+    ),
+    (
+        "docker",
+        "Use --container-runtime-endpoint with containerd, CRI-O or cri-dockerd instead.",
+    ),
+    (
+        "experimental-dockershim-root-directory",
+        "Drop the flag; the container runtime (containerd, CRI-O or cri-dockerd) manages its own state directory.",
+    ),
+    (
+        "network-plugin",
+        "CNI is configured in the container runtime now (containerd's or CRI-O's CNI config); drop the flag.",
+    ),
+    (
+        "network-plugin-mtu",
+        "Set the MTU in your CNI network configuration, which the container runtime (containerd or CRI-O) reads; drop the flag.",
+    ),
+    (
+        "cni-bin-dir",
+        "CNI is configured in the container runtime now: set the plugin directory in containerd's or CRI-O's CNI config (e.g. containerd's plugins.cri.cni.bin_dir); drop the flag.",
+    ),
+    (
+        "cni-conf-dir",
+        "CNI is configured in the container runtime now: set the config directory in containerd's or CRI-O's CNI config (e.g. containerd's plugins.cri.cni.conf_dir); drop the flag.",
+    ),
+    (
+        "cni-cache-dir",
+        "CNI is configured in the container runtime now (containerd's or CRI-O's CNI config); drop the flag.",
+    ),
+    (
+        "image-pull-progress-deadline",
+        "Configure image pull timeouts in the container runtime (e.g. containerd's image_pull_progress_timeout); drop the flag.",
+    ),
+    (
+        "redirect-container-streaming",
+        "Streaming (exec, attach, port-forward) is always served through the kubelet now; drop the flag.",
+    ),
+    (
+        "non-masquerade-cidr",
+        "It had no effect outside dockershim's kubenet; configure masquerading in your CNI plugin and drop the flag.",
+    ),
+];
+
+/// Go-kubelet flags that take a value and that Gantry accepts without acting
+/// on them (yet).
+pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
+    "address",
+    "allowed-unsafe-sysctls",
+    "authentication-token-webhook-cache-ttl",
+    "authorization-mode",
+    "authorization-webhook-cache-authorized-ttl",
+    "authorization-webhook-cache-unauthorized-ttl",
+    "bootstrap-kubeconfig",
+    "cert-dir",
+    "cgroup-driver",
+    "cgroup-root",
+    "client-ca-file",
+    "cloud-config",
+    "cloud-provider",
+    "cluster-dns",
+    "cluster-domain",
+    "config-dir",
+    "container-log-max-files",
+    "container-log-max-size",
+    "cpu-cfs-quota-period",
+    "cpu-manager-policy",
+    "cpu-manager-policy-options",
+    "cpu-manager-reconcile-period",
+    "enforce-node-allocatable",
+    "event-burst",
+    "event-qps",
+    "eviction-hard",
+    "eviction-max-pod-grace-period",
+    "eviction-minimum-reclaim",
+    "eviction-pressure-transition-period",
+    "eviction-soft",
+    "eviction-soft-grace-period",
+    "experimental-mounter-path",
+    "hairpin-mode",
+    "healthz-bind-address",
+    "healthz-port",
+    "image-credential-provider-bin-dir",
+    "image-credential-provider-config",
+    "image-gc-high-threshold",
+    "image-gc-low-threshold",
+    "iptables-drop-bit",
+    "iptables-masquerade-bit",
+    "kube-api-burst",
+    "kube-api-content-type",
+    "kube-api-qps",
+    "kube-reserved",
+    "kube-reserved-cgroup",
+    "kubelet-cgroups",
+    "lock-file",
+    "log-flush-frequency",
+    "log-json-info-buffer-size",
+    "log-text-info-buffer-size",
+    "logging-format",
+    "max-open-files",
+    "maximum-dead-containers",
+    "maximum-dead-containers-per-container",
+    "memory-manager-policy",
+    "minimum-container-ttl-duration",
+    "minimum-image-ttl-duration",
+    "node-ip",
+    "node-labels",
+    "node-status-max-images",
+    "node-status-update-frequency",
+    "oom-score-adj",
+    "pod-cidr",
+    "pod-infra-container-image",
+    "pod-max-pids",
+    "pods-per-core",
+    "port",
+    "provider-id",
+    "qos-reserved",
+    "read-only-port",
+    "register-with-taints",
+    "registry-burst",
+    "registry-qps",
+    "reserved-cpus",
+    "reserved-memory",
+    "resolv-conf",
+    "runtime-cgroups",
+    "streaming-connection-idle-timeout",
+    "system-cgroups",
+    "system-reserved",
+    "system-reserved-cgroup",
+    "tls-cert-file",
+    "tls-cipher-suites",
+    "tls-min-version",
+    "tls-private-key-file",
+    "topology-manager-policy",
+    "topology-manager-policy-options",
+    "topology-manager-scope",
+    "vmodule",
+    "volume-plugin-dir",
+    "volume-stats-agg-period",
+];
+
+/// Go-kubelet boolean flags that Gantry accepts without acting on them (yet).
+pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
+    "anonymous-auth",
+    "authentication-token-webhook",
+    "cgroups-per-qos",
+    "contention-profiling",
+    "cpu-cfs-quota",
+    "enable-controller-attach-detach",
+    "enable-debugging-handlers",
+    "enable-server",
+    "exit-on-lock-contention",
+    "experimental-allocatable-ignore-eviction",
+    "fail-swap-on",
+    "keep-terminated-pod-volumes",
+    "kernel-memcg-notification",
+    "local-storage-capacity-isolation",
+    "log-json-split-stream",
+    "log-text-split-stream",
+    "make-iptables-util-chains",
+    "protect-kernel-defaults",
+    "register-node",
+    "register-schedulable",
+    "rotate-certificates",
+    "rotate-server-certificates",
+    "seccomp-default",
+    "serialize-image-pulls",
+];
+
+/// Hidden compatibility flags; see the module documentation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompatFlags {
+    /// Dockershim-era flags given, in command-line order (names without `--`).
+    pub dockershim: Vec<String>,
+    /// Other Go-kubelet flags given that Gantry does not implement yet, in
+    /// command-line order, without duplicates (names with `--`).
+    pub unimplemented: Vec<String>,
+}
+
+// The clap ids of the hidden args are the flag names themselves (clap ids
+// must be 'static); none clashes with the ids of `Flags`' own fields.
+
+impl Args for CompatFlags {
+    fn augment_args(cmd: Command) -> Command {
+        let mut cmd = cmd;
+        for (name, _) in DOCKERSHIM_FLAGS {
+            cmd = cmd.arg(
+                Arg::new(*name)
+                    .long(*name)
+                    .hide(true)
+                    .action(ArgAction::Append)
+                    .num_args(0..=1)
+                    .default_missing_value(""),
+            );
+        }
+        for name in UPSTREAM_VALUE_FLAGS {
+            cmd = cmd.arg(
+                Arg::new(*name)
+                    .long(*name)
+                    .hide(true)
+                    .action(ArgAction::Append)
+                    .num_args(1)
+                    .allow_hyphen_values(true),
+            );
+        }
+        for name in UPSTREAM_BOOL_FLAGS {
+            cmd = cmd.arg(
+                Arg::new(*name)
+                    .long(*name)
+                    .hide(true)
+                    .action(ArgAction::Append)
+                    .num_args(0..=1)
+                    .require_equals(true)
+                    .default_missing_value("true")
+                    .value_parser(go_bool),
+            );
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for CompatFlags {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut me = CompatFlags::default();
+        me.update_from_arg_matches(matches)?;
+        Ok(me)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        fn given(matches: &ArgMatches, id: &str) -> Option<usize> {
+            matches
+                .try_contains_id(id)
+                .ok()
+                .filter(|present| *present)
+                .and_then(|_| matches.indices_of(id))
+                .and_then(|mut indices| indices.next())
+        }
+        let mut dockershim: Vec<(usize, String)> = DOCKERSHIM_FLAGS
+            .iter()
+            .filter_map(|(name, _)| given(matches, name).map(|i| (i, name.to_string())))
+            .collect();
+        dockershim.sort();
+        let mut upstream: Vec<(usize, String)> = UPSTREAM_VALUE_FLAGS
+            .iter()
+            .chain(UPSTREAM_BOOL_FLAGS)
+            .filter_map(|name| given(matches, name).map(|i| (i, format!("--{name}"))))
+            .collect();
+        upstream.sort();
+        for (_, name) in dockershim {
+            if !self.dockershim.contains(&name) {
+                self.dockershim.push(name);
+            }
+        }
+        for (_, name) in upstream {
+            if !self.unimplemented.contains(&name) {
+                self.unimplemented.push(name);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error for a dockershim-era flag (name without `--`).
+pub fn dockershim_error(flag: &str) -> ConfigError {
+    let advice = DOCKERSHIM_FLAGS
+        .iter()
+        .find(|(name, _)| *name == flag)
+        .map_or("Drop the flag.", |(_, advice)| advice);
+    ConfigError::DockershimFlag {
+        flag: format!("--{flag}"),
+        advice,
+    }
+}
+
+/// The first dockershim-era flag in `args` (already normalised), in either
+/// `--flag`, `--flag=v` or `--flag v` form; scanning stops at `--`.
+fn first_dockershim_flag(args: &[String]) -> Option<&'static str> {
+    for arg in args {
+        if arg == "--" {
+            return None;
+        }
+        let Some(rest) = arg.strip_prefix("--") else {
+            continue;
+        };
+        let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+        if let Some((flag, _)) = DOCKERSHIM_FLAGS.iter().find(|(n, _)| *n == name) {
+            return Some(flag);
+        }
+    }
+    None
+}
+
+/// Maps a clap error to a [`ConfigError`] with a one-line message.
+pub fn from_clap_error(err: clap::Error) -> ConfigError {
+    let context_string = |kind: ContextKind| -> Option<String> {
+        match err.get(kind) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            Some(ContextValue::Strings(v)) => v.first().cloned(),
+            _ => None,
+        }
+    };
+    match err.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        | ErrorKind::DisplayVersion => ConfigError::HelpRequested(err.render().to_string()),
+        ErrorKind::UnknownArgument => {
+            let raw = context_string(ContextKind::InvalidArg).unwrap_or_default();
+            if raw.starts_with('-') {
+                let flag = raw
+                    .split_once('=')
+                    .map_or(raw.as_str(), |(n, _)| n)
+                    .to_string();
+                ConfigError::UnknownFlag {
+                    flag,
+                    suggestion: context_string(ContextKind::SuggestedArg),
+                }
+            } else {
+                ConfigError::CommandLine {
+                    message: format!(
+                        "unexpected argument {raw:?}: the kubelet takes only flags (a boolean flag takes its value as --flag=true/false)"
+                    ),
+                }
+            }
+        }
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+            let flag = context_string(ContextKind::InvalidArg)
+                .map(|a| flag_name_of(&a).to_string())
+                .unwrap_or_default();
+            let value = context_string(ContextKind::InvalidValue).unwrap_or_default();
+            let reason = std::error::Error::source(&err)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| first_line(&err));
+            if value.is_empty() && err.kind() == ErrorKind::InvalidValue {
+                ConfigError::CommandLine {
+                    message: format!("flag {flag} needs a value (--flag=value or --flag value)"),
+                }
+            } else {
+                ConfigError::InvalidFlagValue {
+                    flag,
+                    value,
+                    reason,
+                }
+            }
+        }
+        _ => ConfigError::CommandLine {
+            message: first_line(&err),
+        },
+    }
+}
+
+/// "--runonce[=<BOOL>]" / "--max-pods <N>" → the flag name alone.
+fn flag_name_of(display: &str) -> &str {
+    display.split([' ', '[', '=']).next().unwrap_or(display)
+}
+
+fn first_line(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let line = rendered.lines().next().unwrap_or_default();
+    line.strip_prefix("error: ").unwrap_or(line).to_string()
+}
+
+/// Parses one `--manifest-url-header` value (`name:value,name2:value2`) the
+/// way upstream's `ColonSeparatedMultimapStringString` does: pairs split on
+/// commas, each on its first colon, blanks around names and values trimmed,
+/// empty pairs skipped.
+pub fn parse_header_list(value: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for pair in value.split(',') {
+        if pair.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = pair.split_once(':') else {
+            return Err(format!("malformed header {pair:?}: expected name:value"));
+        };
+        out.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Flags, ConfigError> {
+        Flags::parse_args(args)
+    }
+
+    fn ok(args: &[&str]) -> Flags {
+        parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn clap_definition_is_valid() {
+        Flags::command().debug_assert();
+    }
+
+    #[test]
+    fn nothing_given_is_all_none() {
+        assert_eq!(ok(&[]), Flags::default());
+    }
+
+    #[test]
+    fn value_flags_in_both_forms() {
+        let f = ok(&[
+            "--config=/etc/k.yaml",
+            "--kubeconfig",
+            "/etc/kubeconfig",
+            "--pod-manifest-path=/etc/kubernetes/manifests",
+            "--manifest-url",
+            "http://x/pods",
+            "--container-runtime-endpoint=unix:///run/crio/crio.sock",
+            "--image-service-endpoint",
+            "unix:///img.sock",
+            "--hostname-override=Node-1",
+            "--root-dir",
+            "/var/lib/gantry",
+            "--runtime-request-timeout=90s",
+            "--sync-frequency",
+            "1m30s",
+            "--file-check-frequency=5s",
+            "--http-check-frequency=500ms",
+            "--max-pods=42",
+        ]);
+        assert_eq!(f.config, Some(PathBuf::from("/etc/k.yaml")));
+        assert_eq!(f.kubeconfig, Some(PathBuf::from("/etc/kubeconfig")));
+        assert_eq!(
+            f.pod_manifest_path.as_deref(),
+            Some("/etc/kubernetes/manifests")
+        );
+        assert_eq!(f.manifest_url.as_deref(), Some("http://x/pods"));
+        assert_eq!(
+            f.container_runtime_endpoint.as_deref(),
+            Some("unix:///run/crio/crio.sock")
+        );
+        assert_eq!(
+            f.image_service_endpoint.as_deref(),
+            Some("unix:///img.sock")
+        );
+        assert_eq!(f.hostname_override.as_deref(), Some("Node-1"));
+        assert_eq!(f.root_dir, Some(PathBuf::from("/var/lib/gantry")));
+        assert_eq!(f.runtime_request_timeout, Some(GoDuration::from_secs(90)));
+        assert_eq!(f.sync_frequency, Some(GoDuration::from_secs(90)));
+        assert_eq!(f.file_check_frequency, Some(GoDuration::from_secs(5)));
+        assert_eq!(
+            f.http_check_frequency,
+            Some(GoDuration::from_nanos(500_000_000))
+        );
+        assert_eq!(f.max_pods, Some(42));
+    }
+
+    #[test]
+    fn negative_numbers_reach_validation() {
+        assert_eq!(ok(&["--max-pods", "-1"]).max_pods, Some(-1));
+        assert_eq!(ok(&["--max-pods=-1"]).max_pods, Some(-1));
+        assert_eq!(
+            ok(&["--sync-frequency", "-1s"]).sync_frequency,
+            Some(GoDuration::from_secs(-1))
+        );
+    }
+
+    #[test]
+    fn empty_values_are_given() {
+        let f = ok(&["--pod-manifest-path=", "--manifest-url="]);
+        assert_eq!(f.pod_manifest_path.as_deref(), Some(""));
+        assert_eq!(f.manifest_url.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn go_boolean_syntax() {
+        assert_eq!(ok(&["--runonce"]).runonce, Some(true));
+        assert_eq!(ok(&["--runonce=true"]).runonce, Some(true));
+        assert_eq!(ok(&["--runonce=false"]).runonce, Some(false));
+        assert_eq!(ok(&["--runonce=1"]).runonce, Some(true));
+        assert_eq!(ok(&["--runonce=F"]).runonce, Some(false));
+        assert_eq!(ok(&[]).runonce, None);
+        // A boolean flag never takes a separate value, as in Go.
+        let e = parse(&["--runonce", "false"]).unwrap_err();
+        assert!(matches!(e, ConfigError::CommandLine { .. }), "{e:?}");
+        assert!(e.to_string().contains("--flag=true/false"), "{e}");
+        let e = parse(&["--runonce=maybe"]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::InvalidFlagValue { flag, value, .. } if flag == "--runonce" && value == "maybe"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn verbosity_forms() {
+        for args in [
+            &["-v", "4"][..],
+            &["-v=4"],
+            &["-v4"],
+            &["--v=4"],
+            &["--v", "4"],
+        ] {
+            assert_eq!(ok(args).verbosity, Some(4), "{args:?}");
+        }
+        assert!(parse(&["-v=300"]).is_err());
+        assert!(parse(&["-v=-1"]).is_err());
+    }
+
+    #[test]
+    fn repeatable_flags_keep_order() {
+        let f = ok(&[
+            "--feature-gates=A=true",
+            "--manifest-url-header",
+            "a:1,b:2",
+            "--feature-gates",
+            "B=false",
+            "--manifest-url-header=a:3",
+        ]);
+        assert_eq!(f.feature_gates, vec!["A=true", "B=false"]);
+        assert_eq!(f.manifest_url_header, vec!["a:1,b:2", "a:3"]);
+    }
+
+    #[test]
+    fn underscores_are_normalised() {
+        let f = ok(&["--pod_manifest_path=/m", "--max_pods", "3"]);
+        assert_eq!(f.pod_manifest_path.as_deref(), Some("/m"));
+        assert_eq!(f.max_pods, Some(3));
+        // Values are left alone.
+        assert_eq!(
+            ok(&["--root-dir=/a_b"]).root_dir,
+            Some(PathBuf::from("/a_b"))
+        );
+    }
+
+    #[test]
+    fn unknown_flag_is_an_error_not_an_exit() {
+        let e = parse(&["--no-such-flag=1"]).unwrap_err();
+        match &e {
+            ConfigError::UnknownFlag { flag, .. } => assert_eq!(flag, "--no-such-flag"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(
+            e.to_string().contains("unknown flag: --no-such-flag"),
+            "{e}"
+        );
+
+        let e = parse(&["--root-dirr=/x"]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::UnknownFlag { suggestion: Some(s), .. } if s == "--root-dir"),
+            "{e:?}"
+        );
+
+        let e = parse(&["stray"]).unwrap_err();
+        assert!(matches!(e, ConfigError::CommandLine { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = parse(&["--sync-frequency=abc"]).unwrap_err();
+        match &e {
+            ConfigError::InvalidFlagValue {
+                flag,
+                value,
+                reason,
+            } => {
+                assert_eq!(flag, "--sync-frequency");
+                assert_eq!(value, "abc");
+                assert!(reason.contains("invalid duration"), "{reason}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let e = parse(&["--max-pods=many"]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--max-pods"),
+            "{e:?}"
+        );
+        let e = parse(&["--kubeconfig"]).unwrap_err();
+        assert!(e.to_string().contains("--kubeconfig needs a value"), "{e}");
+    }
+
+    #[test]
+    #[ignore = "prints the help text; run with --nocapture to look at it"]
+    fn show_help() {
+        if let Err(ConfigError::HelpRequested(text)) = parse(&["--help"]) {
+            println!("{text}");
+        }
+    }
+
+    #[test]
+    fn help_is_returned_not_printed() {
+        let e = parse(&["--help"]).unwrap_err();
+        match e {
+            ConfigError::HelpRequested(text) => {
+                assert!(text.contains("--pod-manifest-path"), "{text}");
+                assert!(!text.contains("docker-endpoint"), "compat flags are hidden");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_dockershim_flag_is_refused_with_advice() {
+        for (name, _) in DOCKERSHIM_FLAGS {
+            for args in [
+                vec![format!("--{name}=x")],
+                vec![format!("--{name}"), "x".to_string()],
+                vec![format!("--{name}")],
+            ] {
+                let e = Flags::parse_args(&args).unwrap_err();
+                let msg = e.to_string();
+                assert!(
+                    matches!(&e, ConfigError::DockershimFlag { flag, .. } if flag == &format!("--{name}")),
+                    "{args:?}: {e:?}"
+                );
+                assert!(msg.contains("dockershim") && msg.contains("1.24"), "{msg}");
+            }
+        }
+        let msg = parse(&["--docker-endpoint=unix:///var/run/docker.sock"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("--container-runtime-endpoint") && msg.contains("cri-dockerd"),
+            "{msg}"
+        );
+        let msg = parse(&["--network-plugin=cni"]).unwrap_err().to_string();
+        assert!(
+            msg.contains("CNI is configured in the container runtime"),
+            "{msg}"
+        );
+        let msg = parse(&["--cni-bin-dir", "/opt/cni/bin"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("containerd's or CRI-O's CNI config"), "{msg}");
+        let msg = parse(&["--image-pull-progress-deadline=1m"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("pull timeouts in the container runtime"),
+            "{msg}"
+        );
+        let msg = parse(&["--container-runtime=remote"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("--container-runtime-endpoint"), "{msg}");
+    }
+
+    #[test]
+    fn dockershim_is_reported_before_other_errors() {
+        let e = parse(&["--bogus", "--network_plugin=kubenet"]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::DockershimFlag { flag, .. } if flag == "--network-plugin"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn dockershim_flags_are_caught_when_embedded() {
+        // When the binary flattens `Flags` into its own parser, `parse_args`
+        // is bypassed; the hidden args still record the flags.
+        let f = Flags::try_parse_from([
+            "kubelet",
+            "--max-pods=3",
+            "--cni-conf-dir",
+            "/etc/cni",
+            "--docker",
+        ])
+        .unwrap();
+        assert_eq!(f.compat.dockershim, vec!["cni-conf-dir", "docker"]);
+        assert_eq!(f.max_pods, Some(3));
+    }
+
+    #[test]
+    fn embeds_as_subcommand_args_and_flattened() {
+        #[derive(Parser, Debug)]
+        struct Cli {
+            #[command(subcommand)]
+            cmd: Cmd,
+        }
+        #[derive(clap::Subcommand, Debug)]
+        enum Cmd {
+            Kubelet(Flags),
+        }
+        let cli = Cli::try_parse_from([
+            "gantry",
+            "kubelet",
+            "--max-pods=4",
+            "--node-ip=1.2.3.4",
+            "-v",
+            "2",
+        ])
+        .unwrap();
+        let Cmd::Kubelet(f) = cli.cmd;
+        assert_eq!(f.max_pods, Some(4));
+        assert_eq!(f.verbosity, Some(2));
+        assert_eq!(f.compat.unimplemented, vec!["--node-ip"]);
+
+        #[derive(Parser, Debug)]
+        struct Flat {
+            #[command(flatten)]
+            kubelet: Flags,
+        }
+        let flat =
+            Flat::try_parse_from(["gantry", "--runonce", "--redirect-container-streaming=true"])
+                .unwrap();
+        assert_eq!(flat.kubelet.runonce, Some(true));
+        assert_eq!(
+            flat.kubelet.compat.dockershim,
+            vec!["redirect-container-streaming"]
+        );
+    }
+
+    #[test]
+    fn upstream_flags_are_accepted_and_recorded() {
+        let f = ok(&[
+            "--node-ip=10.0.0.1",
+            "--register-node=false",
+            "--fail-swap-on",
+            "--oom-score-adj",
+            "-999",
+            "--node-labels=a=b",
+            "--node-ip",
+            "10.0.0.2",
+            "--max-pods=5",
+        ]);
+        assert_eq!(f.max_pods, Some(5));
+        assert_eq!(
+            f.compat.unimplemented,
+            vec![
+                "--node-ip",
+                "--register-node",
+                "--fail-swap-on",
+                "--oom-score-adj",
+                "--node-labels"
+            ]
+        );
+        let e = parse(&["--fail-swap-on=perhaps"]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--fail-swap-on"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn header_list_parsing() {
+        assert_eq!(
+            parse_header_list("a:hello,b:again, c : world ,,d:x:y").unwrap(),
+            vec![
+                ("a".into(), "hello".into()),
+                ("b".into(), "again".into()),
+                ("c".into(), "world".into()),
+                ("d".into(), "x:y".into())
+            ]
+        );
+        assert!(
+            parse_header_list("novalue")
+                .unwrap_err()
+                .contains("name:value")
+        );
+        assert_eq!(parse_header_list("").unwrap(), vec![]);
+    }
+}

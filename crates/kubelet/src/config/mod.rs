@@ -1,0 +1,712 @@
+//! Kubelet configuration: command-line flags, the `--config` file and
+//! feature gates, resolved into one [`Settings`].
+//!
+//! Precedence is the Go kubelet's: built-in defaults < config file <
+//! command-line flags, where only flags actually given on the command line
+//! override the file. Feature gates merge gate by gate (a gate set with
+//! `--feature-gates` overrides the same gate in `featureGates`; other gates
+//! from the file stay). As upstream's defaulting does, a zero value in the
+//! file (`syncFrequency: 0s`, `maxPods: 0`, `containerRuntimeEndpoint: ""`)
+//! means "use the default".
+//!
+//! * [`load`] parses argv, reads the `--config` file and the hostname.
+//! * [`resolve`] is the pure core, for tests and for a binary that parsed
+//!   [`Flags`] itself.
+
+mod duration;
+mod error;
+mod file;
+mod flags;
+mod gates;
+
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+pub use duration::{DurationError, GoDuration};
+pub use error::{ConfigError, Input};
+pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
+pub use flags::{
+    CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS,
+    parse_header_list,
+};
+pub use gates::{
+    FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool,
+};
+
+pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
+pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
+pub const DEFAULT_CONTAINER_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+pub const DEFAULT_FILE_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
+pub const DEFAULT_HTTP_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
+pub const DEFAULT_SYNC_FREQUENCY: Duration = Duration::from_secs(60);
+pub const DEFAULT_RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_MAX_PODS: u32 = 110;
+
+/// The deprecation warning to log when RunOnce mode is used (with the
+/// LegacyNodeRunOnceMode gate enabled).
+pub const RUNONCE_DEPRECATION: &str = "RunOnce mode is deprecated (KEP-4580) and will be removed in a future release; \
+     run Gantry in standalone mode (without --kubeconfig, with --pod-manifest-path) instead";
+
+/// The effective configuration.
+///
+/// `Debug` and `Display` mask the values of `static_pod_url_header` (and
+/// any password in `static_pod_url`), so logging a `Settings` does not leak
+/// credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `--hostname-override`, else the machine hostname; trimmed, lowercased.
+    pub node_name: String,
+    /// Same value as `node_name`, kept separately for later use.
+    pub hostname: String,
+    /// `--root-dir`, default /var/lib/kubelet.
+    pub root_dir: PathBuf,
+    /// `podLogsDir`, default /var/log/pods.
+    pub pod_logs_dir: PathBuf,
+    /// `--pod-manifest-path` / `staticPodPath`.
+    pub static_pod_path: Option<PathBuf>,
+    /// `--manifest-url` / `staticPodURL`.
+    pub static_pod_url: Option<String>,
+    /// `--manifest-url-header` / `staticPodURLHeader`: (name, value) pairs;
+    /// values of a repeated name stay in the order given, names in order of
+    /// first appearance. Given on the command line, replaces the file's.
+    pub static_pod_url_header: Vec<(String, String)>,
+    /// `fileCheckFrequency` / `--file-check-frequency`, default 20s.
+    pub file_check_frequency: Duration,
+    /// `httpCheckFrequency` / `--http-check-frequency`, default 20s.
+    pub http_check_frequency: Duration,
+    /// `syncFrequency` / `--sync-frequency`, default 1m.
+    pub sync_frequency: Duration,
+    /// `--container-runtime-endpoint` / `containerRuntimeEndpoint`.
+    pub container_runtime_endpoint: String,
+    /// `--image-service-endpoint` / `imageServiceEndpoint`; None = same as
+    /// the runtime endpoint.
+    pub image_service_endpoint: Option<String>,
+    /// `runtimeRequestTimeout` / `--runtime-request-timeout`, default 2m.
+    pub runtime_request_timeout: Duration,
+    /// `--kubeconfig`; None = standalone mode.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--runonce` / `runOnce` (only ever true with LegacyNodeRunOnceMode).
+    pub run_once: bool,
+    pub feature_gates: FeatureGates,
+    /// `-v` / `logging.verbosity`, default 0.
+    pub verbosity: u8,
+    /// `maxPods` / `--max-pods`, default 110.
+    pub max_pods: u32,
+    /// What `--config` pointed at.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Default for Settings {
+    /// Upstream defaults, with an empty node name.
+    fn default() -> Self {
+        Settings {
+            node_name: String::new(),
+            hostname: String::new(),
+            root_dir: PathBuf::from(DEFAULT_ROOT_DIR),
+            pod_logs_dir: PathBuf::from(DEFAULT_POD_LOGS_DIR),
+            static_pod_path: None,
+            static_pod_url: None,
+            static_pod_url_header: Vec::new(),
+            file_check_frequency: DEFAULT_FILE_CHECK_FREQUENCY,
+            http_check_frequency: DEFAULT_HTTP_CHECK_FREQUENCY,
+            sync_frequency: DEFAULT_SYNC_FREQUENCY,
+            container_runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_string(),
+            image_service_endpoint: None,
+            runtime_request_timeout: DEFAULT_RUNTIME_REQUEST_TIMEOUT,
+            kubeconfig: None,
+            run_once: false,
+            feature_gates: FeatureGates::default(),
+            verbosity: 0,
+            max_pods: DEFAULT_MAX_PODS,
+            config_file: None,
+        }
+    }
+}
+
+impl Settings {
+    /// The effective configuration on one line, for the startup log, with
+    /// manifest-URL header values shown as `<masked>` (as upstream does) and
+    /// a password in the manifest URL masked.
+    pub fn redacted_summary(&self) -> String {
+        let opt_path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map_or_else(|| "<none>".to_string(), |p| p.display().to_string())
+        };
+        let headers = if self.static_pod_url_header.is_empty() {
+            "{}".to_string()
+        } else {
+            let mut names: Vec<&str> = Vec::new();
+            for (name, _) in &self.static_pod_url_header {
+                if !names.contains(&name.as_str()) {
+                    names.push(name);
+                }
+            }
+            let parts: Vec<String> = names
+                .iter()
+                .map(|name| {
+                    let n = self
+                        .static_pod_url_header
+                        .iter()
+                        .filter(|(k, _)| k == name)
+                        .count();
+                    format!("{name}:[{}]", vec!["<masked>"; n].join(","))
+                })
+                .collect();
+            format!("{{{}}}", parts.join(","))
+        };
+        format!(
+            "nodeName={} hostname={} rootDir={} podLogsDir={} kubeconfig={} config={} staticPodPath={} staticPodURL={} \
+             staticPodURLHeader={} fileCheckFrequency={} httpCheckFrequency={} syncFrequency={} \
+             containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
+             verbosity={} featureGates={}",
+            self.node_name,
+            self.hostname,
+            self.root_dir.display(),
+            self.pod_logs_dir.display(),
+            opt_path(&self.kubeconfig),
+            opt_path(&self.config_file),
+            opt_path(&self.static_pod_path),
+            self.static_pod_url
+                .as_deref()
+                .map_or_else(|| "<none>".to_string(), mask_url_password),
+            headers,
+            duration::format_std(self.file_check_frequency),
+            duration::format_std(self.http_check_frequency),
+            duration::format_std(self.sync_frequency),
+            self.container_runtime_endpoint,
+            self.image_service_endpoint
+                .as_deref()
+                .unwrap_or("<same as runtime>"),
+            duration::format_std(self.runtime_request_timeout),
+            self.run_once,
+            self.max_pods,
+            self.verbosity,
+            self.feature_gates,
+        )
+    }
+
+    /// The image service endpoint in effect (the runtime's when unset).
+    pub fn effective_image_service_endpoint(&self) -> &str {
+        self.image_service_endpoint
+            .as_deref()
+            .unwrap_or(&self.container_runtime_endpoint)
+    }
+
+    /// True without `--kubeconfig`.
+    pub fn standalone(&self) -> bool {
+        self.kubeconfig.is_none()
+    }
+}
+
+impl fmt::Display for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted_summary())
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let masked: Vec<(&str, &str)> = self
+            .static_pod_url_header
+            .iter()
+            .map(|(k, _)| (k.as_str(), "<masked>"))
+            .collect();
+        f.debug_struct("Settings")
+            .field("node_name", &self.node_name)
+            .field("hostname", &self.hostname)
+            .field("root_dir", &self.root_dir)
+            .field("pod_logs_dir", &self.pod_logs_dir)
+            .field("static_pod_path", &self.static_pod_path)
+            .field(
+                "static_pod_url",
+                &self.static_pod_url.as_deref().map(mask_url_password),
+            )
+            .field("static_pod_url_header", &masked)
+            .field("file_check_frequency", &self.file_check_frequency)
+            .field("http_check_frequency", &self.http_check_frequency)
+            .field("sync_frequency", &self.sync_frequency)
+            .field(
+                "container_runtime_endpoint",
+                &self.container_runtime_endpoint,
+            )
+            .field("image_service_endpoint", &self.image_service_endpoint)
+            .field("runtime_request_timeout", &self.runtime_request_timeout)
+            .field("kubeconfig", &self.kubeconfig)
+            .field("run_once", &self.run_once)
+            .field("feature_gates", &self.feature_gates)
+            .field("verbosity", &self.verbosity)
+            .field("max_pods", &self.max_pods)
+            .field("config_file", &self.config_file)
+            .finish()
+    }
+}
+
+/// `http://user:secret@host/x` → `http://user:<masked>@host/x`.
+fn mask_url_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let authority_start = scheme_end + 3;
+    let rest = &url[authority_start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let userinfo = &authority[..at];
+    let Some(colon) = userinfo.find(':') else {
+        return url.to_string();
+    };
+    format!(
+        "{}{}:<masked>{}",
+        &url[..authority_start],
+        &userinfo[..colon],
+        &url[authority_start + at..]
+    )
+}
+
+/// Parses `args` (argv without the program name), reads the `--config` file
+/// if one is given and the machine's hostname, and resolves the settings.
+pub fn load<S: AsRef<str>>(args: &[S]) -> Result<Settings, ConfigError> {
+    let flags = Flags::parse_args(args)?;
+    // Report dockershim flags before touching the file system.
+    if let Some(flag) = flags.compat.dockershim.first() {
+        return Err(flags::dockershim_error(flag));
+    }
+    let content = match &flags.config {
+        Some(path) if !path.as_os_str().is_empty() => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::ReadConfigFile {
+                    path: path.clone(),
+                    source,
+                })?;
+            Some((path.clone(), text))
+        }
+        _ => None,
+    };
+    let hostname = machine_hostname();
+    resolve(
+        flags,
+        content.as_ref().map(|(p, t)| (p.clone(), t.as_str())),
+        &hostname,
+    )
+}
+
+/// The machine's hostname from /proc/sys/kernel/hostname, else
+/// /etc/hostname; empty when neither is readable.
+pub fn machine_hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .map(|s| s.trim().to_string())
+        .find(|s| !s.is_empty())
+        .unwrap_or_default()
+}
+
+/// Resolves flags, the config file's `(path, content)` and the machine
+/// hostname into [`Settings`], applying defaults < file < given flags, and
+/// validating the result. Logs (with `tracing::warn!`) the settings that are
+/// accepted but not implemented yet.
+pub fn resolve(
+    flags: Flags,
+    file: Option<(PathBuf, &str)>,
+    machine_hostname: &str,
+) -> Result<Settings, ConfigError> {
+    if let Some(flag) = flags.compat.dockershim.first() {
+        return Err(flags::dockershim_error(flag));
+    }
+    if !flags.compat.unimplemented.is_empty() {
+        tracing::warn!(
+            flags = %flags.compat.unimplemented.join(", "),
+            "these kubelet flags are accepted but not implemented yet by Gantry; they have no effect"
+        );
+    }
+
+    let mut s = Settings {
+        config_file: file
+            .as_ref()
+            .map(|(p, _)| p.clone())
+            .or_else(|| flags.config.clone()),
+        ..Settings::default()
+    };
+    // Who asked for RunOnce, for the error message.
+    let mut run_once_source: Option<String> = None;
+
+    if let Some((path, text)) = file {
+        let parsed = file::parse(&path, text)?;
+        if !parsed.unimplemented.is_empty() {
+            tracing::warn!(
+                config = %path.display(),
+                fields = %parsed.unimplemented.join(", "),
+                "these KubeletConfiguration fields are accepted but not implemented yet by Gantry; they have no effect"
+            );
+        }
+        apply_file(&mut s, &parsed, &mut run_once_source)?;
+    }
+    apply_flags(&mut s, &flags, &mut run_once_source)?;
+
+    let without_effect = s.feature_gates.without_effect();
+    if !without_effect.is_empty() {
+        tracing::warn!(
+            gates = %without_effect.join(", "),
+            "these feature gates are accepted for compatibility with the Go kubelet but have no effect in Gantry"
+        );
+    }
+
+    if s.run_once && !s.feature_gates.enabled(Gate::LegacyNodeRunOnceMode) {
+        return Err(ConfigError::RunOnceDeprecated {
+            set_by: run_once_source.unwrap_or_else(|| "runOnce".to_string()),
+        });
+    }
+
+    let name = match flags.hostname_override.as_deref().map(normalize_hostname) {
+        Some(n) if !n.is_empty() => n,
+        _ => normalize_hostname(machine_hostname),
+    };
+    if name.is_empty() {
+        return Err(ConfigError::NoHostname);
+    }
+    s.node_name = name.clone();
+    s.hostname = name;
+    Ok(s)
+}
+
+fn normalize_hostname(h: &str) -> String {
+    h.trim().to_lowercase()
+}
+
+fn apply_file(
+    s: &mut Settings,
+    parsed: &file::ParsedFile,
+    run_once_source: &mut Option<String>,
+) -> Result<(), ConfigError> {
+    let c = &parsed.config;
+    let input = Input::ConfigFile(parsed.path.clone());
+    let invalid = |field: &str, reason: String| ConfigError::InvalidValue {
+        input: input.clone(),
+        field: field.to_string(),
+        reason,
+    };
+
+    if let Some(p) = c.static_pod_path.as_deref().filter(|p| !p.is_empty()) {
+        s.static_pod_path = Some(PathBuf::from(p));
+    }
+    if let Some(u) = c.static_pod_url.as_deref().filter(|u| !u.is_empty()) {
+        s.static_pod_url = Some(u.to_string());
+    }
+    if let Some(h) = &c.static_pod_url_header {
+        let pairs = h.pairs();
+        for (name, value) in &pairs {
+            check_header(name, value)
+                .map_err(|reason| invalid(&format!("staticPodURLHeader.{name}"), reason))?;
+        }
+        s.static_pod_url_header = pairs;
+    }
+
+    let durations: [(&str, &Option<GoDuration>, &mut Duration); 4] = [
+        ("syncFrequency", &c.sync_frequency, &mut s.sync_frequency),
+        (
+            "fileCheckFrequency",
+            &c.file_check_frequency,
+            &mut s.file_check_frequency,
+        ),
+        (
+            "httpCheckFrequency",
+            &c.http_check_frequency,
+            &mut s.http_check_frequency,
+        ),
+        (
+            "runtimeRequestTimeout",
+            &c.runtime_request_timeout,
+            &mut s.runtime_request_timeout,
+        ),
+    ];
+    for (field, value, target) in durations {
+        match value {
+            // Zero means "default", as upstream's defaulting does.
+            Some(d) if d.is_zero() => {}
+            Some(d) => {
+                *target = d
+                    .to_std()
+                    .ok_or_else(|| invalid(field, format!("{d} must be a positive duration")))?;
+            }
+            None => {}
+        }
+    }
+
+    if let Some(e) = c
+        .container_runtime_endpoint
+        .as_deref()
+        .filter(|e| !e.is_empty())
+    {
+        check_endpoint(e).map_err(|reason| invalid("containerRuntimeEndpoint", reason))?;
+        s.container_runtime_endpoint = e.to_string();
+    }
+    if let Some(e) = c
+        .image_service_endpoint
+        .as_deref()
+        .filter(|e| !e.is_empty())
+    {
+        check_endpoint(e).map_err(|reason| invalid("imageServiceEndpoint", reason))?;
+        s.image_service_endpoint = Some(e.to_string());
+    }
+    if let Some(dir) = c.pod_logs_dir.as_deref().filter(|d| !d.is_empty()) {
+        check_pod_logs_dir(dir).map_err(|reason| invalid("podLogsDir", reason))?;
+        s.pod_logs_dir = PathBuf::from(dir);
+    }
+    if let Some(gates) = &c.feature_gates {
+        for (name, enabled) in gates {
+            s.feature_gates
+                .set(name, *enabled)
+                .map_err(|_| ConfigError::UnknownFeatureGate {
+                    input: input.clone(),
+                    field: format!("featureGates.{name}"),
+                    gate: name.clone(),
+                })?;
+        }
+    }
+    if let Some(run_once) = c.run_once {
+        s.run_once = run_once;
+        if run_once {
+            *run_once_source = Some(format!(
+                "runOnce: true in config file {}",
+                parsed.path.display()
+            ));
+        }
+    }
+    match c.max_pods {
+        Some(n) if n < 0 => {
+            return Err(invalid(
+                "maxPods",
+                format!("{n} must not be a negative number"),
+            ));
+        }
+        Some(0) | None => {}
+        Some(n) => s.max_pods = n as u32,
+    }
+    if let Some(v) = c.logging.as_ref().and_then(|l| l.verbosity) {
+        s.verbosity = u8::try_from(v).map_err(|_| {
+            invalid(
+                "logging.verbosity",
+                format!("{v} is too large; verbosity levels go up to 255"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn apply_flags(
+    s: &mut Settings,
+    f: &Flags,
+    run_once_source: &mut Option<String>,
+) -> Result<(), ConfigError> {
+    let invalid = |flag: &str, reason: String| ConfigError::InvalidValue {
+        input: Input::CommandLine,
+        field: flag.to_string(),
+        reason,
+    };
+
+    if let Some(p) = &f.pod_manifest_path {
+        // Given but empty clears the file's setting, as in Go.
+        s.static_pod_path = (!p.is_empty()).then(|| PathBuf::from(p));
+    }
+    if let Some(u) = &f.manifest_url {
+        s.static_pod_url = (!u.is_empty()).then(|| u.clone());
+    }
+    if !f.manifest_url_header.is_empty() {
+        // Given on the command line, the headers replace the file's.
+        let mut pairs = Vec::new();
+        for value in &f.manifest_url_header {
+            pairs.extend(
+                parse_header_list(value)
+                    .map_err(|reason| invalid("--manifest-url-header", reason))?,
+            );
+        }
+        for (name, value) in &pairs {
+            check_header(name, value).map_err(|reason| invalid("--manifest-url-header", reason))?;
+        }
+        s.static_pod_url_header = group_by_name(pairs);
+    }
+
+    let durations: [(&str, Option<GoDuration>, &mut Duration); 4] = [
+        ("--sync-frequency", f.sync_frequency, &mut s.sync_frequency),
+        (
+            "--file-check-frequency",
+            f.file_check_frequency,
+            &mut s.file_check_frequency,
+        ),
+        (
+            "--http-check-frequency",
+            f.http_check_frequency,
+            &mut s.http_check_frequency,
+        ),
+        (
+            "--runtime-request-timeout",
+            f.runtime_request_timeout,
+            &mut s.runtime_request_timeout,
+        ),
+    ];
+    for (flag, value, target) in durations {
+        if let Some(d) = value {
+            match d.to_std() {
+                Some(std) if !std.is_zero() => *target = std,
+                _ => return Err(invalid(flag, format!("{d} must be greater than zero"))),
+            }
+        }
+    }
+
+    if let Some(e) = &f.container_runtime_endpoint {
+        if e.is_empty() {
+            return Err(invalid(
+                "--container-runtime-endpoint",
+                format!(
+                    "the endpoint must not be empty (the default is {DEFAULT_CONTAINER_RUNTIME_ENDPOINT})"
+                ),
+            ));
+        }
+        check_endpoint(e).map_err(|reason| invalid("--container-runtime-endpoint", reason))?;
+        s.container_runtime_endpoint = e.clone();
+    }
+    if let Some(e) = &f.image_service_endpoint {
+        if e.is_empty() {
+            s.image_service_endpoint = None;
+        } else {
+            check_endpoint(e).map_err(|reason| invalid("--image-service-endpoint", reason))?;
+            s.image_service_endpoint = Some(e.clone());
+        }
+    }
+    if let Some(dir) = &f.root_dir {
+        if dir.as_os_str().is_empty() {
+            return Err(invalid(
+                "--root-dir",
+                format!("the directory must not be empty (the default is {DEFAULT_ROOT_DIR})"),
+            ));
+        }
+        s.root_dir = dir.clone();
+    }
+    if let Some(k) = &f.kubeconfig {
+        s.kubeconfig = (!k.as_os_str().is_empty()).then(|| k.clone());
+    }
+
+    for value in &f.feature_gates {
+        let pairs = parse_gate_list(value).map_err(|e| ConfigError::InvalidFeatureGate {
+            input: Input::CommandLine,
+            field: "--feature-gates".to_string(),
+            reason: e.to_string(),
+        })?;
+        for (name, enabled) in pairs {
+            s.feature_gates
+                .set(&name, enabled)
+                .map_err(|_| ConfigError::UnknownFeatureGate {
+                    input: Input::CommandLine,
+                    field: "--feature-gates".to_string(),
+                    gate: name.clone(),
+                })?;
+        }
+    }
+
+    if let Some(run_once) = f.runonce {
+        s.run_once = run_once;
+        *run_once_source = run_once.then(|| "--runonce".to_string());
+    }
+    if let Some(n) = f.max_pods {
+        s.max_pods = u32::try_from(n)
+            .map_err(|_| invalid("--max-pods", format!("{n} must not be a negative number")))?;
+    }
+    if let Some(v) = f.verbosity {
+        s.verbosity = v;
+    }
+    Ok(())
+}
+
+/// Orders pairs by name of first appearance, keeping each name's values in
+/// the order given (upstream keeps a map of name → list).
+fn group_by_name(pairs: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut names: Vec<String> = Vec::new();
+    for (k, _) in &pairs {
+        if !names.contains(k) {
+            names.push(k.clone());
+        }
+    }
+    names
+        .iter()
+        .flat_map(|n| pairs.iter().filter(move |(k, _)| k == n).cloned())
+        .collect()
+}
+
+/// An HTTP header name must be a token; a value must not break the request.
+fn check_header(name: &str, value: &str) -> Result<(), String> {
+    const TOKEN_SPECIALS: &str = "!#$%&'*+-.^_`|~";
+    if name.is_empty() {
+        return Err("a header name must not be empty".to_string());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || TOKEN_SPECIALS.contains(*c)))
+    {
+        return Err(format!(
+            "header name {name:?} contains {c:?}, which is not allowed in an HTTP header name"
+        ));
+    }
+    if value.chars().any(|c| c == '\r' || c == '\n' || c == '\0') {
+        return Err(format!(
+            "the value of header {name:?} contains a line break or NUL"
+        ));
+    }
+    Ok(())
+}
+
+/// A CRI endpoint: `unix://` with an absolute path, a plain absolute socket
+/// path (upstream treats it as unix://), or `tcp://`/`npipe://` (Windows).
+fn check_endpoint(e: &str) -> Result<(), String> {
+    if let Some(path) = e.strip_prefix("unix://") {
+        if !path.starts_with('/') {
+            return Err(format!(
+                "{e:?} is not a valid unix socket endpoint; use an absolute path, e.g. {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}"
+            ));
+        }
+        return Ok(());
+    }
+    if e.starts_with('/') || e.starts_with("tcp://") || e.starts_with("npipe://") {
+        return Ok(());
+    }
+    Err(format!(
+        "{e:?} is not a CRI endpoint; use unix:///path/to/runtime.sock, e.g. {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}"
+    ))
+}
+
+/// Upstream: absolute, normalised (as Go's filepath.Clean), ASCII only.
+fn check_pod_logs_dir(dir: &str) -> Result<(), String> {
+    if !dir.is_ascii() {
+        return Err(format!("{dir:?} must contain ASCII characters only"));
+    }
+    if !dir.starts_with('/') {
+        return Err(format!("{dir:?} must be an absolute path"));
+    }
+    let clean = clean_path(dir);
+    if clean != dir {
+        return Err(format!(
+            "{dir:?} must be a normalized path (did you mean {clean:?}?)"
+        ));
+    }
+    Ok(())
+}
+
+/// Go's `filepath.Clean` for absolute paths.
+fn clean_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in Path::new(p).components() {
+        match c {
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::Normal(s) => parts.push(s.to_str().unwrap_or_default()),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests;

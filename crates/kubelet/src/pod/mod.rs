@@ -1,0 +1,19 @@
+//! The pure core: what should happen to a pod, given its spec and what the runtime reports.
+//!
+//! Nothing in this module does I/O. Time is passed in as nanoseconds since the Unix epoch, the
+//! unit CRI uses for its timestamps, so every decision can be tested with plain values.
+
+pub mod backoff;
+pub mod gc;
+pub mod observed;
+pub mod plan;
+pub mod spec;
+pub mod status;
+
+pub use observed::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
+
+/// Nanoseconds since the Unix epoch.
+pub type Nanos = i64;
+
+/// Seconds to nanoseconds.
+pub const SECOND: Nanos = 1_000_000_000;

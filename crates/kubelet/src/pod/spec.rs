@@ -1,0 +1,172 @@
+//! Read-only views of a pod spec with the defaults the API server would have applied.
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use md5::{Digest, Md5};
+
+/// Pod restart policy (`spec.restartPolicy`, default Always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    pub fn of(spec: &PodSpec) -> Self {
+        match spec.restart_policy.as_deref() {
+            Some("OnFailure") => RestartPolicy::OnFailure,
+            Some("Never") => RestartPolicy::Never,
+            _ => RestartPolicy::Always,
+        }
+    }
+
+    /// Whether a container that exited with `exit_code` is started again.
+    pub fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// `imagePullPolicy` with the upstream default: Always for `:latest` or untagged images,
+/// IfNotPresent otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn of(container: &Container) -> Self {
+        match container.image_pull_policy.as_deref() {
+            Some("Always") => PullPolicy::Always,
+            Some("IfNotPresent") => PullPolicy::IfNotPresent,
+            Some("Never") => PullPolicy::Never,
+            _ => default_pull_policy(container.image.as_deref().unwrap_or_default()),
+        }
+    }
+}
+
+fn default_pull_policy(image: &str) -> PullPolicy {
+    if image.contains('@') {
+        return PullPolicy::IfNotPresent;
+    }
+    // The tag is after the last ':' that follows the last '/', so "host:5000/app" has none.
+    let last_segment = image.rsplit('/').next().unwrap_or(image);
+    match last_segment.split_once(':') {
+        Some((_, "latest")) | None => PullPolicy::Always,
+        Some(_) => PullPolicy::IfNotPresent,
+    }
+}
+
+/// Grace period for stopping the pod's containers, clamped to the upstream minimum of 2 s.
+pub fn termination_grace_seconds(pod: &Pod) -> i64 {
+    let requested = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+        .unwrap_or(30);
+    requested.max(MIN_GRACE_SECONDS)
+}
+
+pub const MIN_GRACE_SECONDS: i64 = 2;
+
+/// A stable hash of a container's spec; a running container whose hash differs from its
+/// spec's is replaced.
+pub fn container_hash(container: &Container) -> String {
+    let json = serde_json::to_vec(container).unwrap_or_default();
+    hex::encode(&Md5::digest(&json)[..8])
+}
+
+pub fn init_containers(pod: &Pod) -> &[Container] {
+    pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default()
+}
+
+pub fn containers(pod: &Pod) -> &[Container] {
+    pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default()
+}
+
+pub fn restart_policy(pod: &Pod) -> RestartPolicy {
+    pod.spec.as_ref().map_or(RestartPolicy::Always, RestartPolicy::of)
+}
+
+pub fn host_network(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false)
+}
+
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
+pub fn name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// `namespace/name`, the way pods are named in logs.
+pub fn full_name(pod: &Pod) -> String {
+    format!("{}/{}", namespace(pod), name(pod))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(image: &str, policy: Option<&str>) -> Container {
+        Container {
+            name: "c".into(),
+            image: Some(image.into()),
+            image_pull_policy: policy.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pull_policy_defaults_follow_the_tag() {
+        assert_eq!(PullPolicy::of(&container("busybox", None)), PullPolicy::Always);
+        assert_eq!(PullPolicy::of(&container("busybox:latest", None)), PullPolicy::Always);
+        assert_eq!(PullPolicy::of(&container("registry:5000/busybox", None)), PullPolicy::Always);
+        assert_eq!(PullPolicy::of(&container("registry:5000/busybox:1.36", None)), PullPolicy::IfNotPresent);
+        assert_eq!(PullPolicy::of(&container("busybox@sha256:abc", None)), PullPolicy::IfNotPresent);
+        assert_eq!(PullPolicy::of(&container("busybox", Some("Never"))), PullPolicy::Never);
+    }
+
+    #[test]
+    fn restart_policy_decides_per_exit_code() {
+        assert!(RestartPolicy::Always.restarts(0));
+        assert!(!RestartPolicy::OnFailure.restarts(0));
+        assert!(RestartPolicy::OnFailure.restarts(1));
+        assert!(!RestartPolicy::Never.restarts(1));
+    }
+
+    #[test]
+    fn grace_period_prefers_deletion_and_clamps_to_two_seconds() {
+        let mut pod = Pod {
+            spec: Some(PodSpec { termination_grace_period_seconds: Some(0), ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(termination_grace_seconds(&pod), 2);
+        pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(15);
+        assert_eq!(termination_grace_seconds(&pod), 15);
+        pod.metadata.deletion_grace_period_seconds = Some(5);
+        assert_eq!(termination_grace_seconds(&pod), 5);
+        pod.spec = None;
+        pod.metadata.deletion_grace_period_seconds = None;
+        assert_eq!(termination_grace_seconds(&pod), 30);
+    }
+
+    #[test]
+    fn container_hash_changes_with_the_spec() {
+        let a = container("busybox:1", None);
+        let mut b = a.clone();
+        assert_eq!(container_hash(&a), container_hash(&b));
+        b.args = Some(vec!["x".into()]);
+        assert_ne!(container_hash(&a), container_hash(&b));
+    }
+}

@@ -1,0 +1,246 @@
+//! Pod spec → CRI sandbox and container configs. Pure: everything it needs is passed in.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use gantry_cri::api;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+
+use super::labels;
+use crate::pod::spec;
+
+/// Where a pod's container logs go: `<podLogsDir>/<namespace>_<name>_<uid>`.
+pub fn pod_log_dir(pod_logs_dir: &Path, pod: &Pod) -> PathBuf {
+    pod_logs_dir.join(format!("{}_{}_{}", spec::namespace(pod), spec::name(pod), spec::uid(pod)))
+}
+
+/// A container's log file relative to the pod log dir: `<container>/<restart>.log`.
+pub fn container_log_path(container: &str, attempt: u32) -> String {
+    format!("{container}/{attempt}.log")
+}
+
+pub fn sandbox_config(pod: &Pod, node: &str, pod_logs_dir: &Path, attempt: u32) -> api::PodSandboxConfig {
+    let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
+    let mut sandbox_labels = pod.metadata.labels.clone().unwrap_or_default().into_iter().collect::<HashMap<_, _>>();
+    sandbox_labels.extend(labels::sandbox(node, name, namespace, uid));
+    let mut annotations: HashMap<String, String> =
+        pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect();
+    annotations.insert(labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string());
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            namespace: namespace.to_string(),
+            attempt,
+        }),
+        hostname: hostname(pod),
+        log_directory: pod_log_dir(pod_logs_dir, pod).to_string_lossy().into_owned(),
+        port_mappings: port_mappings(pod),
+        labels: sandbox_labels,
+        annotations,
+        linux: Some(api::LinuxPodSandboxConfig {
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Host-network pods keep the node's hostname (the runtime fills it in when empty).
+fn hostname(pod: &Pod) -> String {
+    if spec::host_network(pod) {
+        return String::new();
+    }
+    let s = pod.spec.as_ref();
+    s.and_then(|s| s.hostname.clone()).unwrap_or_else(|| spec::name(pod).chars().take(63).collect())
+}
+
+fn namespace_options(pod: &Pod) -> api::NamespaceOption {
+    let s = pod.spec.as_ref();
+    let node_if = |flag: Option<bool>| {
+        if flag.unwrap_or(false) { api::NamespaceMode::Node } else { api::NamespaceMode::Pod }
+    };
+    let pid = if s.and_then(|s| s.host_pid).unwrap_or(false) {
+        api::NamespaceMode::Node
+    } else if s.and_then(|s| s.share_process_namespace).unwrap_or(false) {
+        api::NamespaceMode::Pod
+    } else {
+        api::NamespaceMode::Container
+    };
+    api::NamespaceOption {
+        network: node_if(s.and_then(|s| s.host_network)) as i32,
+        pid: pid as i32,
+        ipc: node_if(s.and_then(|s| s.host_ipc)) as i32,
+        ..Default::default()
+    }
+}
+
+fn port_mappings(pod: &Pod) -> Vec<api::PortMapping> {
+    spec::containers(pod)
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.unwrap_or(0) > 0)
+        .map(|p| api::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => api::Protocol::Udp,
+                Some("SCTP") => api::Protocol::Sctp,
+                _ => api::Protocol::Tcp,
+            } as i32,
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or(0),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// What a container config needs beyond the pod and the container itself.
+pub struct ContainerContext<'a> {
+    pub node: &'a str,
+    pub attempt: u32,
+    pub pod_ip: Option<&'a str>,
+    pub host_ip: Option<&'a str>,
+    pub mounts: Vec<api::Mount>,
+}
+
+pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Result<api::ContainerConfig, String> {
+    let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
+    let annotations = HashMap::from([
+        (labels::CONTAINER_HASH.to_string(), spec::container_hash(c)),
+        (labels::RESTART_COUNT.to_string(), ctx.attempt.to_string()),
+        (labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string()),
+    ]);
+    Ok(api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
+        image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
+        command: c.command.clone().unwrap_or_default(),
+        args: c.args.clone().unwrap_or_default(),
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: envs(pod, c, &ctx)?,
+        mounts: ctx.mounts,
+        labels: labels::container(ctx.node, name, namespace, uid, &c.name),
+        annotations,
+        log_path: container_log_path(&c.name, ctx.attempt),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(api::LinuxContainerConfig {
+            security_context: Some(api::LinuxContainerSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn envs(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Result<Vec<api::KeyValue>, String> {
+    c.env
+        .iter()
+        .flatten()
+        .map(|e| Ok(api::KeyValue { key: e.name.clone(), value: env_value(pod, e, ctx)? }))
+        .collect()
+}
+
+/// Literal values and the downward-API fields that need no API server.
+fn env_value(pod: &Pod, e: &EnvVar, ctx: &ContainerContext) -> Result<String, String> {
+    let Some(from) = &e.value_from else {
+        return Ok(e.value.clone().unwrap_or_default());
+    };
+    let Some(field) = &from.field_ref else {
+        return Err(format!("env {:?}: only value and valueFrom.fieldRef are supported yet", e.name));
+    };
+    let value = match field.field_path.as_str() {
+        "metadata.name" => spec::name(pod).to_string(),
+        "metadata.namespace" => spec::namespace(pod).to_string(),
+        "metadata.uid" => spec::uid(pod).to_string(),
+        "spec.nodeName" => ctx.node.to_string(),
+        "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+        "status.podIP" => ctx.pod_ip.unwrap_or_default().to_string(),
+        "status.hostIP" => ctx.host_ip.unwrap_or_default().to_string(),
+        other => return Err(format!("env {:?}: fieldRef {other:?} is not supported yet", e.name)),
+    };
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerPort, EnvVarSource, ObjectFieldSelector, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn pod() -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-node1".into()),
+                namespace: Some("kube-system".into()),
+                uid: Some("abc".into()),
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "web".into(),
+                    image: Some("busybox:1".into()),
+                    command: Some(vec!["sh".into()]),
+                    env: Some(vec![
+                        EnvVar { name: "A".into(), value: Some("1".into()), ..Default::default() },
+                        EnvVar {
+                            name: "POD".into(),
+                            value_from: Some(EnvVarSource {
+                                field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    ]),
+                    ports: Some(vec![
+                        ContainerPort { container_port: 80, host_port: Some(8080), ..Default::default() },
+                        ContainerPort { container_port: 81, ..Default::default() },
+                    ]),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sandbox_carries_identity_logs_and_host_ports() {
+        let cfg = sandbox_config(&pod(), "node1", Path::new("/var/log/pods"), 2);
+        assert_eq!(cfg.log_directory, "/var/log/pods/kube-system_web-node1_abc");
+        assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 2);
+        assert_eq!(cfg.labels[labels::POD_UID], "abc");
+        assert_eq!(cfg.labels[labels::NODE], "node1");
+        assert_eq!(cfg.labels["app"], "web");
+        assert_eq!(cfg.port_mappings.len(), 1, "only ports with a hostPort are mapped");
+        assert_eq!(cfg.hostname, "web-node1");
+    }
+
+    #[test]
+    fn container_config_resolves_env_and_log_path() {
+        let p = pod();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let ctx = ContainerContext { node: "node1", attempt: 3, pod_ip: None, host_ip: None, mounts: vec![] };
+        let cfg = container_config(&p, c, ctx).unwrap();
+        assert_eq!(cfg.log_path, "web/3.log");
+        let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
+        assert_eq!(env, [("A", "1"), ("POD", "web-node1")]);
+        assert_eq!(cfg.annotations[labels::CONTAINER_HASH], spec::container_hash(c));
+    }
+
+    #[test]
+    fn host_network_pods_use_the_node_namespace() {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        let cfg = sandbox_config(&p, "n", Path::new("/l"), 0);
+        let ns = cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network, api::NamespaceMode::Node as i32);
+        assert_eq!(cfg.hostname, "");
+    }
+}

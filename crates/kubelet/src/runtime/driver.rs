@@ -1,0 +1,185 @@
+//! Executes the core's actions through CRI.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::future::join_all;
+use gantry_cri::{api, Cri, CriError};
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::config::{self, ContainerContext};
+use super::volumes;
+use crate::pod::spec::{self, PullPolicy};
+use crate::pod::ObservedPod;
+
+/// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct StartError {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl StartError {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        StartError { reason, message: message.into() }
+    }
+}
+
+/// A container that is running now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub id: String,
+    /// Whether the image had to be pulled first.
+    pub pulled: bool,
+}
+
+#[derive(Clone)]
+pub struct Driver {
+    cri: Cri,
+    node: String,
+    pod_logs_dir: PathBuf,
+    root_dir: PathBuf,
+}
+
+impl Driver {
+    pub fn new(cri: Cri, node: &str, pod_logs_dir: PathBuf, root_dir: PathBuf) -> Self {
+        Driver { cri, node: node.to_string(), pod_logs_dir, root_dir }
+    }
+
+    pub fn runtime_name(&self) -> &str {
+        &self.cri.version.runtime_name
+    }
+
+    pub fn cri(&self) -> &Cri {
+        &self.cri
+    }
+
+    /// Creates the pod's sandbox (network namespace, pause container) and its log directory.
+    pub async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, StartError> {
+        let config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, attempt);
+        tokio::fs::create_dir_all(&config.log_directory)
+            .await
+            .map_err(|e| StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory)))?;
+        let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        let response = self.cri.runtime.run_pod_sandbox(request).await.map_err(|e| {
+            StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {e}"))
+        })?;
+        Ok(response.pod_sandbox_id)
+    }
+
+    /// Pulls the image if the policy says so, then creates and starts the container.
+    pub async fn start_container(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        sandbox_id: &str,
+        attempt: u32,
+        pod_ip: Option<&str>,
+    ) -> Result<Started, StartError> {
+        let pulled = self.ensure_image(c).await?;
+        let volumes = volumes::prepare(&self.root_dir, pod).await.map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let ctx = ContainerContext { node: &self.node, attempt, pod_ip, host_ip: None, mounts };
+        let container_config =
+            config::container_config(pod, c, ctx).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0);
+        let request = api::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(container_config),
+            sandbox_config: Some(sandbox_config),
+        };
+        let id = self
+            .cri
+            .runtime
+            .create_container(request)
+            .await
+            .map_err(|e| StartError::new("CreateContainerError", e.to_string()))?
+            .container_id;
+        self.cri
+            .runtime
+            .start_container(api::StartContainerRequest { container_id: id.clone() })
+            .await
+            .map_err(|e| StartError::new("RunContainerError", e.to_string()))?;
+        Ok(Started { id, pulled })
+    }
+
+    /// Returns whether the image was pulled.
+    async fn ensure_image(&self, c: &Container) -> Result<bool, StartError> {
+        let image = c.image.clone().unwrap_or_default();
+        let spec = api::ImageSpec { image: image.clone(), ..Default::default() };
+        let policy = PullPolicy::of(c);
+        let present = if policy == PullPolicy::Always {
+            false
+        } else {
+            let status = self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec.clone()), verbose: false });
+            status.await.map_err(|e| StartError::new("ImageInspectError", e.to_string()))?.image.is_some()
+        };
+        match (present, policy) {
+            (true, _) => Ok(false),
+            (false, PullPolicy::Never) => Err(StartError::new(
+                "ErrImageNeverPull",
+                format!("Container image {image:?} is not present with pull policy of Never"),
+            )),
+            (false, _) => {
+                let request = api::PullImageRequest { image: Some(spec), auth: None, sandbox_config: None };
+                self.cri.images.pull_image(request).await.map_err(|e| StartError::new("ErrImagePull", e.to_string()))?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Stops one container with the given grace period; a container that is already gone is
+    /// not an error.
+    pub async fn kill_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
+        match self.cri.runtime.stop_container(id, grace).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops every running container of the pod at once, then its sandboxes.
+    pub async fn kill_pod(&self, observed: &ObservedPod, grace: Duration) -> Result<(), CriError> {
+        let stops = observed.running().map(|c| self.kill_container(&c.id, grace));
+        join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        for s in observed.sandboxes.iter().filter(|s| s.ready) {
+            let request = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
+            match self.cri.runtime.stop_pod_sandbox(request).await {
+                Err(e) if !e.is_not_found() => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
+        match self.cri.runtime.remove_container(api::RemoveContainerRequest { container_id: id.to_string() }).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn remove_sandbox(&self, id: &str) -> Result<(), CriError> {
+        match self.cri.runtime.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() }).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes everything of a pod that is gone for good, including its directory.
+    pub async fn remove_pod(&self, uid: &str, observed: &ObservedPod) -> Result<(), CriError> {
+        for c in &observed.containers {
+            self.remove_container(&c.id).await?;
+        }
+        for s in &observed.sandboxes {
+            self.remove_sandbox(&s.id).await?;
+        }
+        volumes::cleanup(&self.root_dir, uid).await;
+        Ok(())
+    }
+
+    /// The grace period for stopping `pod` now.
+    pub fn grace(pod: &Pod) -> Duration {
+        Duration::from_secs(spec::termination_grace_seconds(pod) as u64)
+    }
+}

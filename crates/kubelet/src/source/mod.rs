@@ -1,0 +1,33 @@
+//! Where the pods a node should run come from. Each source sends the complete set of pods it
+//! currently wants (a SET, in upstream terms); [`merge`] turns all sources into one desired set.
+
+pub mod file;
+pub mod http;
+pub mod manifest;
+pub mod merge;
+pub mod static_pod;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// Which source a pod came from; the value of the `kubernetes.io/config.source` annotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SourceKind {
+    File,
+    Http,
+}
+
+impl SourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::File => "file",
+            SourceKind::Http => "http",
+        }
+    }
+}
+
+/// Everything one source wants right now.
+#[derive(Debug, Clone)]
+pub struct SourceUpdate {
+    pub source: SourceKind,
+    pub pods: Vec<Pod>,
+}

@@ -1,0 +1,45 @@
+//! Test harness for Gantry's end-to-end tests.
+//!
+//! - [`images`]: the two tiny OCI images (`gantry.local/pause:v1`,
+//!   `gantry.local/busybox:v1`) built locally, since no registry is reachable;
+//! - [`Containerd`]: a private containerd per test, with its own pod network,
+//!   torn down (pods, shims, mounts, bridge) on drop;
+//! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
+//!   Gantry against.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use gantry_testkit::Containerd;
+//! let Some(ctd) = Containerd::start_or_skip().await else { return };
+//! let mut runtime = ctd.runtime_client().await;
+//! # let _ = runtime;
+//! # }
+//! ```
+
+mod cleanup;
+mod cmd;
+pub mod cni;
+pub mod config;
+pub mod containerd;
+pub mod cri;
+pub mod error;
+pub mod images;
+pub mod prereq;
+pub mod raw;
+
+pub use containerd::{Containerd, ContainerdOptions};
+pub use error::{Result, TestkitError};
+pub use images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
+pub use raw::{raw_start_pods, remove_all_pods};
+
+/// Send this crate's (and the caller's) `tracing` output to the test writer,
+/// filtered by `RUST_LOG` (default `info`). Safe to call from every test.
+pub fn init_test_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_test_writer()
+        .try_init();
+}

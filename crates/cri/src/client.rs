@@ -24,11 +24,7 @@ pub struct Cri {
 
 /// Connects to the runtime (and image) endpoint and validates both with `Version`, as the Go
 /// kubelet does before it starts anything. `image_endpoint` defaults to the runtime endpoint.
-pub async fn connect(
-    runtime_endpoint: &str,
-    image_endpoint: Option<&str>,
-    timeout: Duration,
-) -> Result<Cri, CriError> {
+pub async fn connect(runtime_endpoint: &str, image_endpoint: Option<&str>, timeout: Duration) -> Result<Cri, CriError> {
     let runtime_ep = Endpoint::parse(runtime_endpoint)?;
     let image_ep = match image_endpoint {
         Some(raw) if !raw.trim().is_empty() => Endpoint::parse(raw)?,
@@ -42,8 +38,7 @@ pub async fn connect(
     let runtime_channel = open_channel(&runtime_ep, timeout).await?;
     let runtime = RuntimeClient { inner: RuntimeServiceClient::new(runtime_channel.clone()), timeout };
     let version = validate(&runtime_ep, runtime.version(api::VersionRequest::default()).await)?;
-    let image_channel =
-        if image_ep == runtime_ep { runtime_channel } else { open_channel(&image_ep, timeout).await? };
+    let image_channel = if image_ep == runtime_ep { runtime_channel } else { open_channel(&image_ep, timeout).await? };
     let images = ImageClient { inner: ImageServiceClient::new(image_channel), timeout };
     validate_images(&image_ep, images.list_images(api::ListImagesRequest::default()).await)?;
     Ok(Cri { runtime, images, version })
@@ -187,9 +182,12 @@ impl RuntimeClient {
     /// that long, so its deadline is the normal timeout plus the grace period (as upstream).
     pub async fn stop_container(&self, container_id: &str, grace: Duration) -> Result<(), CriError> {
         let req = api::StopContainerRequest { container_id: container_id.to_string(), timeout: grace.as_secs() as i64 };
-        self.call_with_timeout("StopContainer", self.timeout + grace, |mut c, r| async move {
-            c.stop_container(r).await
-        }, req)
+        self.call_with_timeout(
+            "StopContainer",
+            self.timeout + grace,
+            |mut c, r| async move { c.stop_container(r).await },
+            req,
+        )
         .await
         .map(|_| ())
     }

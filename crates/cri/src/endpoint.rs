@@ -17,10 +17,8 @@ pub struct Endpoint {
 impl Endpoint {
     /// Parses `unix:///path`, or a bare absolute path (accepted, but deprecated upstream).
     pub fn parse(raw: &str) -> Result<Self, CriError> {
-        let invalid = |reason: &str| CriError::InvalidEndpoint {
-            endpoint: raw.to_string(),
-            reason: reason.to_string(),
-        };
+        let invalid =
+            |reason: &str| CriError::InvalidEndpoint { endpoint: raw.to_string(), reason: reason.to_string() };
         let trimmed = raw.trim();
         if trimmed.is_empty() {
             return Err(invalid("the endpoint is empty"));

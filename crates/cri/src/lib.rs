@@ -9,7 +9,7 @@ mod client;
 mod endpoint;
 mod error;
 
-pub use client::{connect, Cri, ImageClient, RuntimeClient};
+pub use client::{Cri, ImageClient, RuntimeClient, connect};
 pub use endpoint::Endpoint;
 pub use error::CriError;
 /// The generated CRI v1 message types, re-exported so callers need no direct `k8s-cri` dependency.

@@ -14,10 +14,12 @@ pub fn init() -> Logging {
     let (layer, handle) = reload::Layer::new(filter);
     tracing_subscriber::registry()
         .with(layer)
-        .with(tracing_subscriber::fmt::layer()
+        .with(
+            tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_target(false))
+                .with_target(false),
+        )
         .init();
     Logging { handle, from_env }
 }

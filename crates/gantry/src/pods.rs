@@ -16,7 +16,11 @@ pub fn main(root_dir: &Path, output: &str) -> ExitCode {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(&format!("{}: {e}; is gantry kubelet running with --root-dir {}?", path.display(), root_dir.display())),
+            Err(e) => fail(&format!(
+                "{}: {e}; is gantry kubelet running with --root-dir {}?",
+                path.display(),
+                root_dir.display()
+            )),
         };
     }
     match read_pod_list(&path) {

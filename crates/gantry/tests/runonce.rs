@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{pod_yaml, static_name, Env};
+use common::{Env, pod_yaml, static_name};
 
 fn gantry(args: &[String]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_gantry")).arg("kubelet").args(args).output().expect("run gantry")

@@ -40,7 +40,11 @@ fn docker_engine_socket_is_explained_as_not_cri() {
             let mut buf = [0u8; 1024];
             let _ = stream.read(&mut buf);
             let body = r#"{"message":"page not found"}"#;
-            let _ = write!(stream, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            let _ = write!(
+                stream,
+                "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
         }
     });
     let (ok, stderr) = start_kubelet(&format!("unix://{}", sock.display()));
@@ -73,19 +77,34 @@ struct NoImages;
 
 #[tonic::async_trait]
 impl k8s_cri::v1::image_service_server::ImageService for NoImages {
-    async fn list_images(&self, _: tonic::Request<k8s_cri::v1::ListImagesRequest>) -> Result<tonic::Response<k8s_cri::v1::ListImagesResponse>, tonic::Status> {
+    async fn list_images(
+        &self,
+        _: tonic::Request<k8s_cri::v1::ListImagesRequest>,
+    ) -> Result<tonic::Response<k8s_cri::v1::ListImagesResponse>, tonic::Status> {
         Ok(tonic::Response::new(Default::default()))
     }
-    async fn image_status(&self, _: tonic::Request<k8s_cri::v1::ImageStatusRequest>) -> Result<tonic::Response<k8s_cri::v1::ImageStatusResponse>, tonic::Status> {
+    async fn image_status(
+        &self,
+        _: tonic::Request<k8s_cri::v1::ImageStatusRequest>,
+    ) -> Result<tonic::Response<k8s_cri::v1::ImageStatusResponse>, tonic::Status> {
         Ok(tonic::Response::new(Default::default()))
     }
-    async fn pull_image(&self, _: tonic::Request<k8s_cri::v1::PullImageRequest>) -> Result<tonic::Response<k8s_cri::v1::PullImageResponse>, tonic::Status> {
+    async fn pull_image(
+        &self,
+        _: tonic::Request<k8s_cri::v1::PullImageRequest>,
+    ) -> Result<tonic::Response<k8s_cri::v1::PullImageResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no"))
     }
-    async fn remove_image(&self, _: tonic::Request<k8s_cri::v1::RemoveImageRequest>) -> Result<tonic::Response<k8s_cri::v1::RemoveImageResponse>, tonic::Status> {
+    async fn remove_image(
+        &self,
+        _: tonic::Request<k8s_cri::v1::RemoveImageRequest>,
+    ) -> Result<tonic::Response<k8s_cri::v1::RemoveImageResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no"))
     }
-    async fn image_fs_info(&self, _: tonic::Request<k8s_cri::v1::ImageFsInfoRequest>) -> Result<tonic::Response<k8s_cri::v1::ImageFsInfoResponse>, tonic::Status> {
+    async fn image_fs_info(
+        &self,
+        _: tonic::Request<k8s_cri::v1::ImageFsInfoRequest>,
+    ) -> Result<tonic::Response<k8s_cri::v1::ImageFsInfoResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no"))
     }
 }

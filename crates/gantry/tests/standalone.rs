@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{eventually, pod_yaml, static_name, Env};
+use common::{Env, eventually, pod_yaml, static_name};
 
 #[tokio::test]
 async fn static_pod_runs_logs_and_stops_gracefully_when_its_manifest_goes() {
@@ -13,16 +13,18 @@ async fn static_pod_runs_logs_and_stops_gracefully_when_its_manifest_goes() {
         "  terminationGracePeriodSeconds: 20\n  volumes:\n  - name: out\n    hostPath:\n      path: {}\n",
         out.display()
     );
-    let yaml = pod_yaml("web", "trap 'echo graceful > /out/stopped; exit 0' TERM; echo hello from web; while true; do sleep 1; done", &extra)
-        .replace("    command:", "    volumeMounts:\n    - name: out\n      mountPath: /out\n    command:");
+    let yaml = pod_yaml(
+        "web",
+        "trap 'echo graceful > /out/stopped; exit 0' TERM; echo hello from web; while true; do sleep 1; done",
+        &extra,
+    )
+    .replace("    command:", "    volumeMounts:\n    - name: out\n      mountPath: /out\n    command:");
     env.write_manifest("web.yaml", &yaml);
     let gantry = env.kubelet(&[]);
     let name = static_name("web");
 
-    let pod = eventually("web Running in the status file", &gantry, || async {
-        gantry.pod_in_phase(&name, "Running")
-    })
-    .await;
+    let pod =
+        eventually("web Running in the status file", &gantry, || async { gantry.pod_in_phase(&name, "Running") }).await;
     let uid = pod.metadata.uid.clone().unwrap();
     assert_eq!(uid.len(), 32, "static pod UID is a content hash");
     let annotations = pod.metadata.annotations.clone().unwrap();
@@ -47,12 +49,10 @@ async fn static_pod_runs_logs_and_stops_gracefully_when_its_manifest_goes() {
     assert_eq!(&fields[1..], ["stdout", "F", "hello from web"]);
 
     env.remove_manifest("web.yaml");
-    eventually("the pod's sandbox removed", &gantry, || async {
-        env.sandboxes().await.is_empty().then_some(())
-    })
-    .await;
+    eventually("the pod's sandbox removed", &gantry, || async { env.sandboxes().await.is_empty().then_some(()) }).await;
     assert_eq!(std::fs::read_to_string(out.join("stopped")).unwrap().trim(), "graceful", "SIGTERM handler ran");
-    eventually("the pod gone from the status file", &gantry, || async { gantry.pod(&name).is_none().then_some(()) }).await;
+    eventually("the pod gone from the status file", &gantry, || async { gantry.pod(&name).is_none().then_some(()) })
+        .await;
     assert!(!log.exists(), "pod log directory removed with the pod");
 }
 
@@ -79,7 +79,8 @@ async fn restart_policies_and_crash_loop_backoff() {
     assert!(gantry.log().contains("Back-off restarting failed container main"), "BackOff event logged");
 
     let onfailure = static_name("onfailure");
-    eventually("onfailure Succeeded", &gantry, || async { (gantry.phase(&onfailure)? == "Succeeded").then_some(()) }).await;
+    eventually("onfailure Succeeded", &gantry, || async { (gantry.phase(&onfailure)? == "Succeeded").then_some(()) })
+        .await;
     let never = static_name("never");
     eventually("never Failed", &gantry, || async { (gantry.phase(&never)? == "Failed").then_some(()) }).await;
     let never_status = gantry.pod(&never).unwrap().status.unwrap().container_statuses.unwrap().pop().unwrap();
@@ -88,7 +89,8 @@ async fn restart_policies_and_crash_loop_backoff() {
     let ready_sandboxes: Vec<_> = env.sandboxes().await.into_iter().filter(|s| s.2).map(|s| s.1).collect();
     assert!(!ready_sandboxes.contains(&never), "a finished pod's sandbox is stopped: {ready_sandboxes:?}");
     assert!(!ready_sandboxes.contains(&onfailure), "a finished pod's sandbox is stopped: {ready_sandboxes:?}");
-    let attempts: Vec<u32> = env.containers().await.into_iter().filter(|c| c.pod == onfailure).map(|c| c.attempt).collect();
+    let attempts: Vec<u32> =
+        env.containers().await.into_iter().filter(|c| c.pod == onfailure).map(|c| c.attempt).collect();
     assert_eq!(attempts, [0], "OnFailure does not restart a container that succeeded");
 }
 
@@ -124,13 +126,14 @@ spec:
     env.write_manifest("inits.yaml", &yaml);
     let gantry = env.kubelet(&[]);
     let name = static_name("inits");
-    let pod = eventually("inits Running", &gantry, || async {
-        gantry.pod_in_phase(&name, "Running")
-    })
-    .await;
+    let pod = eventually("inits Running", &gantry, || async { gantry.pod_in_phase(&name, "Running") }).await;
     let status = pod.status.unwrap();
     let inits = status.init_container_statuses.unwrap();
-    assert!(inits.iter().all(|s| s.state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref() == Some("Completed")));
+    assert!(
+        inits
+            .iter()
+            .all(|s| s.state.as_ref().unwrap().terminated.as_ref().unwrap().reason.as_deref() == Some("Completed"))
+    );
     let uid = pod.metadata.uid.unwrap();
     let log = env.pod_logs.join(format!("default_{name}_{uid}/app/0.log"));
     let text = eventually("app output", &gantry, || async {
@@ -194,10 +197,7 @@ async fn restart_keeps_running_containers_and_cleans_up_vanished_pods() {
         env.sandboxes().await.iter().all(|s| s.1 != gone).then_some(())
     })
     .await;
-    eventually("status file rewritten", &gantry, || async {
-        gantry.pod_in_phase(&keep, "Running")
-    })
-    .await;
+    eventually("status file rewritten", &gantry, || async { gantry.pod_in_phase(&keep, "Running") }).await;
     assert_eq!(env.running(&keep).await, before, "same container IDs after the restart");
     assert_eq!(env.containers().await.iter().filter(|c| c.pod == keep).count(), 1, "nothing duplicated");
 }
@@ -210,10 +210,7 @@ async fn manifest_url_with_headers() {
     let url = format!("--manifest-url=http://{}/pod.yaml", server);
     let gantry = env.kubelet(&[&url, "--manifest-url-header=X-Token:secret", "--http-check-frequency=1s"]);
     let name = static_name("fromurl");
-    let pod = eventually("pod from URL running", &gantry, || async {
-        gantry.pod_in_phase(&name, "Running")
-    })
-    .await;
+    let pod = eventually("pod from URL running", &gantry, || async { gantry.pod_in_phase(&name, "Running") }).await;
     assert_eq!(pod.metadata.annotations.unwrap()["kubernetes.io/config.source"], "http");
     assert!(!gantry.log().contains("secret"), "header values are masked in logs");
 }
@@ -239,7 +236,11 @@ mod common_http {
                 }
                 let (status, payload) = if authorized { ("200 OK", body.as_str()) } else { ("403 Forbidden", "") };
                 let mut stream = stream;
-                let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}", payload.len());
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}",
+                    payload.len()
+                );
             }
         });
         addr

@@ -18,13 +18,8 @@ pub(crate) fn shims_of(socket: &Path) -> Vec<i32> {
                 return false;
             };
             let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-            let is_shim = args
-                .first()
-                .is_some_and(|arg0| arg0.windows(15).any(|w| w == b"containerd-shim"));
-            is_shim
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"-address" && w[1] == socket)
+            let is_shim = args.first().is_some_and(|arg0| arg0.windows(15).any(|w| w == b"containerd-shim"));
+            is_shim && args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket)
         })
         .collect()
 }
@@ -35,9 +30,7 @@ pub(crate) fn process_has_arg(pid: u32, arg: &std::ffi::OsStr) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    cmdline
-        .split(|&b| b == 0)
-        .any(|a| a == arg.as_encoded_bytes())
+    cmdline.split(|&b| b == 0).any(|a| a == arg.as_encoded_bytes())
 }
 
 /// SIGKILL each shim and, first, its direct children (the containers' init
@@ -57,11 +50,7 @@ pub(crate) fn kill_shims(socket: &Path) {
     for &pid in &victims {
         kill(pid);
     }
-    tracing::warn!(
-        shims = shims.len(),
-        processes = victims.len(),
-        "killed leftover containerd shims and containers"
-    );
+    tracing::warn!(shims = shims.len(), processes = victims.len(), "killed leftover containerd shims and containers");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     while victims.iter().any(|&pid| alive(pid)) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
@@ -86,16 +75,11 @@ fn kill(pid: i32) {
 }
 
 fn processes() -> impl Iterator<Item = i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+    std::fs::read_dir("/proc").into_iter().flatten().filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
 }
 
 fn children_of(parent: i32) -> Vec<i32> {
-    processes()
-        .filter(|&pid| parent_of(pid) == Some(parent))
-        .collect()
+    processes().filter(|&pid| parent_of(pid) == Some(parent)).collect()
 }
 
 /// The ppid field of /proc/PID/stat; parsed after the last ')' because the
@@ -148,11 +132,7 @@ pub(crate) fn remove_container_cgroups(state: &Path) {
 /// `/kubepods/<qos>/pod<uid>/<id>` parents, shallow enough to stay cheap.
 const CGROUP_SEARCH_DEPTH: usize = 5;
 
-fn remove_named_dirs(
-    dir: &Path,
-    names: &std::collections::HashSet<std::ffi::OsString>,
-    depth: usize,
-) -> usize {
+fn remove_named_dirs(dir: &Path, names: &std::collections::HashSet<std::ffi::OsString>, depth: usize) -> usize {
     let mut removed = 0;
     for sub in subdirs(dir) {
         let matches = sub.file_name().is_some_and(|n| names.contains(n));
@@ -186,11 +166,7 @@ fn mounts_below(dir: &Path) -> Vec<String> {
     info.lines()
         .filter_map(|line| line.split(' ').nth(4))
         .map(unescape_mountinfo)
-        .filter(|point| {
-            point
-                .strip_prefix(dir.as_ref())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        })
+        .filter(|point| point.strip_prefix(dir.as_ref()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')))
         .collect()
 }
 
@@ -200,11 +176,9 @@ fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|s| u8::from_str_radix(s, 8).ok())
-        });
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok().and_then(|s| u8::from_str_radix(s, 8).ok()));
         match (bytes[i], octal) {
             (b'\\', Some(byte)) => {
                 out.push(byte);

@@ -15,10 +15,7 @@ fn describe(cmd: &Command) -> String {
 }
 
 fn check(command: String, output: std::io::Result<Output>) -> Result<Vec<u8>> {
-    let output = output.map_err(|source| TestkitError::Io {
-        context: format!("spawn `{command}`"),
-        source,
-    })?;
+    let output = output.map_err(|source| TestkitError::Io { context: format!("spawn `{command}`"), source })?;
     if output.status.success() {
         return Ok(output.stdout);
     }
@@ -49,10 +46,7 @@ pub(crate) async fn run_async(mut cmd: Command) -> Result<Vec<u8>> {
 /// Whether `name` resolves to an executable file through `path` (a `$PATH`-style list).
 pub(crate) fn on_path_in(name: &str, path: &std::ffi::OsStr) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    let is_exec = |p: &std::path::Path| {
-        p.metadata()
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
+    let is_exec =
+        |p: &std::path::Path| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
     std::env::split_paths(path).any(|dir| is_exec(&dir.join(name)))
 }

@@ -153,8 +153,8 @@ impl PodNetwork {
     pub fn write_config(&self, conf_dir: &Path, ipam_data_dir: &Path) -> Result<PathBuf> {
         std::fs::create_dir_all(conf_dir).ctx(|| format!("create {}", conf_dir.display()))?;
         let path = conf_dir.join("10-gantry.conflist");
-        let text = serde_json::to_vec_pretty(&self.conflist(ipam_data_dir))
-            .expect("serialising a JSON value cannot fail");
+        let text =
+            serde_json::to_vec_pretty(&self.conflist(ipam_data_dir)).expect("serialising a JSON value cannot fail");
         std::fs::write(&path, text).ctx(|| format!("write {}", path.display()))?;
         Ok(path)
     }
@@ -192,10 +192,9 @@ fn try_claim(index: u8) -> Result<Option<File>> {
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(source)) => Err(TestkitError::Io {
-            context: format!("lock {}", path.display()),
-            source,
-        }),
+        Err(std::fs::TryLockError::Error(source)) => {
+            Err(TestkitError::Io { context: format!("lock {}", path.display()), source })
+        }
     }
 }
 
@@ -220,10 +219,7 @@ mod tests {
         assert_eq!(conf["plugins"][0]["ipMasq"], false);
         assert_eq!(conf["plugins"][0]["bridge"], a.bridge());
 
-        let record = OwnerRecord {
-            base: "/dev/shm/gantry-ctd-x".into(),
-            containerd_pid: 42,
-        };
+        let record = OwnerRecord { base: "/dev/shm/gantry-ctd-x".into(), containerd_pid: 42 };
         a.record_owner(&record).unwrap();
         assert_eq!(a.read_owner(), Some(record));
         a.clear_owner().unwrap();

@@ -65,12 +65,7 @@ impl Layout {
 
     /// Create the directories and write config.toml plus the CNI conflist.
     pub fn prepare(&self, network: &PodNetwork, snapshotter: Snapshotter) -> Result<()> {
-        for dir in [
-            self.root(),
-            self.state(),
-            self.scratch(),
-            self.cni_data_dir(),
-        ] {
+        for dir in [self.root(), self.state(), self.scratch(), self.cni_data_dir()] {
             std::fs::create_dir_all(&dir).ctx(|| format!("create {}", dir.display()))?;
         }
         network.write_config(&self.cni_conf_dir(), &self.cni_data_dir())?;
@@ -109,15 +104,11 @@ impl Snapshotter {
 }
 
 fn try_overlay_mount(dir: &Path) -> std::io::Result<()> {
-    let probe = tempfile::Builder::new()
-        .prefix(".overlay-probe")
-        .tempdir_in(dir)?;
+    let probe = tempfile::Builder::new().prefix(".overlay-probe").tempdir_in(dir)?;
     let sub = |name: &str| -> std::io::Result<std::ffi::CString> {
         let path = probe.path().join(name);
         std::fs::create_dir(&path)?;
-        Ok(std::ffi::CString::new(
-            path.into_os_string().into_encoded_bytes(),
-        )?)
+        Ok(std::ffi::CString::new(path.into_os_string().into_encoded_bytes())?)
     };
     let (lower, upper, work, merged) = (sub("l")?, sub("u")?, sub("w")?, sub("m")?);
     let options = format!(
@@ -128,15 +119,8 @@ fn try_overlay_mount(dir: &Path) -> std::io::Result<()> {
     );
     let options = std::ffi::CString::new(options)?;
     // SAFETY: all pointers are valid NUL-terminated strings for the call.
-    let rc = unsafe {
-        libc::mount(
-            c"overlay".as_ptr(),
-            merged.as_ptr(),
-            c"overlay".as_ptr(),
-            0,
-            options.as_ptr().cast(),
-        )
-    };
+    let rc =
+        unsafe { libc::mount(c"overlay".as_ptr(), merged.as_ptr(), c"overlay".as_ptr(), 0, options.as_ptr().cast()) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }

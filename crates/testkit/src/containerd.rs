@@ -62,9 +62,7 @@ impl Containerd {
             prereq::skip_or_panic(&reason);
             return Ok(None);
         }
-        Self::start_with(ContainerdOptions::default())
-            .await
-            .map(Some)
+        Self::start_with(ContainerdOptions::default()).await.map(Some)
     }
 
     /// For tests: `let Some(ctd) = Containerd::start_or_skip().await else { return };`
@@ -88,25 +86,14 @@ impl Containerd {
         layout.prepare(&network, snapshotter)?;
 
         // Build (or find cached) images while containerd boots.
-        let cache = options
-            .image_cache
-            .unwrap_or_else(images::default_cache_dir);
+        let cache = options.image_cache.unwrap_or_else(images::default_cache_dir);
         let build = tokio::task::spawn_blocking(move || images::ensure_images(&cache));
 
         let child = spawn(&layout)?;
         // From here on Drop cleans up whatever fails next.
-        let mut ctd = Containerd {
-            layout,
-            snapshotter,
-            child,
-            startup: Duration::ZERO,
-            network,
-            _temp: temp,
-        };
-        ctd.network.record_owner(&OwnerRecord {
-            base: ctd.layout.base().to_path_buf(),
-            containerd_pid: ctd.child.id(),
-        })?;
+        let mut ctd = Containerd { layout, snapshotter, child, startup: Duration::ZERO, network, _temp: temp };
+        ctd.network
+            .record_owner(&OwnerRecord { base: ctd.layout.base().to_path_buf(), containerd_pid: ctd.child.id() })?;
         ctd.wait_ready().await?;
         let ready_ms = started.elapsed().as_millis() as u64;
         let built = build.await.expect("image build task panicked")?;
@@ -209,10 +196,7 @@ impl Containerd {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().ctx(|| "wait for containerd".into())? {
-                return Err(TestkitError::ContainerdExited {
-                    status: status.to_string(),
-                    log: self.log_tail(40),
-                });
+                return Err(TestkitError::ContainerdExited { status: status.to_string(), log: self.log_tail(40) });
             }
             if self.cri_ready().await {
                 return Ok(());
@@ -234,14 +218,8 @@ impl Containerd {
         let Ok(response) = client.status(StatusRequest { verbose: false }).await else {
             return false;
         };
-        let conditions = response
-            .into_inner()
-            .status
-            .map(|s| s.conditions)
-            .unwrap_or_default();
-        ["RuntimeReady", "NetworkReady"]
-            .iter()
-            .all(|kind| conditions.iter().any(|c| c.r#type == *kind && c.status))
+        let conditions = response.into_inner().status.map(|s| s.conditions).unwrap_or_default();
+        ["RuntimeReady", "NetworkReady"].iter().all(|kind| conditions.iter().any(|c| c.r#type == *kind && c.status))
     }
 
     /// The CRI plugin learns about imported images from containerd events, so
@@ -252,9 +230,7 @@ impl Containerd {
             let deadline = Instant::now() + IMAGE_TIMEOUT;
             while !image_visible(&mut client, image.reference()).await? {
                 if Instant::now() > deadline {
-                    return Err(TestkitError::ImageNotVisible {
-                        image: image.reference().into(),
-                    });
+                    return Err(TestkitError::ImageNotVisible { image: image.reference().into() });
                 }
                 tokio::time::sleep(POLL_INTERVAL).await;
             }
@@ -299,11 +275,7 @@ impl Containerd {
 impl Drop for Containerd {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!(
-                "--- containerd log ({}), last 50 lines ---\n{}",
-                self.log_path().display(),
-                self.log_tail(50)
-            );
+            eprintln!("--- containerd log ({}), last 50 lines ---\n{}", self.log_path().display(), self.log_tail(50));
         }
         if matches!(self.child.try_wait(), Ok(None)) {
             self.teardown_pods();
@@ -333,14 +305,8 @@ fn reap_orphan(orphan: &OwnerRecord) {
     cleanup::kill_shims(&layout.socket());
     cleanup::unmount_below(layout.base());
     cleanup::remove_container_cgroups(&layout.state());
-    let temporary = orphan
-        .base
-        .parent()
-        .is_some_and(|parent| TEMP_PARENTS.iter().any(|p| parent == Path::new(p)))
-        && orphan
-            .base
-            .file_name()
-            .is_some_and(|name| name.to_string_lossy().starts_with(TEMP_PREFIX));
+    let temporary = orphan.base.parent().is_some_and(|parent| TEMP_PARENTS.iter().any(|p| parent == Path::new(p)))
+        && orphan.base.file_name().is_some_and(|name| name.to_string_lossy().starts_with(TEMP_PREFIX));
     if temporary {
         let _ = std::fs::remove_dir_all(&orphan.base);
     }
@@ -352,9 +318,7 @@ fn base_dir(dir: Option<PathBuf>) -> Result<(Layout, Option<TempDir>)> {
     match dir {
         Some(dir) => {
             std::fs::create_dir_all(&dir).ctx(|| format!("create {}", dir.display()))?;
-            let dir = dir
-                .canonicalize()
-                .ctx(|| format!("resolve {}", dir.display()))?;
+            let dir = dir.canonicalize().ctx(|| format!("resolve {}", dir.display()))?;
             refuse_if_served(&Layout::new(&dir)?.socket())?;
             Ok((Layout::new(dir)?, None))
         }
@@ -395,8 +359,7 @@ fn refuse_if_served(socket: &Path) -> Result<()> {
 }
 
 fn spawn(layout: &Layout) -> Result<Child> {
-    let log =
-        std::fs::File::create(layout.log()).ctx(|| format!("create {}", layout.log().display()))?;
+    let log = std::fs::File::create(layout.log()).ctx(|| format!("create {}", layout.log().display()))?;
     let log_err = log.try_clone().ctx(|| "clone log file handle".into())?;
     let child = Command::new("containerd")
         .arg("--config")
@@ -415,25 +378,14 @@ fn spawn(layout: &Layout) -> Result<Child> {
 }
 
 async fn image_visible(client: &mut ImageServiceClient<Channel>, reference: &str) -> Result<bool> {
-    let request = ImageStatusRequest {
-        image: Some(ImageSpec {
-            image: reference.into(),
-            ..Default::default()
-        }),
-        verbose: false,
-    };
-    let response = client
-        .image_status(request)
-        .await
-        .map_err(TestkitError::cri("ImageStatus"))?;
+    let request =
+        ImageStatusRequest { image: Some(ImageSpec { image: reference.into(), ..Default::default() }), verbose: false };
+    let response = client.image_status(request).await.map_err(TestkitError::cri("ImageStatus"))?;
     Ok(response.into_inner().image.is_some())
 }
 
 fn timeout(what: &str, log: String) -> TestkitError {
-    TestkitError::Timeout {
-        what: format!("{what}; containerd log tail:\n{log}"),
-        after: STARTUP_TIMEOUT,
-    }
+    TestkitError::Timeout { what: format!("{what}; containerd log tail:\n{log}"), after: STARTUP_TIMEOUT }
 }
 
 fn tail(path: &Path, n: usize) -> String {
@@ -449,12 +401,8 @@ fn block_on_fresh_runtime<T: Send>(future: impl Future<Output = T> + Send) -> Op
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .ok()?;
-                runtime
-                    .block_on(async { tokio::time::timeout(TEARDOWN_TIMEOUT, future).await.ok() })
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                runtime.block_on(async { tokio::time::timeout(TEARDOWN_TIMEOUT, future).await.ok() })
             })
             .join()
             .ok()

@@ -25,10 +25,7 @@ pub async fn connect(socket: &Path) -> Result<Channel> {
             async move { UnixStream::connect(path).await.map(TokioIo::new) }
         }))
         .await
-        .map_err(|source| TestkitError::Connect {
-            path: socket.to_path_buf(),
-            source,
-        })
+        .map_err(|source| TestkitError::Connect { path: socket.to_path_buf(), source })
 }
 
 /// CRI runtime service client on `socket`.
@@ -45,23 +42,15 @@ pub async fn image_client(socket: &Path) -> Result<ImageServiceClient<Channel>> 
 /// concurrently; returns how many were removed. Stopping kills the
 /// containers, tears down the pod network and unmounts; removing deletes the
 /// containers and the sandbox record.
-pub async fn remove_sandboxes(
-    client: &RuntimeServiceClient<Channel>,
-    labels: &[(&str, &str)],
-) -> Result<usize> {
+pub async fn remove_sandboxes(client: &RuntimeServiceClient<Channel>, labels: &[(&str, &str)]) -> Result<usize> {
     use k8s_cri::v1::{ListPodSandboxRequest, PodSandboxFilter};
     let filter = PodSandboxFilter {
-        label_selector: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        label_selector: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         ..Default::default()
     };
     let sandboxes = client
         .clone()
-        .list_pod_sandbox(ListPodSandboxRequest {
-            filter: Some(filter),
-        })
+        .list_pod_sandbox(ListPodSandboxRequest { filter: Some(filter) })
         .await
         .map_err(TestkitError::cri("ListPodSandbox"))?
         .into_inner()
@@ -79,15 +68,11 @@ pub async fn remove_sandboxes(
 async fn remove_sandbox(mut client: RuntimeServiceClient<Channel>, id: String) -> Result<()> {
     use k8s_cri::v1::{RemovePodSandboxRequest, StopPodSandboxRequest};
     client
-        .stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: id.clone(),
-        })
+        .stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: id.clone() })
         .await
         .map_err(TestkitError::cri("StopPodSandbox"))?;
     client
-        .remove_pod_sandbox(RemovePodSandboxRequest {
-            pod_sandbox_id: id.clone(),
-        })
+        .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id.clone() })
         .await
         .map_err(TestkitError::cri("RemovePodSandbox"))?;
     tracing::debug!(sandbox = %id, "removed sandbox");

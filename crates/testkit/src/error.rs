@@ -15,11 +15,7 @@ pub enum TestkitError {
     },
 
     #[error("`{command}` failed ({status}): {stderr}")]
-    Command {
-        command: String,
-        status: String,
-        stderr: String,
-    },
+    Command { command: String, status: String, stderr: String },
 
     #[error("invalid JSON in {context}: {source}")]
     Json {
@@ -51,9 +47,7 @@ pub enum TestkitError {
     #[error("CRI {call} returned an unexpected answer: {detail}")]
     CriAnswer { call: &'static str, detail: String },
 
-    #[error(
-        "no free pod subnet: all of 10.244.1.0/24 ..= 10.244.254.0/24 are held by other instances"
-    )]
+    #[error("no free pod subnet: all of 10.244.1.0/24 ..= 10.244.254.0/24 are held by other instances")]
     NoFreeSubnet,
 
     #[error("image {image} is not visible through the CRI image service after import")]
@@ -72,18 +66,12 @@ pub(crate) trait IoContext<T> {
 
 impl<T> IoContext<T> for io::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| TestkitError::Io {
-            context: context(),
-            source,
-        })
+        self.map_err(|source| TestkitError::Io { context: context(), source })
     }
 }
 
 impl TestkitError {
     pub(crate) fn cri(call: &'static str) -> impl FnOnce(tonic::Status) -> Self {
-        move |status| TestkitError::Cri {
-            call,
-            source: Box::new(status),
-        }
+        move |status| TestkitError::Cri { call, source: Box::new(status) }
     }
 }

@@ -86,13 +86,7 @@ impl TestImage {
 fn file_identity(path: &Path) -> Result<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ctx(|| format!("stat {}", path.display()))?;
-    Ok(format!(
-        "{}:{}.{}:{}",
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ino()
-    ))
+    Ok(format!("{}:{}.{}:{}", meta.len(), meta.mtime(), meta.mtime_nsec(), meta.ino()))
 }
 
 /// An image layout tarball on disk, ready for `ctr images import`.
@@ -115,11 +109,9 @@ pub fn default_cache_dir() -> PathBuf {
 /// `target/<profile>/deps`, binaries in `target/<profile>`); cargo marks the
 /// target root with `CACHEDIR.TAG`.
 fn target_dir() -> PathBuf {
-    let from_exe = std::env::current_exe().ok().and_then(|exe| {
-        exe.ancestors()
-            .find(|dir| dir.join("CACHEDIR.TAG").is_file())
-            .map(Path::to_path_buf)
-    });
+    let from_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().find(|dir| dir.join("CACHEDIR.TAG").is_file()).map(Path::to_path_buf));
     from_exe.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
 }
 
@@ -129,22 +121,13 @@ static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
 /// Build every test image into `cache_dir` unless already cached.
 pub fn ensure_images(cache_dir: &Path) -> Result<Vec<BuiltImage>> {
-    TestImage::ALL
-        .iter()
-        .map(|&image| ensure_image(image, cache_dir))
-        .collect()
+    TestImage::ALL.iter().map(|&image| ensure_image(image, cache_dir)).collect()
 }
 
 /// Build one image into `cache_dir` unless a tarball for the same inputs exists.
 pub fn ensure_image(image: TestImage, cache_dir: &Path) -> Result<BuiltImage> {
-    let _guard = BUILD_LOCK
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let path = cache_dir.join(format!(
-        "{}-{}.oci.tar",
-        image.short_name(),
-        image.cache_key()?
-    ));
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let path = cache_dir.join(format!("{}-{}.oci.tar", image.short_name(), image.cache_key()?));
     if path.is_file() {
         tracing::debug!(image = image.reference(), path = %path.display(), "image cached");
         return Ok(BuiltImage { image, path });
@@ -154,18 +137,13 @@ pub fn ensure_image(image: TestImage, cache_dir: &Path) -> Result<BuiltImage> {
     let bytes = build_layout(image.reference(), &image.recipe()?)?;
     // Write beside the destination and rename: concurrent builders each produce
     // identical content, and a reader sees either nothing or a complete file.
-    let mut tmp = tempfile::NamedTempFile::new_in(cache_dir)
-        .ctx(|| format!("create temp file in {}", cache_dir.display()))?;
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(cache_dir).ctx(|| format!("create temp file in {}", cache_dir.display()))?;
     tmp.write_all(&bytes).ctx(|| "write image tarball".into())?;
     // NamedTempFile creates 0600; the cache may be shared with other users' tools.
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )
-    .ctx(|| "chmod image tarball".into())?;
-    tmp.persist(&path)
-        .map_err(|e| e.error)
-        .ctx(|| format!("rename image tarball to {}", path.display()))?;
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .ctx(|| "chmod image tarball".into())?;
+    tmp.persist(&path).map_err(|e| e.error).ctx(|| format!("rename image tarball to {}", path.display()))?;
     tracing::info!(
         image = image.reference(),
         path = %path.display(),
@@ -189,19 +167,9 @@ pub fn go_arch() -> &'static str {
 /// One entry of the single image layer. Parents must come before children.
 #[derive(Debug, Clone)]
 enum Entry {
-    Dir {
-        path: String,
-        mode: u32,
-    },
-    File {
-        path: String,
-        mode: u32,
-        data: Vec<u8>,
-    },
-    Symlink {
-        path: String,
-        target: String,
-    },
+    Dir { path: String, mode: u32 },
+    File { path: String, mode: u32, data: Vec<u8> },
+    Symlink { path: String, target: String },
 }
 
 /// What an image is made of: its filesystem and its runtime config.
@@ -215,35 +183,16 @@ struct Recipe {
 /// Directories every image gets; runc can create mount points itself, but
 /// having them lets containers run with a read-only root filesystem.
 fn base_dirs() -> Vec<Entry> {
-    [
-        ("bin", 0o755),
-        ("dev", 0o755),
-        ("etc", 0o755),
-        ("proc", 0o555),
-        ("root", 0o700),
-        ("sys", 0o555),
-        ("tmp", 0o1777),
-    ]
-    .into_iter()
-    .map(|(path, mode)| Entry::Dir {
-        path: path.into(),
-        mode,
-    })
-    .collect()
+    [("bin", 0o755), ("dev", 0o755), ("etc", 0o755), ("proc", 0o555), ("root", 0o700), ("sys", 0o555), ("tmp", 0o1777)]
+        .into_iter()
+        .map(|(path, mode)| Entry::Dir { path: path.into(), mode })
+        .collect()
 }
 
 fn pause_recipe() -> Result<Recipe> {
     let mut entries = base_dirs();
-    entries.push(Entry::File {
-        path: "pause".into(),
-        mode: 0o755,
-        data: compile_pause()?,
-    });
-    Ok(Recipe {
-        entries,
-        entrypoint: vec!["/pause".into()],
-        cmd: vec![],
-    })
+    entries.push(Entry::File { path: "pause".into(), mode: 0o755, data: compile_pause()? });
+    Ok(Recipe { entries, entrypoint: vec!["/pause".into()], cmd: vec![] })
 }
 
 /// Compile assets/pause.c statically; the source is embedded in the library so
@@ -253,44 +202,26 @@ fn compile_pause() -> Result<Vec<u8>> {
     let source = work.path().join("pause.c");
     let binary = work.path().join("pause");
     std::fs::write(&source, PAUSE_SOURCE).ctx(|| format!("write {}", source.display()))?;
-    cmd::run(
-        Command::new("gcc")
-            .args(["-static", "-Os", "-s", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )?;
+    cmd::run(Command::new("gcc").args(["-static", "-Os", "-s", "-o"]).arg(&binary).arg(&source))?;
     std::fs::read(&binary).ctx(|| format!("read {}", binary.display()))
 }
 
 fn busybox_recipe() -> Result<Recipe> {
     let mut entries = base_dirs();
     let busybox = std::fs::read(BUSYBOX_BINARY).ctx(|| format!("read {BUSYBOX_BINARY}"))?;
-    entries.push(Entry::File {
-        path: "bin/busybox".into(),
-        mode: 0o755,
-        data: busybox,
-    });
-    entries.extend(busybox_applets()?.into_iter().map(|applet| Entry::Symlink {
-        path: format!("bin/{applet}"),
-        target: "busybox".into(),
-    }));
+    entries.push(Entry::File { path: "bin/busybox".into(), mode: 0o755, data: busybox });
+    entries.extend(
+        busybox_applets()?
+            .into_iter()
+            .map(|applet| Entry::Symlink { path: format!("bin/{applet}"), target: "busybox".into() }),
+    );
     entries.push(Entry::File {
         path: "etc/passwd".into(),
         mode: 0o644,
-        data:
-            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
-                .to_vec(),
+        data: b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n".to_vec(),
     });
-    entries.push(Entry::File {
-        path: "etc/group".into(),
-        mode: 0o644,
-        data: b"root:x:0:\nnobody:x:65534:\n".to_vec(),
-    });
-    Ok(Recipe {
-        entries,
-        entrypoint: vec![],
-        cmd: vec!["sh".into()],
-    })
+    entries.push(Entry::File { path: "etc/group".into(), mode: 0o644, data: b"root:x:0:\nnobody:x:65534:\n".to_vec() });
+    Ok(Recipe { entries, entrypoint: vec![], cmd: vec!["sh".into()] })
 }
 
 /// Every applet this busybox build has, sorted so the layer is deterministic.
@@ -383,21 +314,11 @@ fn build_layout(reference: &str, recipe: &Recipe) -> Result<Vec<u8>> {
     let mut entries = vec![
         json_file("oci-layout", &json!({ "imageLayoutVersion": "1.0.0" })),
         json_file("index.json", &index),
-        Entry::Dir {
-            path: "blobs".into(),
-            mode: 0o755,
-        },
-        Entry::Dir {
-            path: "blobs/sha256".into(),
-            mode: 0o755,
-        },
+        Entry::Dir { path: "blobs".into(), mode: 0o755 },
+        Entry::Dir { path: "blobs/sha256".into(), mode: 0o755 },
     ];
     for blob in [layer, config, manifest] {
-        entries.push(Entry::File {
-            path: blob.layout_path(),
-            mode: 0o644,
-            data: blob.bytes,
-        });
+        entries.push(Entry::File { path: blob.layout_path(), mode: 0o644, data: blob.bytes });
     }
     tar_bytes(&entries)
 }
@@ -476,18 +397,10 @@ mod tests {
             let mut entry = entry.unwrap();
             let path = entry.path().unwrap().to_string_lossy().into_owned();
             let kind = entry.header().entry_type();
-            let link = entry
-                .link_name()
-                .unwrap()
-                .map(|l| l.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let link = entry.link_name().unwrap().map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
             let mut data = Vec::new();
             entry.read_to_end(&mut data).unwrap();
-            assert_eq!(
-                entry.header().mtime().unwrap(),
-                0,
-                "{path}: mtime not fixed"
-            );
+            assert_eq!(entry.header().mtime().unwrap(), 0, "{path}: mtime not fixed");
             assert_eq!(entry.header().uid().unwrap(), 0, "{path}: uid not 0");
             files.insert(path, (kind, data, link));
         }
@@ -495,18 +408,11 @@ mod tests {
     }
 
     /// Fetch a blob and check that its content hashes to the digest naming it.
-    fn blob<'a>(
-        files: &'a HashMap<String, (tar::EntryType, Vec<u8>, String)>,
-        descriptor: &Value,
-    ) -> &'a [u8] {
+    fn blob<'a>(files: &'a HashMap<String, (tar::EntryType, Vec<u8>, String)>, descriptor: &Value) -> &'a [u8] {
         let digest = descriptor["digest"].as_str().unwrap();
         let hex_digest = digest.strip_prefix("sha256:").unwrap();
         let data = &files[&format!("blobs/sha256/{hex_digest}")].1;
-        assert_eq!(
-            hex::encode(Sha256::digest(data)),
-            hex_digest,
-            "blob content mismatch"
-        );
+        assert_eq!(hex::encode(Sha256::digest(data)), hex_digest, "blob content mismatch");
         assert_eq!(descriptor["size"].as_u64().unwrap(), data.len() as u64);
         data
     }
@@ -525,22 +431,13 @@ mod tests {
         assert_eq!(parse(&files["oci-layout"].1)["imageLayoutVersion"], "1.0.0");
         let index = parse(&files["index.json"].1);
         let descriptor = &index["manifests"][0];
-        assert_eq!(
-            descriptor["annotations"]["io.containerd.image.name"],
-            BUSYBOX_IMAGE
-        );
-        assert_eq!(
-            descriptor["annotations"]["org.opencontainers.image.ref.name"],
-            BUSYBOX_IMAGE
-        );
+        assert_eq!(descriptor["annotations"]["io.containerd.image.name"], BUSYBOX_IMAGE);
+        assert_eq!(descriptor["annotations"]["org.opencontainers.image.ref.name"], BUSYBOX_IMAGE);
 
         let manifest = parse(blob(&files, descriptor));
         let config = parse(blob(&files, &manifest["config"]));
         let layer = blob(&files, &manifest["layers"][0]);
-        assert_eq!(
-            config["rootfs"]["diff_ids"][0],
-            manifest["layers"][0]["digest"]
-        );
+        assert_eq!(config["rootfs"]["diff_ids"][0], manifest["layers"][0]["digest"]);
         assert_eq!(config["architecture"], go_arch());
         assert_eq!(config["os"], "linux");
         assert_eq!(config["config"]["Cmd"], json!(["sh"]));
@@ -576,8 +473,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let binary = dir.path().join("pause");
         std::fs::write(&binary, compile_pause().unwrap()).unwrap();
-        std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(&binary, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         for signal in [libc::SIGTERM, libc::SIGINT] {
             let mut child = Command::new(&binary).spawn().unwrap();
             // Signal until it exits: a signal that arrives before the handler
@@ -590,10 +486,7 @@ mod tests {
                 .lines()
                 .any(|l| l.starts_with("SigCgt:") && !l.ends_with("0000000000000000"))
             {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "pause never installed handlers"
-                );
+                assert!(std::time::Instant::now() < deadline, "pause never installed handlers");
                 std::thread::yield_now();
             }
             unsafe { libc::kill(child.id() as i32, signal) };
@@ -609,9 +502,6 @@ mod tests {
         let modified = std::fs::metadata(&first.path).unwrap().modified().unwrap();
         let second = ensure_image(TestImage::Busybox, cache.path()).unwrap();
         assert_eq!(first, second);
-        assert_eq!(
-            std::fs::metadata(&second.path).unwrap().modified().unwrap(),
-            modified
-        );
+        assert_eq!(std::fs::metadata(&second.path).unwrap().modified().unwrap(), modified);
     }
 }

@@ -6,29 +6,13 @@ use crate::cmd;
 
 /// Programs the harness starts. containerd finds runc and the shim through
 /// `$PATH`, which [`tool_path`] makes sure includes the sbin directories.
-const TOOLS: [&str; 6] = [
-    "containerd",
-    "containerd-shim-runc-v2",
-    "ctr",
-    "runc",
-    "ip",
-    "gcc",
-];
+const TOOLS: [&str; 6] = ["containerd", "containerd-shim-runc-v2", "ctr", "runc", "ip", "gcc"];
 
 /// `$PATH` plus the standard system directories: `cargo test` often runs with a
 /// user's PATH that lacks /usr/sbin, where Debian installs runc and ip.
 pub fn tool_path() -> std::ffi::OsString {
-    let mut dirs: Vec<_> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    for system in [
-        "/usr/local/sbin",
-        "/usr/local/bin",
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-    ] {
+    let mut dirs: Vec<_> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    for system in ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
         if !dirs.iter().any(|d| d == Path::new(system)) {
             dirs.push(system.into());
         }
@@ -43,10 +27,7 @@ pub fn missing_prerequisite() -> Option<String> {
     }
     // Make on_path() see the same PATH the children will get.
     let path = tool_path();
-    let missing: Vec<&str> = TOOLS
-        .into_iter()
-        .filter(|tool| !cmd::on_path_in(tool, &path))
-        .collect();
+    let missing: Vec<&str> = TOOLS.into_iter().filter(|tool| !cmd::on_path_in(tool, &path)).collect();
     if !missing.is_empty() {
         return Some(format!("missing programs: {}", missing.join(", ")));
     }
@@ -54,16 +35,10 @@ pub fn missing_prerequisite() -> Option<String> {
         return Some("missing /bin/busybox (install busybox-static)".into());
     }
     let cni = crate::cni::cni_bin_dir();
-    let missing_cni: Vec<&str> = crate::cni::REQUIRED_PLUGINS
-        .into_iter()
-        .filter(|plugin| !cni.join(plugin).is_file())
-        .collect();
+    let missing_cni: Vec<&str> =
+        crate::cni::REQUIRED_PLUGINS.into_iter().filter(|plugin| !cni.join(plugin).is_file()).collect();
     if !missing_cni.is_empty() {
-        return Some(format!(
-            "missing CNI plugins in {}: {}",
-            cni.display(),
-            missing_cni.join(", ")
-        ));
+        return Some(format!("missing CNI plugins in {}: {}", cni.display(), missing_cni.join(", ")));
     }
     None
 }
@@ -71,9 +46,7 @@ pub fn missing_prerequisite() -> Option<String> {
 /// Report a skip on stderr; under CI (env `CI` set and not "false"/"0") the
 /// tests must run, so a missing prerequisite is a failure there.
 pub fn skip_or_panic(reason: &str) {
-    let message = format!(
-        "SKIPPED {reason}: end-to-end tests need root and containerd; run scripts/test as root"
-    );
+    let message = format!("SKIPPED {reason}: end-to-end tests need root and containerd; run scripts/test as root");
     if running_in_ci() {
         panic!("CI must run the end-to-end tests, but {message}");
     }

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest,
-    StartContainerRequest,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest, StartContainerRequest,
 };
 use tonic::transport::Channel;
 
@@ -46,11 +45,7 @@ pub async fn raw_start_pods(ctd: &Containerd, n: usize) -> Result<Duration> {
         raw_run_pod(&mut client, &log_root, &["sleep", "3600"]).await?;
     }
     let elapsed = started.elapsed();
-    tracing::info!(
-        pods = n,
-        elapsed_ms = elapsed.as_millis() as u64,
-        "raw pods started"
-    );
+    tracing::info!(pods = n, elapsed_ms = elapsed.as_millis() as u64, "raw pods started");
     Ok(elapsed)
 }
 
@@ -79,10 +74,7 @@ pub async fn raw_run_pod(
     let pod = pod_config(&name, &log_dir);
 
     let sandbox_id = client
-        .run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(pod.clone()),
-            runtime_handler: String::new(),
-        })
+        .run_pod_sandbox(RunPodSandboxRequest { config: Some(pod.clone()), runtime_handler: String::new() })
         .await
         .map_err(TestkitError::cri("RunPodSandbox"))?
         .into_inner()
@@ -100,17 +92,11 @@ pub async fn raw_run_pod(
         .into_inner()
         .container_id;
     client
-        .start_container(StartContainerRequest {
-            container_id: container_id.clone(),
-        })
+        .start_container(StartContainerRequest { container_id: container_id.clone() })
         .await
         .map_err(TestkitError::cri("StartContainer"))?;
     tracing::debug!(pod = %name, sandbox = %sandbox_id, container = %container_id, "raw pod started");
-    Ok(RawPod {
-        sandbox_id,
-        container_id,
-        log_path,
-    })
+    Ok(RawPod { sandbox_id, container_id, log_path })
 }
 
 fn raw_labels() -> HashMap<String, String> {
@@ -152,14 +138,8 @@ fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
 
 fn container_config(command: &[&str]) -> ContainerConfig {
     ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: CONTAINER_NAME.to_owned(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: BUSYBOX_IMAGE.to_owned(),
-            ..Default::default()
-        }),
+        metadata: Some(ContainerMetadata { name: CONTAINER_NAME.to_owned(), attempt: 0 }),
+        image: Some(ImageSpec { image: BUSYBOX_IMAGE.to_owned(), ..Default::default() }),
         command: command.iter().map(|s| s.to_string()).collect(),
         // Relative to the pod's log directory, kubelet's `<name>/<attempt>.log`
         // flattened to one level.

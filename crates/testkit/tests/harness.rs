@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use gantry_testkit::raw::{RAW_LABEL, raw_log_root, raw_run_pod};
 use gantry_testkit::{BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, raw_start_pods, remove_all_pods};
 use k8s_cri::v1::{
-    ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListPodSandboxRequest,
-    PodSandboxFilter, PodSandboxState, PodSandboxStatusRequest, VersionRequest,
+    ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListPodSandboxRequest, PodSandboxFilter,
+    PodSandboxState, PodSandboxStatusRequest, VersionRequest,
 };
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -35,10 +35,7 @@ async fn pod_ip(ctd: &Containerd, sandbox_id: &str) -> Ipv4Addr {
     let status = ctd
         .runtime_client()
         .await
-        .pod_sandbox_status(PodSandboxStatusRequest {
-            pod_sandbox_id: sandbox_id.into(),
-            verbose: false,
-        })
+        .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.into(), verbose: false })
         .await
         .expect("PodSandboxStatus")
         .into_inner()
@@ -46,20 +43,15 @@ async fn pod_ip(ctd: &Containerd, sandbox_id: &str) -> Ipv4Addr {
         .expect("sandbox status");
     assert_eq!(status.state, PodSandboxState::SandboxReady as i32);
     let ip = status.network.expect("network status").ip;
-    ip.parse()
-        .unwrap_or_else(|_| panic!("pod IP {ip:?} is not IPv4"))
+    ip.parse().unwrap_or_else(|_| panic!("pod IP {ip:?} is not IPv4"))
 }
 
 async fn raw_sandbox_count(ctd: &Containerd) -> usize {
-    let filter = PodSandboxFilter {
-        label_selector: [(RAW_LABEL.0.into(), RAW_LABEL.1.into())].into(),
-        ..Default::default()
-    };
+    let filter =
+        PodSandboxFilter { label_selector: [(RAW_LABEL.0.into(), RAW_LABEL.1.into())].into(), ..Default::default() };
     ctd.runtime_client()
         .await
-        .list_pod_sandbox(ListPodSandboxRequest {
-            filter: Some(filter),
-        })
+        .list_pod_sandbox(ListPodSandboxRequest { filter: Some(filter) })
         .await
         .expect("ListPodSandbox")
         .into_inner()
@@ -75,13 +67,7 @@ async fn version_and_images_answer() {
     };
     eprintln!("containerd startup: {:?}", ctd.startup_time());
 
-    let version = ctd
-        .runtime_client()
-        .await
-        .version(VersionRequest::default())
-        .await
-        .expect("Version")
-        .into_inner();
+    let version = ctd.runtime_client().await.version(VersionRequest::default()).await.expect("Version").into_inner();
     assert_eq!(version.runtime_name, "containerd");
     assert_eq!(version.runtime_api_version, "v1");
     assert!(ctd.endpoint().starts_with("unix:///"));
@@ -90,10 +76,7 @@ async fn version_and_images_answer() {
     for name in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
         let image = images
             .image_status(ImageStatusRequest {
-                image: Some(ImageSpec {
-                    image: name.into(),
-                    ..Default::default()
-                }),
+                image: Some(ImageSpec { image: name.into(), ..Default::default() }),
                 verbose: false,
             })
             .await
@@ -101,11 +84,7 @@ async fn version_and_images_answer() {
             .into_inner()
             .image
             .unwrap_or_else(|| panic!("{name} missing"));
-        assert!(
-            image.repo_tags.iter().any(|t| t == name),
-            "{:?}",
-            image.repo_tags
-        );
+        assert!(image.repo_tags.iter().any(|t| t == name), "{:?}", image.repo_tags);
     }
 }
 
@@ -117,16 +96,10 @@ async fn busybox_pod_runs_on_cni_and_logs() {
     };
     let mut client = ctd.runtime_client().await;
     let script = "echo hello; ip -4 route; ip -4 addr show lo; sleep 3600";
-    let pod = raw_run_pod(&mut client, &raw_log_root(&ctd), &["sh", "-c", script])
-        .await
-        .expect("run pod");
+    let pod = raw_run_pod(&mut client, &raw_log_root(&ctd), &["sh", "-c", script]).await.expect("run pod");
 
     let ip = pod_ip(&ctd, &pod.sandbox_id).await;
-    assert!(
-        ctd.network().contains(ip),
-        "{ip} not in {}",
-        ctd.network().subnet()
-    );
+    assert!(ctd.network().contains(ip), "{ip} not in {}", ctd.network().subnet());
     assert_ne!(ip, ctd.network().gateway());
 
     eventually("container running", || {
@@ -134,10 +107,7 @@ async fn busybox_pod_runs_on_cni_and_logs() {
         let id = pod.container_id.clone();
         async move {
             let status = client
-                .container_status(ContainerStatusRequest {
-                    container_id: id,
-                    verbose: false,
-                })
+                .container_status(ContainerStatusRequest { container_id: id, verbose: false })
                 .await
                 .ok()?
                 .into_inner()
@@ -154,16 +124,10 @@ async fn busybox_pod_runs_on_cni_and_logs() {
         text.contains("inet 127.0.0.1").then_some(text)
     })
     .await;
-    assert!(
-        log.lines().next().unwrap().ends_with(" stdout F hello"),
-        "{log}"
-    );
+    assert!(log.lines().next().unwrap().ends_with(" stdout F hello"), "{log}");
     // The pod knows only its own subnet: no default route, so nothing it
     // sends can be routed off the host.
-    assert!(
-        log.contains(&format!("{} dev eth0", ctd.network().subnet())),
-        "{log}"
-    );
+    assert!(log.contains(&format!("{} dev eth0", ctd.network().subnet())), "{log}");
     assert!(!log.contains("default"), "pod has a default route:\n{log}");
 }
 
@@ -178,15 +142,9 @@ async fn two_instances_run_side_by_side() {
 
     for ctd in [&a, &b] {
         let mut client = ctd.runtime_client().await;
-        let pod = raw_run_pod(&mut client, &raw_log_root(ctd), &["sleep", "3600"])
-            .await
-            .expect("run pod");
+        let pod = raw_run_pod(&mut client, &raw_log_root(ctd), &["sleep", "3600"]).await.expect("run pod");
         let ip = pod_ip(ctd, &pod.sandbox_id).await;
-        assert!(
-            ctd.network().contains(ip),
-            "{ip} not in {}",
-            ctd.network().subnet()
-        );
+        assert!(ctd.network().contains(ip), "{ip} not in {}", ctd.network().subnet());
         let bridge = Path::new("/sys/class/net").join(ctd.network().bridge());
         assert!(bridge.exists(), "{} missing", bridge.display());
     }
@@ -207,10 +165,7 @@ async fn raw_floor_starts_and_removes_pods() {
     assert_eq!(remove_all_pods(&ctd).await.expect("remove"), 3);
     assert_eq!(raw_sandbox_count(&ctd).await, 0);
     // Shims exit asynchronously after their last task is deleted.
-    eventually("shims to exit", || async {
-        ctd.shim_pids().is_empty().then_some(())
-    })
-    .await;
+    eventually("shims to exit", || async { ctd.shim_pids().is_empty().then_some(()) }).await;
 }
 
 #[tokio::test]
@@ -232,22 +187,12 @@ async fn drop_leaves_nothing_behind() {
     assert!(!base.exists(), "{} still exists", base.display());
     assert!(!bridge.exists(), "{} still exists", bridge.display());
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mountinfo.contains(base.to_str().unwrap()),
-        "mounts left below {}",
-        base.display()
-    );
+    assert!(!mountinfo.contains(base.to_str().unwrap()), "mounts left below {}", base.display());
     // Killed processes vanish asynchronously (and a zombie counts as gone:
     // reaping reparented shims is up to their new parent), hence a poll.
     let gone = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| {
-                stat.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
+            .map(|stat| stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
             .unwrap_or(true)
     };
     eventually("shims and containerd to disappear", || async {
@@ -266,10 +211,7 @@ async fn raw_floor_timing() {
     eprintln!("containerd startup: {:?}", ctd.startup_time());
     for n in [1, 30] {
         let elapsed = raw_start_pods(&ctd, n).await.expect("raw pods");
-        eprintln!(
-            "raw floor: {n} pods in {elapsed:?} ({:?}/pod)",
-            elapsed / n as u32
-        );
+        eprintln!("raw floor: {n} pods in {elapsed:?} ({:?}/pod)", elapsed / n as u32);
         let started = Instant::now();
         assert_eq!(remove_all_pods(&ctd).await.expect("remove"), n);
         eprintln!("removing {n} pods: {:?}", started.elapsed());

@@ -139,11 +139,7 @@ impl Gantry {
             .stderr(log_file)
             .spawn()
             .expect("spawn gantry");
-        let root = args
-            .iter()
-            .find_map(|a| a.strip_prefix("--root-dir="))
-            .map(PathBuf::from)
-            .expect("--root-dir");
+        let root = args.iter().find_map(|a| a.strip_prefix("--root-dir=")).map(PathBuf::from).expect("--root-dir");
         Gantry { child: Some(child), log: log.to_path_buf(), root }
     }
 

@@ -19,11 +19,11 @@ use tokio::sync::mpsc;
 
 use crate::config::Settings;
 use crate::pod::gc::{self, Removal};
-use crate::pod::{spec, ObservedPod};
+use crate::pod::{ObservedPod, spec};
 use crate::runtime::observe::PodIdentity;
 use crate::runtime::{Driver, Observer};
 use crate::source::merge::Merger;
-use crate::source::{file, http, SourceKind, SourceUpdate};
+use crate::source::{SourceKind, SourceUpdate, file, http};
 pub use status_store::StatusStore;
 
 /// How often the runtime is relisted to notice exits and changes (upstream PLEG period).
@@ -37,7 +37,9 @@ pub enum AgentError {
     Cri(#[from] CriError),
     #[error("no pod manifest update after {0:?}; check --pod-manifest-path / --manifest-url")]
     NoManifestUpdate(Duration),
-    #[error("no static pod source is configured: set --pod-manifest-path (staticPodPath) or --manifest-url (staticPodURL)")]
+    #[error(
+        "no static pod source is configured: set --pod-manifest-path (staticPodPath) or --manifest-url (staticPodURL)"
+    )]
     NoSources,
 }
 
@@ -225,7 +227,8 @@ impl Agent {
 
 /// A pod object good enough to stop what the runtime still runs for a vanished pod.
 fn orphan_pod(uid: &str, identity: Option<&PodIdentity>) -> Pod {
-    let identity = identity.cloned().unwrap_or(PodIdentity { name: String::new(), namespace: String::new(), grace_seconds: 30 });
+    let identity =
+        identity.cloned().unwrap_or(PodIdentity { name: String::new(), namespace: String::new(), grace_seconds: 30 });
     Pod {
         metadata: ObjectMeta {
             name: Some(identity.name),

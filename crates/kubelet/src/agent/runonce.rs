@@ -9,10 +9,10 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
-use super::{worker, AgentError, Shared};
-use crate::pod::{spec, ContainerState};
-use crate::source::merge::Merger;
+use super::{AgentError, Shared, worker};
+use crate::pod::{ContainerState, spec};
 use crate::source::SourceUpdate;
+use crate::source::merge::Merger;
 
 /// Upstream waits this long for the first manifest update.
 const MANIFEST_DELAY: Duration = Duration::from_secs(1);
@@ -110,9 +110,10 @@ fn waiting_reasons(shared: &Shared, pod: &Pod, names: &[String]) -> String {
         .map(|name| {
             let state = statuses.iter().find(|s| &s.name == name).and_then(|s| s.state.clone());
             let waiting = state.as_ref().and_then(|s| s.waiting.as_ref()?.reason.clone());
-            let terminated = state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| {
-                format!("{}, exit code {}", t.reason.as_deref().unwrap_or("Terminated"), t.exit_code)
-            });
+            let terminated = state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .map(|t| format!("{}, exit code {}", t.reason.as_deref().unwrap_or("Terminated"), t.exit_code));
             match waiting.or(terminated) {
                 Some(r) => format!("{name} ({r})"),
                 None => name.clone(),

@@ -9,12 +9,12 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::sync::mpsc;
 
-use super::events::{self, EventType};
 use super::Shared;
+use super::events::{self, EventType};
 use crate::pod::backoff::{self, Backoff};
 use crate::pod::plan::{self, KillReason, PodActions, Start};
 use crate::pod::status::{self, Waiting};
-use crate::pod::{spec, ContainerState, Nanos, ObservedPod};
+use crate::pod::{ContainerState, Nanos, ObservedPod, spec};
 use crate::runtime::{Driver, StartError, Started};
 
 pub enum Msg {
@@ -63,7 +63,14 @@ struct Worker {
 
 impl Worker {
     fn new(pod: Pod, shared: Arc<Shared>) -> Self {
-        Worker { pod, shared, backoff: Backoff::default(), waiting: HashMap::new(), error_delay: None, start_time: None }
+        Worker {
+            pod,
+            shared,
+            backoff: Backoff::default(),
+            waiting: HashMap::new(),
+            error_delay: None,
+            start_time: None,
+        }
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
@@ -94,7 +101,11 @@ impl Worker {
             let now = now();
             let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
             self.note_back_off(&actions);
-            if actions.start.is_empty() && actions.kill_containers.is_empty() && actions.create_sandbox.is_none() && !actions.kill_pod {
+            if actions.start.is_empty()
+                && actions.kill_containers.is_empty()
+                && actions.create_sandbox.is_none()
+                && !actions.kill_pod
+            {
                 self.publish(&observed, now);
                 self.error_delay = None;
                 return self.next_wait(&observed, &actions);
@@ -106,7 +117,9 @@ impl Worker {
                 return self.failed();
             }
         }
-        Duration::ZERO
+        // Still not converged: something undoes our actions (e.g. a container that never
+        // leaves an unknown state); back off rather than spin.
+        self.failed()
     }
 
     fn next_wait(&self, observed: &ObservedPod, actions: &PodActions) -> Duration {
@@ -130,7 +143,13 @@ impl Worker {
         for b in &actions.back_off {
             let waiting = Waiting { reason: "CrashLoopBackOff".into(), message: b.delay_message.clone() };
             if self.waiting.get(&b.name) != Some(&waiting) {
-                events::record(&self.pod, Some(&b.name), EventType::Warning, "BackOff", &format!("Back-off restarting failed container {} in pod {}", b.name, spec::name(&self.pod)));
+                events::record(
+                    &self.pod,
+                    Some(&b.name),
+                    EventType::Warning,
+                    "BackOff",
+                    &format!("Back-off restarting failed container {} in pod {}", b.name, spec::name(&self.pod)),
+                );
             }
             self.waiting.insert(b.name.clone(), waiting);
         }
@@ -166,7 +185,13 @@ impl Worker {
 
     async fn create_sandbox(&mut self, attempt: u32) -> bool {
         if attempt > 0 {
-            events::record(&self.pod, None, EventType::Normal, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.");
+            events::record(
+                &self.pod,
+                None,
+                EventType::Normal,
+                "SandboxChanged",
+                "Pod sandbox changed, it will be killed and re-created.",
+            );
         }
         match self.shared.driver.create_sandbox(&self.pod, attempt).await {
             Ok(_) => {
@@ -202,7 +227,8 @@ impl Worker {
     }
 
     fn record_start(&mut self, s: &Start, image: &str, result: Result<Started, StartError>) -> bool {
-        let event = |reason: &str, message: &str| events::record(&self.pod, Some(&s.name), EventType::Normal, reason, message);
+        let event =
+            |reason: &str, message: &str| events::record(&self.pod, Some(&s.name), EventType::Normal, reason, message);
         match result {
             Ok(started) => {
                 if started.pulled {

@@ -23,17 +23,11 @@ const NANOS_PER_HOUR: u128 = 60 * NANOS_PER_MINUTE;
 /// that people who know the Go kubelet recognise it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
-    #[error(
-        "invalid duration {0:?}: expected a Go duration such as \"20s\", \"1m30s\", \"500ms\" or \"1h\""
-    )]
+    #[error("invalid duration {0:?}: expected a Go duration such as \"20s\", \"1m30s\", \"500ms\" or \"1h\"")]
     Invalid(String),
-    #[error(
-        "missing unit in duration {0:?}: add one of ns, us, ms, s, m, h (for example \"{0}s\")"
-    )]
+    #[error("missing unit in duration {0:?}: add one of ns, us, ms, s, m, h (for example \"{0}s\")")]
     MissingUnit(String),
-    #[error(
-        "unknown unit {unit:?} in duration {input:?}: valid units are ns, us (or µs), ms, s, m, h"
-    )]
+    #[error("unknown unit {unit:?} in duration {input:?}: valid units are ns, us (or µs), ms, s, m, h")]
     UnknownUnit { unit: String, input: String },
     #[error("duration {0:?} is out of range (at most about 292 years)")]
     Overflow(String),
@@ -138,10 +132,7 @@ impl GoDuration {
             }
 
             // Unit.
-            let unit_len = s
-                .char_indices()
-                .find(|(_, c)| *c == '.' || c.is_ascii_digit())
-                .map_or(s.len(), |(i, _)| i);
+            let unit_len = s.char_indices().find(|(_, c)| *c == '.' || c.is_ascii_digit()).map_or(s.len(), |(i, _)| i);
             if unit_len == 0 {
                 return Err(DurationError::MissingUnit(input.to_string()));
             }
@@ -155,20 +146,14 @@ impl GoDuration {
                 "m" => NANOS_PER_MINUTE,
                 "h" => NANOS_PER_HOUR,
                 _ => {
-                    return Err(DurationError::UnknownUnit {
-                        unit: unit.to_string(),
-                        input: input.to_string(),
-                    });
+                    return Err(DurationError::UnknownUnit { unit: unit.to_string(), input: input.to_string() });
                 }
             };
 
             let overflow = || DurationError::Overflow(input.to_string());
             let whole = int_value.checked_mul(unit_nanos).ok_or_else(overflow)?;
             let frac = frac_value * unit_nanos / frac_scale;
-            total = total
-                .checked_add(whole)
-                .and_then(|t| t.checked_add(frac))
-                .ok_or_else(overflow)?;
+            total = total.checked_add(whole).and_then(|t| t.checked_add(frac)).ok_or_else(overflow)?;
             if total > i64::MAX as u128 + 1 {
                 return Err(overflow());
             }
@@ -181,9 +166,7 @@ impl GoDuration {
             // total <= 2^63 here, so the negation fits.
             Ok(GoDuration((-(total as i128)) as i64))
         } else {
-            i64::try_from(total)
-                .map(GoDuration)
-                .map_err(|_| DurationError::Overflow(input.to_string()))
+            i64::try_from(total).map(GoDuration).map_err(|_| DurationError::Overflow(input.to_string()))
         }
     }
 }
@@ -275,9 +258,7 @@ mod tests {
     use super::*;
 
     fn p(s: &str) -> i64 {
-        GoDuration::parse(s)
-            .unwrap_or_else(|e| panic!("{s}: {e}"))
-            .as_nanos()
+        GoDuration::parse(s).unwrap_or_else(|e| panic!("{s}: {e}")).as_nanos()
     }
 
     #[test]
@@ -310,30 +291,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for bad in [
-            "", "-", "+", ".", ".s", "s", "1", "1.5", "1d", "1 s", " 1s", "1s ", "1sx", "1e3s",
-            "--1s", "1m-1s", "abc",
-        ] {
-            assert!(
-                GoDuration::parse(bad).is_err(),
-                "{bad:?} should be rejected"
-            );
+        for bad in
+            ["", "-", "+", ".", ".s", "s", "1", "1.5", "1d", "1 s", " 1s", "1s ", "1sx", "1e3s", "--1s", "1m-1s", "abc"]
+        {
+            assert!(GoDuration::parse(bad).is_err(), "{bad:?} should be rejected");
         }
-        assert!(matches!(
-            GoDuration::parse("1"),
-            Err(DurationError::MissingUnit(_))
-        ));
-        assert!(
-            matches!(GoDuration::parse("3d"), Err(DurationError::UnknownUnit { unit, .. }) if unit == "d")
-        );
-        assert!(matches!(
-            GoDuration::parse("9223372036854775808ns"),
-            Err(DurationError::Overflow(_))
-        ));
-        assert!(matches!(
-            GoDuration::parse("3000000h"),
-            Err(DurationError::Overflow(_))
-        ));
+        assert!(matches!(GoDuration::parse("1"), Err(DurationError::MissingUnit(_))));
+        assert!(matches!(GoDuration::parse("3d"), Err(DurationError::UnknownUnit { unit, .. }) if unit == "d"));
+        assert!(matches!(GoDuration::parse("9223372036854775808ns"), Err(DurationError::Overflow(_))));
+        assert!(matches!(GoDuration::parse("3000000h"), Err(DurationError::Overflow(_))));
         assert!(matches!(
             GoDuration::parse("99999999999999999999999999999999999999999h"),
             Err(DurationError::Overflow(_))
@@ -343,10 +309,7 @@ mod tests {
     #[test]
     fn error_messages_are_actionable() {
         let msg = GoDuration::parse("20").unwrap_err().to_string();
-        assert!(
-            msg.contains("missing unit") && msg.contains("\"20s\""),
-            "{msg}"
-        );
+        assert!(msg.contains("missing unit") && msg.contains("\"20s\""), "{msg}");
         let msg = GoDuration::parse("2d").unwrap_err().to_string();
         assert!(msg.contains("unknown unit \"d\""), "{msg}");
     }
@@ -369,24 +332,14 @@ mod tests {
             ("-90s", "-1m30s"),
         ];
         for (input, want) in cases {
-            assert_eq!(
-                GoDuration::parse(input).unwrap().to_string(),
-                want,
-                "{input}"
-            );
+            assert_eq!(GoDuration::parse(input).unwrap().to_string(), want, "{input}");
         }
-        assert_eq!(
-            GoDuration::from_nanos(i64::MIN).to_string(),
-            "-2562047h47m16.854775808s"
-        );
+        assert_eq!(GoDuration::from_nanos(i64::MIN).to_string(), "-2562047h47m16.854775808s");
     }
 
     #[test]
     fn std_conversion() {
-        assert_eq!(
-            GoDuration::parse("1m").unwrap().to_std(),
-            Some(Duration::from_secs(60))
-        );
+        assert_eq!(GoDuration::parse("1m").unwrap().to_std(), Some(Duration::from_secs(60)));
         assert_eq!(GoDuration::parse("-1s").unwrap().to_std(), None);
         assert_eq!(format_std(Duration::from_millis(1500)), "1.5s");
     }
@@ -396,13 +349,9 @@ mod tests {
         let d: GoDuration = serde_json::from_str("\"1m30s\"").unwrap();
         assert_eq!(d, GoDuration::from_secs(90));
         assert_eq!(serde_json::to_string(&d).unwrap(), "\"1m30s\"");
-        let err = serde_json::from_str::<GoDuration>("30")
-            .unwrap_err()
-            .to_string();
+        let err = serde_json::from_str::<GoDuration>("30").unwrap_err().to_string();
         assert!(err.contains("duration string"), "{err}");
-        let err = serde_json::from_str::<GoDuration>("\"30\"")
-            .unwrap_err()
-            .to_string();
+        let err = serde_json::from_str::<GoDuration>("\"30\"").unwrap_err().to_string();
         assert!(err.contains("missing unit"), "{err}");
     }
 }

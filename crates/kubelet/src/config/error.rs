@@ -55,22 +55,12 @@ pub enum ConfigError {
     HelpRequested(String),
 
     /// A flag neither Gantry nor the Go kubelet knows.
-    #[error(
-        "unknown flag: {flag}{}; run `gantry kubelet --help` for the list of flags",
-        DidYouMean(suggestion)
-    )]
-    UnknownFlag {
-        flag: String,
-        suggestion: Option<String>,
-    },
+    #[error("unknown flag: {flag}{}; run `gantry kubelet --help` for the list of flags", DidYouMean(suggestion))]
+    UnknownFlag { flag: String, suggestion: Option<String> },
 
     /// A flag with a value of the wrong form (`--sync-frequency=abc`).
     #[error("invalid value {value:?} for flag {flag}: {reason}")]
-    InvalidFlagValue {
-        flag: String,
-        value: String,
-        reason: String,
-    },
+    InvalidFlagValue { flag: String, value: String, reason: String },
 
     /// Any other command-line problem (missing value, stray argument, ...).
     #[error("invalid command line: {message}")]
@@ -92,21 +82,11 @@ pub enum ConfigError {
 
     /// The config file is not well-formed YAML/JSON, or not a mapping.
     #[error("kubelet config file {} is not valid {format}{}: {reason}", path.display(), At(*line, *column))]
-    Syntax {
-        path: PathBuf,
-        format: &'static str,
-        line: Option<usize>,
-        column: Option<usize>,
-        reason: String,
-    },
+    Syntax { path: PathBuf, format: &'static str, line: Option<usize>, column: Option<usize>, reason: String },
 
     /// `apiVersion` or `kind` is missing or not the KubeletConfiguration one.
     #[error("kubelet config file {}: {problem}", path.display())]
-    TypeMeta {
-        path: PathBuf,
-        field: &'static str,
-        problem: String,
-    },
+    TypeMeta { path: PathBuf, field: &'static str, problem: String },
 
     /// A field that KubeletConfiguration v1beta1 does not have.
     #[error(
@@ -125,40 +105,22 @@ pub enum ConfigError {
 
     /// A field whose value has the wrong type or form.
     #[error("kubelet config file {}: field `{field}`{}: {reason}", path.display(), At(*line, *column))]
-    InvalidField {
-        path: PathBuf,
-        field: String,
-        line: Option<usize>,
-        column: Option<usize>,
-        reason: String,
-    },
+    InvalidField { path: PathBuf, field: String, line: Option<usize>, column: Option<usize>, reason: String },
 
     /// A value that parsed but is not acceptable (negative count, empty
     /// endpoint, relative path, ...).
     #[error("invalid value for {field} {input}: {reason}")]
-    InvalidValue {
-        input: Input,
-        field: String,
-        reason: String,
-    },
+    InvalidValue { input: Input, field: String, reason: String },
 
     /// A feature gate neither Gantry nor the Go kubelet knows.
     #[error(
         "unrecognized feature gate: {gate} (set with {field} {input}); check the spelling and case of the gate name"
     )]
-    UnknownFeatureGate {
-        input: Input,
-        field: String,
-        gate: String,
-    },
+    UnknownFeatureGate { input: Input, field: String, gate: String },
 
     /// A malformed `--feature-gates` value.
     #[error("invalid {field} {input}: {reason}")]
-    InvalidFeatureGate {
-        input: Input,
-        field: String,
-        reason: String,
-    },
+    InvalidFeatureGate { input: Input, field: String, reason: String },
 
     /// RunOnce requested without the LegacyNodeRunOnceMode gate (KEP-4580).
     #[error(

@@ -368,10 +368,7 @@ pub struct HeaderMap(pub Vec<(String, Vec<String>)>);
 impl HeaderMap {
     /// Flattens to `(name, value)` pairs, grouped by name in first-seen order.
     pub fn pairs(&self) -> Vec<(String, String)> {
-        self.0
-            .iter()
-            .flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v.clone())))
-            .collect()
+        self.0.iter().flat_map(|(k, vs)| vs.iter().map(move |v| (k.clone(), v.clone()))).collect()
     }
 }
 
@@ -383,10 +380,7 @@ impl<'de> Deserialize<'de> for HeaderMap {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a map from header name to a list of values")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<HeaderMap, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<HeaderMap, A::Error> {
                 let mut out: Vec<(String, Vec<String>)> = Vec::new();
                 while let Some((k, vs)) = map.next_entry::<String, Option<Vec<String>>>()? {
                     let vs = vs.unwrap_or_default();
@@ -422,11 +416,7 @@ impl Format {
     fn detect(text: &str) -> Format {
         // JSON documents are YAML too, but the JSON parser gives better
         // positions for them; upstream accepts both.
-        if text.trim_start().starts_with('{') {
-            Format::Json
-        } else {
-            Format::Yaml
-        }
+        if text.trim_start().starts_with('{') { Format::Json } else { Format::Yaml }
     }
 
     fn name(self) -> &'static str {
@@ -518,17 +508,10 @@ pub fn parse(path: &Path, text: &str) -> Result<ParsedFile, ConfigError> {
         }
     };
 
-    Ok(ParsedFile {
-        path: path.to_path_buf(),
-        config,
-        unimplemented: unimplemented_fields(object),
-    })
+    Ok(ParsedFile { path: path.to_path_buf(), config, unimplemented: unimplemented_fields(object) })
 }
 
-fn check_type_meta(
-    path: &Path,
-    object: &serde_json::Map<String, serde_json::Value>,
-) -> Result<(), ConfigError> {
+fn check_type_meta(path: &Path, object: &serde_json::Map<String, serde_json::Value>) -> Result<(), ConfigError> {
     for (field, expected) in [("apiVersion", API_VERSION), ("kind", KIND)] {
         let problem = match object.get(field) {
             None | Some(serde_json::Value::Null) => {
@@ -538,16 +521,9 @@ fn check_type_meta(
             Some(serde_json::Value::String(s)) => format!(
                 "`{field}: {s}` is not supported; Gantry reads `{field}: {expected}` (the Go kubelet's KubeletConfiguration)"
             ),
-            Some(other) => format!(
-                "`{field}` must be the string `{expected}`, found {}",
-                json_kind(other)
-            ),
+            Some(other) => format!("`{field}` must be the string `{expected}`, found {}", json_kind(other)),
         };
-        return Err(ConfigError::TypeMeta {
-            path: path.to_path_buf(),
-            field,
-            problem,
-        });
+        return Err(ConfigError::TypeMeta { path: path.to_path_buf(), field, problem });
     }
     Ok(())
 }
@@ -582,21 +558,11 @@ fn field_error(
             .step_by(2)
             .find(|candidate| candidate.eq_ignore_ascii_case(name))
             .map(str::to_string);
-        return ConfigError::UnknownField {
-            path: path.to_path_buf(),
-            field: full,
-            line,
-            column,
-            suggestion,
-        };
+        return ConfigError::UnknownField { path: path.to_path_buf(), field: full, line, column, suggestion };
     }
     ConfigError::InvalidField {
         path: path.to_path_buf(),
-        field: if field_path.is_empty() {
-            ".".to_string()
-        } else {
-            field_path
-        },
+        field: if field_path.is_empty() { ".".to_string() } else { field_path },
         line,
         column,
         reason,
@@ -607,14 +573,7 @@ fn field_error(
 /// separately) and the path prefix it may add (we report the path).
 fn strip_yaml_position(msg: &str) -> String {
     let msg = match msg.rfind(" at line ") {
-        Some(i)
-            if msg[i + 9..]
-                .split(' ')
-                .next()
-                .is_some_and(|n| n.parse::<usize>().is_ok()) =>
-        {
-            &msg[..i]
-        }
+        Some(i) if msg[i + 9..].split(' ').next().is_some_and(|n| n.parse::<usize>().is_ok()) => &msg[..i],
         _ => msg,
     };
     strip_path_prefix(msg).to_string()
@@ -658,9 +617,7 @@ fn is_unset(v: &serde_json::Value) -> bool {
         serde_json::Value::Null => true,
         serde_json::Value::Bool(_) => false,
         serde_json::Value::Number(n) => n.as_f64() == Some(0.0),
-        serde_json::Value::String(s) => {
-            s.is_empty() || GoDuration::parse(s).is_ok_and(GoDuration::is_zero)
-        }
+        serde_json::Value::String(s) => s.is_empty() || GoDuration::parse(s).is_ok_and(GoDuration::is_zero),
         serde_json::Value::Array(a) => a.is_empty(),
         serde_json::Value::Object(o) => o.values().all(is_unset),
     }
@@ -760,10 +717,7 @@ volumeStatsAggPeriod: 0s
     #[test]
     fn kubeadm_config_loads_and_reports_unimplemented_fields() {
         let f = ok(KUBEADM);
-        assert_eq!(
-            f.config.static_pod_path.as_deref(),
-            Some("/etc/kubernetes/manifests")
-        );
+        assert_eq!(f.config.static_pod_path.as_deref(), Some("/etc/kubernetes/manifests"));
         assert_eq!(f.config.sync_frequency, Some(GoDuration::ZERO));
         assert_eq!(f.config.container_runtime_endpoint.as_deref(), Some(""));
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(0));
@@ -919,16 +873,8 @@ userNamespaces: {idsPerPod: 65536}
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(2));
         assert!(f.unimplemented.contains(&"address".to_string()));
         assert!(f.unimplemented.contains(&"logging.format".to_string()));
-        assert!(
-            f.unimplemented
-                .contains(&"enableContentionProfiling".to_string()),
-            "false counts as set"
-        );
-        assert!(
-            !f.unimplemented
-                .iter()
-                .any(|u| IMPLEMENTED_FIELDS.contains(&u.as_str()))
-        );
+        assert!(f.unimplemented.contains(&"enableContentionProfiling".to_string()), "false counts as set");
+        assert!(!f.unimplemented.iter().any(|u| IMPLEMENTED_FIELDS.contains(&u.as_str())));
     }
 
     #[test]
@@ -939,26 +885,16 @@ userNamespaces: {idsPerPod: 65536}
         assert_eq!(f.config.max_pods, Some(20));
         assert_eq!(
             f.config.static_pod_url_header.unwrap().pairs(),
-            vec![
-                ("B".into(), "1".into()),
-                ("A".into(), "2".into()),
-                ("A".into(), "3".into())
-            ]
+            vec![("B".into(), "1".into()), ("A".into(), "2".into()), ("A".into(), "3".into())]
         );
     }
 
     #[test]
     fn header_map_keeps_file_order() {
-        let f = ok(&format!(
-            "{HEAD}staticPodURLHeader:\n  Z-Last: [a, b]\n  A-First: [c]\n"
-        ));
+        let f = ok(&format!("{HEAD}staticPodURLHeader:\n  Z-Last: [a, b]\n  A-First: [c]\n"));
         assert_eq!(
             f.config.static_pod_url_header.unwrap().pairs(),
-            vec![
-                ("Z-Last".into(), "a".into()),
-                ("Z-Last".into(), "b".into()),
-                ("A-First".into(), "c".into())
-            ]
+            vec![("Z-Last".into(), "a".into()), ("Z-Last".into(), "b".into()), ("A-First".into(), "c".into())]
         );
     }
 
@@ -976,21 +912,14 @@ userNamespaces: {idsPerPod: 65536}
         assert!(msg.contains("/etc/kubernetes/kubelet.yaml"), "{msg}");
         assert!(msg.contains("noSuchField"), "{msg}");
         assert!(msg.contains("line 4"), "{msg}");
-        assert!(
-            !msg.contains("expected one of"),
-            "the list of every field is noise: {msg}"
-        );
+        assert!(!msg.contains("expected one of"), "the list of every field is noise: {msg}");
     }
 
     #[test]
     fn unknown_nested_field_has_full_path_and_case_hint() {
-        let e = err(&format!(
-            "{HEAD}authentication:\n  x509:\n    clientCaFile: /ca\n"
-        ));
+        let e = err(&format!("{HEAD}authentication:\n  x509:\n    clientCaFile: /ca\n"));
         match &e {
-            ConfigError::UnknownField {
-                field, suggestion, ..
-            } => {
+            ConfigError::UnknownField { field, suggestion, .. } => {
                 assert_eq!(field, "authentication.x509.clientCaFile");
                 assert_eq!(suggestion.as_deref(), Some("clientCAFile"));
             }
@@ -1007,16 +936,9 @@ userNamespaces: {idsPerPod: 65536}
 
     #[test]
     fn wrong_type_names_path_and_position() {
-        let e = err(&format!(
-            "{HEAD}authentication:\n  x509:\n    clientCAFile: [1, 2]\n"
-        ));
+        let e = err(&format!("{HEAD}authentication:\n  x509:\n    clientCAFile: [1, 2]\n"));
         match &e {
-            ConfigError::InvalidField {
-                field,
-                line,
-                reason,
-                ..
-            } => {
+            ConfigError::InvalidField { field, line, reason, .. } => {
                 assert_eq!(field, "authentication.x509.clientCAFile");
                 assert_eq!(*line, Some(5));
                 assert!(reason.contains("invalid type"), "{reason}");
@@ -1024,46 +946,23 @@ userNamespaces: {idsPerPod: 65536}
             other => panic!("unexpected {other:?}"),
         }
         let msg = e.to_string();
-        assert!(
-            msg.contains("authentication.x509.clientCAFile") && msg.contains("line 5"),
-            "{msg}"
-        );
+        assert!(msg.contains("authentication.x509.clientCAFile") && msg.contains("line 5"), "{msg}");
 
         let e = err(&format!("{HEAD}syncFrequency: 10\n"));
-        assert!(
-            e.to_string().contains("syncFrequency") && e.to_string().contains("missing unit"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("syncFrequency") && e.to_string().contains("missing unit"), "{e}");
         let e = err(&format!("{HEAD}maxPods: lots\n"));
-        assert!(
-            matches!(&e, ConfigError::InvalidField { field, .. } if field == "maxPods"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::InvalidField { field, .. } if field == "maxPods"), "{e:?}");
         let e = err(&format!("{HEAD}featureGates:\n  Foo: maybe\n"));
         assert!(e.to_string().contains("featureGates.Foo"), "{e}");
     }
 
     #[test]
     fn json_errors_have_positions() {
-        let e = err(
-            "{\"apiVersion\":\"kubelet.config.k8s.io/v1beta1\",\"kind\":\"KubeletConfiguration\",\n\"bogus\":1}",
-        );
-        assert!(
-            matches!(&e, ConfigError::UnknownField { field, line: Some(2), .. } if field == "bogus"),
-            "{e:?}"
-        );
+        let e =
+            err("{\"apiVersion\":\"kubelet.config.k8s.io/v1beta1\",\"kind\":\"KubeletConfiguration\",\n\"bogus\":1}");
+        assert!(matches!(&e, ConfigError::UnknownField { field, line: Some(2), .. } if field == "bogus"), "{e:?}");
         let e = err("{\"apiVersion\": ");
-        assert!(
-            matches!(
-                &e,
-                ConfigError::Syntax {
-                    format: "JSON",
-                    line: Some(1),
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::Syntax { format: "JSON", line: Some(1), .. }), "{e:?}");
     }
 
     #[test]
@@ -1085,16 +984,10 @@ userNamespaces: {idsPerPod: 65536}
             other => panic!("unexpected {other:?}"),
         }
         let msg = e.to_string();
-        assert!(
-            msg.contains("/etc/kubernetes/kubelet.yaml") && msg.contains("line"),
-            "{msg}"
-        );
+        assert!(msg.contains("/etc/kubernetes/kubelet.yaml") && msg.contains("line"), "{msg}");
 
         let e = err("apiVersion: a\n  bad indentation: here\n");
-        assert!(
-            matches!(e, ConfigError::Syntax { line: Some(_), .. }),
-            "{e:?}"
-        );
+        assert!(matches!(e, ConfigError::Syntax { line: Some(_), .. }), "{e:?}");
         let e = err("\tapiVersion: x\n");
         assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
     }
@@ -1102,50 +995,18 @@ userNamespaces: {idsPerPod: 65536}
     #[test]
     fn type_meta_is_required_and_checked() {
         let e = err("kind: KubeletConfiguration\nmaxPods: 3\n");
-        assert!(
-            matches!(
-                &e,
-                ConfigError::TypeMeta {
-                    field: "apiVersion",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-        assert!(
-            e.to_string()
-                .contains("apiVersion: kubelet.config.k8s.io/v1beta1"),
-            "{e}"
-        );
+        assert!(matches!(&e, ConfigError::TypeMeta { field: "apiVersion", .. }), "{e:?}");
+        assert!(e.to_string().contains("apiVersion: kubelet.config.k8s.io/v1beta1"), "{e}");
 
         let e = err("apiVersion: kubelet.config.k8s.io/v1beta1\n");
-        assert!(
-            matches!(&e, ConfigError::TypeMeta { field: "kind", .. }),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::TypeMeta { field: "kind", .. }), "{e:?}");
 
         let e = err("apiVersion: kubelet.config.k8s.io/v1\nkind: KubeletConfiguration\n");
-        assert!(
-            matches!(
-                &e,
-                ConfigError::TypeMeta {
-                    field: "apiVersion",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-        assert!(
-            e.to_string()
-                .contains("`apiVersion: kubelet.config.k8s.io/v1`"),
-            "{e}"
-        );
+        assert!(matches!(&e, ConfigError::TypeMeta { field: "apiVersion", .. }), "{e:?}");
+        assert!(e.to_string().contains("`apiVersion: kubelet.config.k8s.io/v1`"), "{e}");
 
         let e = err("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: CredentialProviderConfig\n");
-        assert!(
-            matches!(&e, ConfigError::TypeMeta { field: "kind", .. }),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::TypeMeta { field: "kind", .. }), "{e:?}");
 
         let e = err("apiVersion: 3\nkind: KubeletConfiguration\n");
         assert!(e.to_string().contains("must be the string"), "{e}");
@@ -1160,9 +1021,7 @@ userNamespaces: {idsPerPod: 65536}
 
     #[test]
     fn nulls_mean_unset() {
-        let f = ok(&format!(
-            "{HEAD}maxPods: null\nstaticPodPath: ~\nauthentication: null\n"
-        ));
+        let f = ok(&format!("{HEAD}maxPods: null\nstaticPodPath: ~\nauthentication: null\n"));
         assert_eq!(f.config.max_pods, None);
         assert_eq!(f.config.static_pod_path, None);
         assert!(f.unimplemented.is_empty());
@@ -1174,17 +1033,8 @@ userNamespaces: {idsPerPod: 65536}
             strip_yaml_position("invalid type: string \"x\", expected i32 at line 3 column 10"),
             "invalid type: string \"x\", expected i32"
         );
-        assert_eq!(
-            strip_yaml_position("maxPods: invalid type: string"),
-            "invalid type: string"
-        );
-        assert_eq!(
-            strip_yaml_position("unknown field `a`, expected `b`"),
-            "unknown field `a`, expected `b`"
-        );
-        assert_eq!(
-            strip_json_position("EOF while parsing a value at line 1 column 14"),
-            "EOF while parsing a value"
-        );
+        assert_eq!(strip_yaml_position("maxPods: invalid type: string"), "invalid type: string");
+        assert_eq!(strip_yaml_position("unknown field `a`, expected `b`"), "unknown field `a`, expected `b`");
+        assert_eq!(strip_json_position("EOF while parsing a value at line 1 column 14"), "EOF while parsing a value");
     }
 }

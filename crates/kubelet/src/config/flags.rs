@@ -113,14 +113,11 @@ fn any_path(s: &str) -> Result<PathBuf, std::convert::Infallible> {
 }
 
 fn go_bool(s: &str) -> Result<bool, String> {
-    parse_go_bool(s).ok_or_else(|| {
-        "expected true or false (also accepted: 1, 0, t, f, TRUE, FALSE)".to_string()
-    })
+    parse_go_bool(s).ok_or_else(|| "expected true or false (also accepted: 1, 0, t, f, TRUE, FALSE)".to_string())
 }
 
 fn go_int32(s: &str) -> Result<i32, String> {
-    s.parse::<i32>()
-        .map_err(|_| "expected a whole number (32-bit)".to_string())
+    s.parse::<i32>().map_err(|_| "expected a whole number (32-bit)".to_string())
 }
 
 fn go_duration(s: &str) -> Result<GoDuration, String> {
@@ -135,15 +132,11 @@ impl Flags {
     /// an old command line gets the migration advice first. Flag names are
     /// normalised (`--root_dir` = `--root-dir`), as the Go kubelet does.
     pub fn parse_args<S: AsRef<str>>(args: &[S]) -> Result<Flags, ConfigError> {
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| normalize_flag_name(a.as_ref()))
-            .collect();
+        let args: Vec<String> = args.iter().map(|a| normalize_flag_name(a.as_ref())).collect();
         if let Some(flag) = first_dockershim_flag(&args) {
             return Err(dockershim_error(flag));
         }
-        let argv =
-            std::iter::once(OsString::from("kubelet")).chain(args.iter().map(OsString::from));
+        let argv = std::iter::once(OsString::from("kubelet")).chain(args.iter().map(OsString::from));
         Flags::try_parse_from(argv).map_err(from_clap_error)
     }
 
@@ -185,10 +178,7 @@ pub const DOCKERSHIM_FLAGS: &[(&str, &str)] = &[
         "docker-endpoint",
         "Use --container-runtime-endpoint with containerd (unix:///run/containerd/containerd.sock), CRI-O (unix:///var/run/crio/crio.sock) or cri-dockerd (unix:///run/cri-dockerd.sock).",
     ),
-    (
-        "docker",
-        "Use --container-runtime-endpoint with containerd, CRI-O or cri-dockerd instead.",
-    ),
+    ("docker", "Use --container-runtime-endpoint with containerd, CRI-O or cri-dockerd instead."),
     (
         "experimental-dockershim-root-directory",
         "Drop the flag; the container runtime (containerd, CRI-O or cri-dockerd) manages its own state directory.",
@@ -380,12 +370,7 @@ impl Args for CompatFlags {
         }
         for name in UPSTREAM_VALUE_FLAGS {
             cmd = cmd.arg(
-                Arg::new(*name)
-                    .long(*name)
-                    .hide(true)
-                    .action(ArgAction::Append)
-                    .num_args(1)
-                    .allow_hyphen_values(true),
+                Arg::new(*name).long(*name).hide(true).action(ArgAction::Append).num_args(1).allow_hyphen_values(true),
             );
         }
         for name in UPSTREAM_BOOL_FLAGS {
@@ -451,14 +436,8 @@ impl FromArgMatches for CompatFlags {
 
 /// The error for a dockershim-era flag (name without `--`).
 pub fn dockershim_error(flag: &str) -> ConfigError {
-    let advice = DOCKERSHIM_FLAGS
-        .iter()
-        .find(|(name, _)| *name == flag)
-        .map_or("Drop the flag.", |(_, advice)| advice);
-    ConfigError::DockershimFlag {
-        flag: format!("--{flag}"),
-        advice,
-    }
+    let advice = DOCKERSHIM_FLAGS.iter().find(|(name, _)| *name == flag).map_or("Drop the flag.", |(_, advice)| advice);
+    ConfigError::DockershimFlag { flag: format!("--{flag}"), advice }
 }
 
 /// The first dockershim-era flag in `args` (already normalised), in either
@@ -489,20 +468,14 @@ pub fn from_clap_error(err: clap::Error) -> ConfigError {
         }
     };
     match err.kind() {
-        ErrorKind::DisplayHelp
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-        | ErrorKind::DisplayVersion => ConfigError::HelpRequested(err.render().to_string()),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::DisplayVersion => {
+            ConfigError::HelpRequested(err.render().to_string())
+        }
         ErrorKind::UnknownArgument => {
             let raw = context_string(ContextKind::InvalidArg).unwrap_or_default();
             if raw.starts_with('-') {
-                let flag = raw
-                    .split_once('=')
-                    .map_or(raw.as_str(), |(n, _)| n)
-                    .to_string();
-                ConfigError::UnknownFlag {
-                    flag,
-                    suggestion: context_string(ContextKind::SuggestedArg),
-                }
+                let flag = raw.split_once('=').map_or(raw.as_str(), |(n, _)| n).to_string();
+                ConfigError::UnknownFlag { flag, suggestion: context_string(ContextKind::SuggestedArg) }
             } else {
                 ConfigError::CommandLine {
                     message: format!(
@@ -512,28 +485,19 @@ pub fn from_clap_error(err: clap::Error) -> ConfigError {
             }
         }
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
-            let flag = context_string(ContextKind::InvalidArg)
-                .map(|a| flag_name_of(&a).to_string())
-                .unwrap_or_default();
+            let flag =
+                context_string(ContextKind::InvalidArg).map(|a| flag_name_of(&a).to_string()).unwrap_or_default();
             let value = context_string(ContextKind::InvalidValue).unwrap_or_default();
-            let reason = std::error::Error::source(&err)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| first_line(&err));
+            let reason = std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_else(|| first_line(&err));
             if value.is_empty() && err.kind() == ErrorKind::InvalidValue {
                 ConfigError::CommandLine {
                     message: format!("flag {flag} needs a value (--flag=value or --flag value)"),
                 }
             } else {
-                ConfigError::InvalidFlagValue {
-                    flag,
-                    value,
-                    reason,
-                }
+                ConfigError::InvalidFlagValue { flag, value, reason }
             }
         }
-        _ => ConfigError::CommandLine {
-            message: first_line(&err),
-        },
+        _ => ConfigError::CommandLine { message: first_line(&err) },
     }
 }
 
@@ -612,28 +576,16 @@ mod tests {
         ]);
         assert_eq!(f.config, Some(PathBuf::from("/etc/k.yaml")));
         assert_eq!(f.kubeconfig, Some(PathBuf::from("/etc/kubeconfig")));
-        assert_eq!(
-            f.pod_manifest_path.as_deref(),
-            Some("/etc/kubernetes/manifests")
-        );
+        assert_eq!(f.pod_manifest_path.as_deref(), Some("/etc/kubernetes/manifests"));
         assert_eq!(f.manifest_url.as_deref(), Some("http://x/pods"));
-        assert_eq!(
-            f.container_runtime_endpoint.as_deref(),
-            Some("unix:///run/crio/crio.sock")
-        );
-        assert_eq!(
-            f.image_service_endpoint.as_deref(),
-            Some("unix:///img.sock")
-        );
+        assert_eq!(f.container_runtime_endpoint.as_deref(), Some("unix:///run/crio/crio.sock"));
+        assert_eq!(f.image_service_endpoint.as_deref(), Some("unix:///img.sock"));
         assert_eq!(f.hostname_override.as_deref(), Some("Node-1"));
         assert_eq!(f.root_dir, Some(PathBuf::from("/var/lib/gantry")));
         assert_eq!(f.runtime_request_timeout, Some(GoDuration::from_secs(90)));
         assert_eq!(f.sync_frequency, Some(GoDuration::from_secs(90)));
         assert_eq!(f.file_check_frequency, Some(GoDuration::from_secs(5)));
-        assert_eq!(
-            f.http_check_frequency,
-            Some(GoDuration::from_nanos(500_000_000))
-        );
+        assert_eq!(f.http_check_frequency, Some(GoDuration::from_nanos(500_000_000)));
         assert_eq!(f.max_pods, Some(42));
     }
 
@@ -641,10 +593,7 @@ mod tests {
     fn negative_numbers_reach_validation() {
         assert_eq!(ok(&["--max-pods", "-1"]).max_pods, Some(-1));
         assert_eq!(ok(&["--max-pods=-1"]).max_pods, Some(-1));
-        assert_eq!(
-            ok(&["--sync-frequency", "-1s"]).sync_frequency,
-            Some(GoDuration::from_secs(-1))
-        );
+        assert_eq!(ok(&["--sync-frequency", "-1s"]).sync_frequency, Some(GoDuration::from_secs(-1)));
     }
 
     #[test]
@@ -675,13 +624,7 @@ mod tests {
 
     #[test]
     fn verbosity_forms() {
-        for args in [
-            &["-v", "4"][..],
-            &["-v=4"],
-            &["-v4"],
-            &["--v=4"],
-            &["--v", "4"],
-        ] {
+        for args in [&["-v", "4"][..], &["-v=4"], &["-v4"], &["--v=4"], &["--v", "4"]] {
             assert_eq!(ok(args).verbosity, Some(4), "{args:?}");
         }
         assert!(parse(&["-v=300"]).is_err());
@@ -708,10 +651,7 @@ mod tests {
         assert_eq!(f.pod_manifest_path.as_deref(), Some("/m"));
         assert_eq!(f.max_pods, Some(3));
         // Values are left alone.
-        assert_eq!(
-            ok(&["--root-dir=/a_b"]).root_dir,
-            Some(PathBuf::from("/a_b"))
-        );
+        assert_eq!(ok(&["--root-dir=/a_b"]).root_dir, Some(PathBuf::from("/a_b")));
     }
 
     #[test]
@@ -721,16 +661,10 @@ mod tests {
             ConfigError::UnknownFlag { flag, .. } => assert_eq!(flag, "--no-such-flag"),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(
-            e.to_string().contains("unknown flag: --no-such-flag"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("unknown flag: --no-such-flag"), "{e}");
 
         let e = parse(&["--root-dirr=/x"]).unwrap_err();
-        assert!(
-            matches!(&e, ConfigError::UnknownFlag { suggestion: Some(s), .. } if s == "--root-dir"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::UnknownFlag { suggestion: Some(s), .. } if s == "--root-dir"), "{e:?}");
 
         let e = parse(&["stray"]).unwrap_err();
         assert!(matches!(e, ConfigError::CommandLine { .. }), "{e:?}");
@@ -740,11 +674,7 @@ mod tests {
     fn bad_values_name_the_flag() {
         let e = parse(&["--sync-frequency=abc"]).unwrap_err();
         match &e {
-            ConfigError::InvalidFlagValue {
-                flag,
-                value,
-                reason,
-            } => {
+            ConfigError::InvalidFlagValue { flag, value, reason } => {
                 assert_eq!(flag, "--sync-frequency");
                 assert_eq!(value, "abc");
                 assert!(reason.contains("invalid duration"), "{reason}");
@@ -752,10 +682,7 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         let e = parse(&["--max-pods=many"]).unwrap_err();
-        assert!(
-            matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--max-pods"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--max-pods"), "{e:?}");
         let e = parse(&["--kubeconfig"]).unwrap_err();
         assert!(e.to_string().contains("--kubeconfig needs a value"), "{e}");
     }
@@ -783,11 +710,9 @@ mod tests {
     #[test]
     fn every_dockershim_flag_is_refused_with_advice() {
         for (name, _) in DOCKERSHIM_FLAGS {
-            for args in [
-                vec![format!("--{name}=x")],
-                vec![format!("--{name}"), "x".to_string()],
-                vec![format!("--{name}")],
-            ] {
+            for args in
+                [vec![format!("--{name}=x")], vec![format!("--{name}"), "x".to_string()], vec![format!("--{name}")]]
+            {
                 let e = Flags::parse_args(&args).unwrap_err();
                 let msg = e.to_string();
                 assert!(
@@ -797,56 +722,29 @@ mod tests {
                 assert!(msg.contains("dockershim") && msg.contains("1.24"), "{msg}");
             }
         }
-        let msg = parse(&["--docker-endpoint=unix:///var/run/docker.sock"])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("--container-runtime-endpoint") && msg.contains("cri-dockerd"),
-            "{msg}"
-        );
+        let msg = parse(&["--docker-endpoint=unix:///var/run/docker.sock"]).unwrap_err().to_string();
+        assert!(msg.contains("--container-runtime-endpoint") && msg.contains("cri-dockerd"), "{msg}");
         let msg = parse(&["--network-plugin=cni"]).unwrap_err().to_string();
-        assert!(
-            msg.contains("CNI is configured in the container runtime"),
-            "{msg}"
-        );
-        let msg = parse(&["--cni-bin-dir", "/opt/cni/bin"])
-            .unwrap_err()
-            .to_string();
+        assert!(msg.contains("CNI is configured in the container runtime"), "{msg}");
+        let msg = parse(&["--cni-bin-dir", "/opt/cni/bin"]).unwrap_err().to_string();
         assert!(msg.contains("containerd's or CRI-O's CNI config"), "{msg}");
-        let msg = parse(&["--image-pull-progress-deadline=1m"])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("pull timeouts in the container runtime"),
-            "{msg}"
-        );
-        let msg = parse(&["--container-runtime=remote"])
-            .unwrap_err()
-            .to_string();
+        let msg = parse(&["--image-pull-progress-deadline=1m"]).unwrap_err().to_string();
+        assert!(msg.contains("pull timeouts in the container runtime"), "{msg}");
+        let msg = parse(&["--container-runtime=remote"]).unwrap_err().to_string();
         assert!(msg.contains("--container-runtime-endpoint"), "{msg}");
     }
 
     #[test]
     fn dockershim_is_reported_before_other_errors() {
         let e = parse(&["--bogus", "--network_plugin=kubenet"]).unwrap_err();
-        assert!(
-            matches!(&e, ConfigError::DockershimFlag { flag, .. } if flag == "--network-plugin"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::DockershimFlag { flag, .. } if flag == "--network-plugin"), "{e:?}");
     }
 
     #[test]
     fn dockershim_flags_are_caught_when_embedded() {
         // When the binary flattens `Flags` into its own parser, `parse_args`
         // is bypassed; the hidden args still record the flags.
-        let f = Flags::try_parse_from([
-            "kubelet",
-            "--max-pods=3",
-            "--cni-conf-dir",
-            "/etc/cni",
-            "--docker",
-        ])
-        .unwrap();
+        let f = Flags::try_parse_from(["kubelet", "--max-pods=3", "--cni-conf-dir", "/etc/cni", "--docker"]).unwrap();
         assert_eq!(f.compat.dockershim, vec!["cni-conf-dir", "docker"]);
         assert_eq!(f.max_pods, Some(3));
     }
@@ -862,15 +760,7 @@ mod tests {
         enum Cmd {
             Kubelet(Flags),
         }
-        let cli = Cli::try_parse_from([
-            "gantry",
-            "kubelet",
-            "--max-pods=4",
-            "--node-ip=1.2.3.4",
-            "-v",
-            "2",
-        ])
-        .unwrap();
+        let cli = Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--node-ip=1.2.3.4", "-v", "2"]).unwrap();
         let Cmd::Kubelet(f) = cli.cmd;
         assert_eq!(f.max_pods, Some(4));
         assert_eq!(f.verbosity, Some(2));
@@ -881,14 +771,9 @@ mod tests {
             #[command(flatten)]
             kubelet: Flags,
         }
-        let flat =
-            Flat::try_parse_from(["gantry", "--runonce", "--redirect-container-streaming=true"])
-                .unwrap();
+        let flat = Flat::try_parse_from(["gantry", "--runonce", "--redirect-container-streaming=true"]).unwrap();
         assert_eq!(flat.kubelet.runonce, Some(true));
-        assert_eq!(
-            flat.kubelet.compat.dockershim,
-            vec!["redirect-container-streaming"]
-        );
+        assert_eq!(flat.kubelet.compat.dockershim, vec!["redirect-container-streaming"]);
     }
 
     #[test]
@@ -907,19 +792,10 @@ mod tests {
         assert_eq!(f.max_pods, Some(5));
         assert_eq!(
             f.compat.unimplemented,
-            vec![
-                "--node-ip",
-                "--register-node",
-                "--fail-swap-on",
-                "--oom-score-adj",
-                "--node-labels"
-            ]
+            vec!["--node-ip", "--register-node", "--fail-swap-on", "--oom-score-adj", "--node-labels"]
         );
         let e = parse(&["--fail-swap-on=perhaps"]).unwrap_err();
-        assert!(
-            matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--fail-swap-on"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--fail-swap-on"), "{e:?}");
     }
 
     #[test]
@@ -933,11 +809,7 @@ mod tests {
                 ("d".into(), "x:y".into())
             ]
         );
-        assert!(
-            parse_header_list("novalue")
-                .unwrap_err()
-                .contains("name:value")
-        );
+        assert!(parse_header_list("novalue").unwrap_err().contains("name:value"));
         assert_eq!(parse_header_list("").unwrap(), vec![]);
     }
 }

@@ -22,10 +22,7 @@ pub enum Gate {
 }
 
 impl Gate {
-    pub const ALL: [Gate; 2] = [
-        Gate::LegacyNodeRunOnceMode,
-        Gate::DisableNodeKubeProxyVersion,
-    ];
+    pub const ALL: [Gate; 2] = [Gate::LegacyNodeRunOnceMode, Gate::DisableNodeKubeProxyVersion];
 
     /// The gate's name as written in `--feature-gates` and `featureGates`.
     pub const fn name(self) -> &'static str {
@@ -200,14 +197,12 @@ impl fmt::Display for GateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             GateError::Unrecognized(name) => write!(f, "unrecognized feature gate: {name}"),
-            GateError::InvalidValue { gate, value } => write!(
-                f,
-                "invalid value {value:?} for feature gate {gate}: expected true or false"
-            ),
-            GateError::Malformed(pair) => write!(
-                f,
-                "malformed feature gate {pair:?}: expected Name=true or Name=false"
-            ),
+            GateError::InvalidValue { gate, value } => {
+                write!(f, "invalid value {value:?} for feature gate {gate}: expected true or false")
+            }
+            GateError::Malformed(pair) => {
+                write!(f, "malformed feature gate {pair:?}: expected Name=true or Name=false")
+            }
         }
     }
 }
@@ -222,10 +217,7 @@ pub struct FeatureGates {
 impl FeatureGates {
     /// Whether `gate` is on: its explicit setting, else its default.
     pub fn enabled(&self, gate: Gate) -> bool {
-        self.explicit
-            .get(gate.name())
-            .copied()
-            .unwrap_or(gate.default_enabled())
+        self.explicit.get(gate.name()).copied().unwrap_or(gate.default_enabled())
     }
 
     /// Sets a gate by name. Accepts Gantry's gates and the upstream-only
@@ -246,11 +238,7 @@ impl FeatureGates {
 
     /// Explicitly set gates that Gantry does not act on.
     pub fn without_effect(&self) -> Vec<&str> {
-        self.explicit
-            .keys()
-            .filter(|k| Gate::from_name(k).is_none())
-            .map(String::as_str)
-            .collect()
+        self.explicit.keys().filter(|k| Gate::from_name(k).is_none()).map(String::as_str).collect()
     }
 }
 
@@ -258,10 +246,7 @@ impl fmt::Display for FeatureGates {
     /// `Name=true,Other=false` for every Gantry gate (effective value) and
     /// every other explicitly set gate.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut all: BTreeMap<&str, bool> = Gate::ALL
-            .iter()
-            .map(|g| (g.name(), self.enabled(*g)))
-            .collect();
+        let mut all: BTreeMap<&str, bool> = Gate::ALL.iter().map(|g| (g.name(), self.enabled(*g))).collect();
         for (k, v) in self.explicit() {
             all.insert(k, v);
         }
@@ -309,10 +294,8 @@ pub fn parse_gate_list(value: &str) -> Result<Vec<(String, bool)>, GateError> {
         if name.is_empty() {
             return Err(GateError::Malformed(pair.trim().to_string()));
         }
-        let enabled = parse_go_bool(v).ok_or_else(|| GateError::InvalidValue {
-            gate: name.to_string(),
-            value: v.to_string(),
-        })?;
+        let enabled =
+            parse_go_bool(v).ok_or_else(|| GateError::InvalidValue { gate: name.to_string(), value: v.to_string() })?;
         out.push((name.to_string(), enabled));
     }
     Ok(out)
@@ -327,10 +310,7 @@ mod tests {
         let g = FeatureGates::default();
         assert!(!g.enabled(Gate::LegacyNodeRunOnceMode));
         assert!(g.enabled(Gate::DisableNodeKubeProxyVersion));
-        assert_eq!(
-            g.to_string(),
-            "DisableNodeKubeProxyVersion=true,LegacyNodeRunOnceMode=false"
-        );
+        assert_eq!(g.to_string(), "DisableNodeKubeProxyVersion=true,LegacyNodeRunOnceMode=false");
     }
 
     #[test]
@@ -342,10 +322,7 @@ mod tests {
         assert!(g.enabled(Gate::LegacyNodeRunOnceMode));
         assert!(!g.enabled(Gate::DisableNodeKubeProxyVersion));
         assert_eq!(g.without_effect(), vec!["KubeletTracing"]);
-        assert_eq!(
-            g.to_string(),
-            "DisableNodeKubeProxyVersion=false,KubeletTracing=true,LegacyNodeRunOnceMode=true"
-        );
+        assert_eq!(g.to_string(), "DisableNodeKubeProxyVersion=false,KubeletTracing=true,LegacyNodeRunOnceMode=true");
     }
 
     #[test]
@@ -360,34 +337,17 @@ mod tests {
     fn gate_list_parsing() {
         assert_eq!(
             parse_gate_list("A=true, B = false,,C=1,D=F").unwrap(),
-            vec![
-                ("A".to_string(), true),
-                ("B".to_string(), false),
-                ("C".to_string(), true),
-                ("D".to_string(), false)
-            ]
+            vec![("A".to_string(), true), ("B".to_string(), false), ("C".to_string(), true), ("D".to_string(), false)]
         );
         assert_eq!(parse_gate_list("").unwrap(), vec![]);
         assert_eq!(
             parse_gate_list("A=yes").unwrap_err(),
-            GateError::InvalidValue {
-                gate: "A".into(),
-                value: "yes".into()
-            }
+            GateError::InvalidValue { gate: "A".into(), value: "yes".into() }
         );
-        assert_eq!(
-            parse_gate_list("A").unwrap_err(),
-            GateError::Malformed("A".into())
-        );
-        assert_eq!(
-            parse_gate_list("=true").unwrap_err(),
-            GateError::Malformed("=true".into())
-        );
+        assert_eq!(parse_gate_list("A").unwrap_err(), GateError::Malformed("A".into()));
+        assert_eq!(parse_gate_list("=true").unwrap_err(), GateError::Malformed("=true".into()));
         let msg = parse_gate_list("A=maybe").unwrap_err().to_string();
-        assert!(
-            msg.contains("feature gate A") && msg.contains("maybe"),
-            "{msg}"
-        );
+        assert!(msg.contains("feature gate A") && msg.contains("maybe"), "{msg}");
     }
 
     #[test]

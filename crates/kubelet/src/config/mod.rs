@@ -26,13 +26,8 @@ use std::time::Duration;
 pub use duration::{DurationError, GoDuration};
 pub use error::{ConfigError, Input};
 pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
-pub use flags::{
-    CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS,
-    parse_header_list,
-};
-pub use gates::{
-    FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool,
-};
+pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};
+pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
@@ -129,10 +124,8 @@ impl Settings {
     /// manifest-URL header values shown as `<masked>` (as upstream does) and
     /// a password in the manifest URL masked.
     pub fn redacted_summary(&self) -> String {
-        let opt_path = |p: &Option<PathBuf>| {
-            p.as_ref()
-                .map_or_else(|| "<none>".to_string(), |p| p.display().to_string())
-        };
+        let opt_path =
+            |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "<none>".to_string(), |p| p.display().to_string());
         let headers = if self.static_pod_url_header.is_empty() {
             "{}".to_string()
         } else {
@@ -145,11 +138,7 @@ impl Settings {
             let parts: Vec<String> = names
                 .iter()
                 .map(|name| {
-                    let n = self
-                        .static_pod_url_header
-                        .iter()
-                        .filter(|(k, _)| k == name)
-                        .count();
+                    let n = self.static_pod_url_header.iter().filter(|(k, _)| k == name).count();
                     format!("{name}:[{}]", vec!["<masked>"; n].join(","))
                 })
                 .collect();
@@ -167,17 +156,13 @@ impl Settings {
             opt_path(&self.kubeconfig),
             opt_path(&self.config_file),
             opt_path(&self.static_pod_path),
-            self.static_pod_url
-                .as_deref()
-                .map_or_else(|| "<none>".to_string(), mask_url_password),
+            self.static_pod_url.as_deref().map_or_else(|| "<none>".to_string(), mask_url_password),
             headers,
             duration::format_std(self.file_check_frequency),
             duration::format_std(self.http_check_frequency),
             duration::format_std(self.sync_frequency),
             self.container_runtime_endpoint,
-            self.image_service_endpoint
-                .as_deref()
-                .unwrap_or("<same as runtime>"),
+            self.image_service_endpoint.as_deref().unwrap_or("<same as runtime>"),
             duration::format_std(self.runtime_request_timeout),
             self.run_once,
             self.max_pods,
@@ -188,9 +173,7 @@ impl Settings {
 
     /// The image service endpoint in effect (the runtime's when unset).
     pub fn effective_image_service_endpoint(&self) -> &str {
-        self.image_service_endpoint
-            .as_deref()
-            .unwrap_or(&self.container_runtime_endpoint)
+        self.image_service_endpoint.as_deref().unwrap_or(&self.container_runtime_endpoint)
     }
 
     /// True without `--kubeconfig`.
@@ -207,29 +190,20 @@ impl fmt::Display for Settings {
 
 impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let masked: Vec<(&str, &str)> = self
-            .static_pod_url_header
-            .iter()
-            .map(|(k, _)| (k.as_str(), "<masked>"))
-            .collect();
+        let masked: Vec<(&str, &str)> =
+            self.static_pod_url_header.iter().map(|(k, _)| (k.as_str(), "<masked>")).collect();
         f.debug_struct("Settings")
             .field("node_name", &self.node_name)
             .field("hostname", &self.hostname)
             .field("root_dir", &self.root_dir)
             .field("pod_logs_dir", &self.pod_logs_dir)
             .field("static_pod_path", &self.static_pod_path)
-            .field(
-                "static_pod_url",
-                &self.static_pod_url.as_deref().map(mask_url_password),
-            )
+            .field("static_pod_url", &self.static_pod_url.as_deref().map(mask_url_password))
             .field("static_pod_url_header", &masked)
             .field("file_check_frequency", &self.file_check_frequency)
             .field("http_check_frequency", &self.http_check_frequency)
             .field("sync_frequency", &self.sync_frequency)
-            .field(
-                "container_runtime_endpoint",
-                &self.container_runtime_endpoint,
-            )
+            .field("container_runtime_endpoint", &self.container_runtime_endpoint)
             .field("image_service_endpoint", &self.image_service_endpoint)
             .field("runtime_request_timeout", &self.runtime_request_timeout)
             .field("kubeconfig", &self.kubeconfig)
@@ -258,12 +232,7 @@ fn mask_url_password(url: &str) -> String {
     let Some(colon) = userinfo.find(':') else {
         return url.to_string();
     };
-    format!(
-        "{}{}:<masked>{}",
-        &url[..authority_start],
-        &userinfo[..colon],
-        &url[authority_start + at..]
-    )
+    format!("{}{}:<masked>{}", &url[..authority_start], &userinfo[..colon], &url[authority_start + at..])
 }
 
 /// Parses `args` (argv without the program name), reads the `--config` file
@@ -276,21 +245,14 @@ pub fn load<S: AsRef<str>>(args: &[S]) -> Result<Settings, ConfigError> {
     }
     let content = match &flags.config {
         Some(path) if !path.as_os_str().is_empty() => {
-            let text =
-                std::fs::read_to_string(path).map_err(|source| ConfigError::ReadConfigFile {
-                    path: path.clone(),
-                    source,
-                })?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::ReadConfigFile { path: path.clone(), source })?;
             Some((path.clone(), text))
         }
         _ => None,
     };
     let hostname = machine_hostname();
-    resolve(
-        flags,
-        content.as_ref().map(|(p, t)| (p.clone(), t.as_str())),
-        &hostname,
-    )
+    resolve(flags, content.as_ref().map(|(p, t)| (p.clone(), t.as_str())), &hostname)
 }
 
 /// The machine's hostname from /proc/sys/kernel/hostname, else
@@ -308,11 +270,7 @@ pub fn machine_hostname() -> String {
 /// hostname into [`Settings`], applying defaults < file < given flags, and
 /// validating the result. Logs (with `tracing::warn!`) the settings that are
 /// accepted but not implemented yet.
-pub fn resolve(
-    flags: Flags,
-    file: Option<(PathBuf, &str)>,
-    machine_hostname: &str,
-) -> Result<Settings, ConfigError> {
+pub fn resolve(flags: Flags, file: Option<(PathBuf, &str)>, machine_hostname: &str) -> Result<Settings, ConfigError> {
     if let Some(flag) = flags.compat.dockershim.first() {
         return Err(flags::dockershim_error(flag));
     }
@@ -324,10 +282,7 @@ pub fn resolve(
     }
 
     let mut s = Settings {
-        config_file: file
-            .as_ref()
-            .map(|(p, _)| p.clone())
-            .or_else(|| flags.config.clone()),
+        config_file: file.as_ref().map(|(p, _)| p.clone()).or_else(|| flags.config.clone()),
         ..Settings::default()
     };
     // Who asked for RunOnce, for the error message.
@@ -398,56 +353,33 @@ fn apply_file(
     if let Some(h) = &c.static_pod_url_header {
         let pairs = h.pairs();
         for (name, value) in &pairs {
-            check_header(name, value)
-                .map_err(|reason| invalid(&format!("staticPodURLHeader.{name}"), reason))?;
+            check_header(name, value).map_err(|reason| invalid(&format!("staticPodURLHeader.{name}"), reason))?;
         }
         s.static_pod_url_header = pairs;
     }
 
     let durations: [(&str, &Option<GoDuration>, &mut Duration); 4] = [
         ("syncFrequency", &c.sync_frequency, &mut s.sync_frequency),
-        (
-            "fileCheckFrequency",
-            &c.file_check_frequency,
-            &mut s.file_check_frequency,
-        ),
-        (
-            "httpCheckFrequency",
-            &c.http_check_frequency,
-            &mut s.http_check_frequency,
-        ),
-        (
-            "runtimeRequestTimeout",
-            &c.runtime_request_timeout,
-            &mut s.runtime_request_timeout,
-        ),
+        ("fileCheckFrequency", &c.file_check_frequency, &mut s.file_check_frequency),
+        ("httpCheckFrequency", &c.http_check_frequency, &mut s.http_check_frequency),
+        ("runtimeRequestTimeout", &c.runtime_request_timeout, &mut s.runtime_request_timeout),
     ];
     for (field, value, target) in durations {
         match value {
             // Zero means "default", as upstream's defaulting does.
             Some(d) if d.is_zero() => {}
             Some(d) => {
-                *target = d
-                    .to_std()
-                    .ok_or_else(|| invalid(field, format!("{d} must be a positive duration")))?;
+                *target = d.to_std().ok_or_else(|| invalid(field, format!("{d} must be a positive duration")))?;
             }
             None => {}
         }
     }
 
-    if let Some(e) = c
-        .container_runtime_endpoint
-        .as_deref()
-        .filter(|e| !e.is_empty())
-    {
+    if let Some(e) = c.container_runtime_endpoint.as_deref().filter(|e| !e.is_empty()) {
         check_endpoint(e).map_err(|reason| invalid("containerRuntimeEndpoint", reason))?;
         s.container_runtime_endpoint = e.to_string();
     }
-    if let Some(e) = c
-        .image_service_endpoint
-        .as_deref()
-        .filter(|e| !e.is_empty())
-    {
+    if let Some(e) = c.image_service_endpoint.as_deref().filter(|e| !e.is_empty()) {
         check_endpoint(e).map_err(|reason| invalid("imageServiceEndpoint", reason))?;
         s.image_service_endpoint = Some(e.to_string());
     }
@@ -457,50 +389,34 @@ fn apply_file(
     }
     if let Some(gates) = &c.feature_gates {
         for (name, enabled) in gates {
-            s.feature_gates
-                .set(name, *enabled)
-                .map_err(|_| ConfigError::UnknownFeatureGate {
-                    input: input.clone(),
-                    field: format!("featureGates.{name}"),
-                    gate: name.clone(),
-                })?;
+            s.feature_gates.set(name, *enabled).map_err(|_| ConfigError::UnknownFeatureGate {
+                input: input.clone(),
+                field: format!("featureGates.{name}"),
+                gate: name.clone(),
+            })?;
         }
     }
     if let Some(run_once) = c.run_once {
         s.run_once = run_once;
         if run_once {
-            *run_once_source = Some(format!(
-                "runOnce: true in config file {}",
-                parsed.path.display()
-            ));
+            *run_once_source = Some(format!("runOnce: true in config file {}", parsed.path.display()));
         }
     }
     match c.max_pods {
         Some(n) if n < 0 => {
-            return Err(invalid(
-                "maxPods",
-                format!("{n} must not be a negative number"),
-            ));
+            return Err(invalid("maxPods", format!("{n} must not be a negative number")));
         }
         Some(0) | None => {}
         Some(n) => s.max_pods = n as u32,
     }
     if let Some(v) = c.logging.as_ref().and_then(|l| l.verbosity) {
-        s.verbosity = u8::try_from(v).map_err(|_| {
-            invalid(
-                "logging.verbosity",
-                format!("{v} is too large; verbosity levels go up to 255"),
-            )
-        })?;
+        s.verbosity = u8::try_from(v)
+            .map_err(|_| invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255")))?;
     }
     Ok(())
 }
 
-fn apply_flags(
-    s: &mut Settings,
-    f: &Flags,
-    run_once_source: &mut Option<String>,
-) -> Result<(), ConfigError> {
+fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>) -> Result<(), ConfigError> {
     let invalid = |flag: &str, reason: String| ConfigError::InvalidValue {
         input: Input::CommandLine,
         field: flag.to_string(),
@@ -518,10 +434,7 @@ fn apply_flags(
         // Given on the command line, the headers replace the file's.
         let mut pairs = Vec::new();
         for value in &f.manifest_url_header {
-            pairs.extend(
-                parse_header_list(value)
-                    .map_err(|reason| invalid("--manifest-url-header", reason))?,
-            );
+            pairs.extend(parse_header_list(value).map_err(|reason| invalid("--manifest-url-header", reason))?);
         }
         for (name, value) in &pairs {
             check_header(name, value).map_err(|reason| invalid("--manifest-url-header", reason))?;
@@ -531,21 +444,9 @@ fn apply_flags(
 
     let durations: [(&str, Option<GoDuration>, &mut Duration); 4] = [
         ("--sync-frequency", f.sync_frequency, &mut s.sync_frequency),
-        (
-            "--file-check-frequency",
-            f.file_check_frequency,
-            &mut s.file_check_frequency,
-        ),
-        (
-            "--http-check-frequency",
-            f.http_check_frequency,
-            &mut s.http_check_frequency,
-        ),
-        (
-            "--runtime-request-timeout",
-            f.runtime_request_timeout,
-            &mut s.runtime_request_timeout,
-        ),
+        ("--file-check-frequency", f.file_check_frequency, &mut s.file_check_frequency),
+        ("--http-check-frequency", f.http_check_frequency, &mut s.http_check_frequency),
+        ("--runtime-request-timeout", f.runtime_request_timeout, &mut s.runtime_request_timeout),
     ];
     for (flag, value, target) in durations {
         if let Some(d) = value {
@@ -560,9 +461,7 @@ fn apply_flags(
         if e.is_empty() {
             return Err(invalid(
                 "--container-runtime-endpoint",
-                format!(
-                    "the endpoint must not be empty (the default is {DEFAULT_CONTAINER_RUNTIME_ENDPOINT})"
-                ),
+                format!("the endpoint must not be empty (the default is {DEFAULT_CONTAINER_RUNTIME_ENDPOINT})"),
             ));
         }
         check_endpoint(e).map_err(|reason| invalid("--container-runtime-endpoint", reason))?;
@@ -596,13 +495,11 @@ fn apply_flags(
             reason: e.to_string(),
         })?;
         for (name, enabled) in pairs {
-            s.feature_gates
-                .set(&name, enabled)
-                .map_err(|_| ConfigError::UnknownFeatureGate {
-                    input: Input::CommandLine,
-                    field: "--feature-gates".to_string(),
-                    gate: name.clone(),
-                })?;
+            s.feature_gates.set(&name, enabled).map_err(|_| ConfigError::UnknownFeatureGate {
+                input: Input::CommandLine,
+                field: "--feature-gates".to_string(),
+                gate: name.clone(),
+            })?;
         }
     }
 
@@ -611,8 +508,8 @@ fn apply_flags(
         *run_once_source = run_once.then(|| "--runonce".to_string());
     }
     if let Some(n) = f.max_pods {
-        s.max_pods = u32::try_from(n)
-            .map_err(|_| invalid("--max-pods", format!("{n} must not be a negative number")))?;
+        s.max_pods =
+            u32::try_from(n).map_err(|_| invalid("--max-pods", format!("{n} must not be a negative number")))?;
     }
     if let Some(v) = f.verbosity {
         s.verbosity = v;
@@ -629,10 +526,7 @@ fn group_by_name(pairs: Vec<(String, String)>) -> Vec<(String, String)> {
             names.push(k.clone());
         }
     }
-    names
-        .iter()
-        .flat_map(|n| pairs.iter().filter(move |(k, _)| k == n).cloned())
-        .collect()
+    names.iter().flat_map(|n| pairs.iter().filter(move |(k, _)| k == n).cloned()).collect()
 }
 
 /// An HTTP header name must be a token; a value must not break the request.
@@ -641,18 +535,11 @@ fn check_header(name: &str, value: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("a header name must not be empty".to_string());
     }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || TOKEN_SPECIALS.contains(*c)))
-    {
-        return Err(format!(
-            "header name {name:?} contains {c:?}, which is not allowed in an HTTP header name"
-        ));
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || TOKEN_SPECIALS.contains(*c))) {
+        return Err(format!("header name {name:?} contains {c:?}, which is not allowed in an HTTP header name"));
     }
     if value.chars().any(|c| c == '\r' || c == '\n' || c == '\0') {
-        return Err(format!(
-            "the value of header {name:?} contains a line break or NUL"
-        ));
+        return Err(format!("the value of header {name:?} contains a line break or NUL"));
     }
     Ok(())
 }
@@ -686,9 +573,7 @@ fn check_pod_logs_dir(dir: &str) -> Result<(), String> {
     }
     let clean = clean_path(dir);
     if clean != dir {
-        return Err(format!(
-            "{dir:?} must be a normalized path (did you mean {clean:?}?)"
-        ));
+        return Err(format!("{dir:?} must be a normalized path (did you mean {clean:?}?)"));
     }
     Ok(())
 }

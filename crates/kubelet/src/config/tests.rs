@@ -14,11 +14,7 @@ fn file_path() -> PathBuf {
 
 fn resolve_with(args: &[&str], body: Option<&str>) -> Result<Settings, ConfigError> {
     let text = body.map(|b| format!("{HEAD}{b}"));
-    resolve(
-        flags(args),
-        text.as_deref().map(|t| (file_path(), t)),
-        "Machine-1\n",
-    )
+    resolve(flags(args), text.as_deref().map(|t| (file_path(), t)), "Machine-1\n")
 }
 
 fn ok(args: &[&str], body: Option<&str>) -> Settings {
@@ -42,15 +38,9 @@ fn defaults_without_flags_or_file() {
     assert_eq!(s.file_check_frequency, Duration::from_secs(20));
     assert_eq!(s.http_check_frequency, Duration::from_secs(20));
     assert_eq!(s.sync_frequency, Duration::from_secs(60));
-    assert_eq!(
-        s.container_runtime_endpoint,
-        "unix:///run/containerd/containerd.sock"
-    );
+    assert_eq!(s.container_runtime_endpoint, "unix:///run/containerd/containerd.sock");
     assert_eq!(s.image_service_endpoint, None);
-    assert_eq!(
-        s.effective_image_service_endpoint(),
-        "unix:///run/containerd/containerd.sock"
-    );
+    assert_eq!(s.effective_image_service_endpoint(), "unix:///run/containerd/containerd.sock");
     assert_eq!(s.runtime_request_timeout, Duration::from_secs(120));
     assert_eq!(s.kubeconfig, None);
     assert!(s.standalone());
@@ -60,14 +50,7 @@ fn defaults_without_flags_or_file() {
     assert_eq!(s.verbosity, 0);
     assert_eq!(s.max_pods, 110);
     assert_eq!(s.config_file, None);
-    assert_eq!(
-        s,
-        Settings {
-            node_name: "machine-1".into(),
-            hostname: "machine-1".into(),
-            ..Settings::default()
-        }
-    );
+    assert_eq!(s, Settings { node_name: "machine-1".into(), hostname: "machine-1".into(), ..Settings::default() });
 }
 
 const FULL_FILE: &str = "staticPodPath: /file/manifests
@@ -93,18 +76,12 @@ fn file_overrides_defaults() {
     let s = ok(&[], Some(FULL_FILE));
     assert_eq!(s.static_pod_path, Some(PathBuf::from("/file/manifests")));
     assert_eq!(s.static_pod_url.as_deref(), Some("http://file/pods"));
-    assert_eq!(
-        s.static_pod_url_header,
-        vec![("X-File".to_string(), "f1".to_string())]
-    );
+    assert_eq!(s.static_pod_url_header, vec![("X-File".to_string(), "f1".to_string())]);
     assert_eq!(s.file_check_frequency, Duration::from_secs(7));
     assert_eq!(s.http_check_frequency, Duration::from_secs(8));
     assert_eq!(s.sync_frequency, Duration::from_secs(9));
     assert_eq!(s.container_runtime_endpoint, "unix:///file/runtime.sock");
-    assert_eq!(
-        s.image_service_endpoint.as_deref(),
-        Some("unix:///file/image.sock")
-    );
+    assert_eq!(s.image_service_endpoint.as_deref(), Some("unix:///file/image.sock"));
     assert_eq!(s.runtime_request_timeout, Duration::from_secs(10));
     assert_eq!(s.pod_logs_dir, PathBuf::from("/file/logs"));
     assert_eq!(s.max_pods, 11);
@@ -134,18 +111,12 @@ fn given_flags_override_the_file() {
     );
     assert_eq!(s.static_pod_path, Some(PathBuf::from("/flag/manifests")));
     assert_eq!(s.static_pod_url.as_deref(), Some("http://flag/pods"));
-    assert_eq!(
-        s.static_pod_url_header,
-        vec![("X-Flag".to_string(), "v1".to_string())]
-    );
+    assert_eq!(s.static_pod_url_header, vec![("X-Flag".to_string(), "v1".to_string())]);
     assert_eq!(s.file_check_frequency, Duration::from_secs(1));
     assert_eq!(s.http_check_frequency, Duration::from_secs(2));
     assert_eq!(s.sync_frequency, Duration::from_secs(3));
     assert_eq!(s.container_runtime_endpoint, "unix:///flag/runtime.sock");
-    assert_eq!(
-        s.image_service_endpoint.as_deref(),
-        Some("unix:///flag/image.sock")
-    );
+    assert_eq!(s.image_service_endpoint.as_deref(), Some("unix:///flag/image.sock"));
     assert_eq!(s.runtime_request_timeout, Duration::from_secs(4));
     assert_eq!(s.max_pods, 5);
     assert_eq!(s.verbosity, 6);
@@ -164,14 +135,7 @@ fn flags_not_given_leave_the_file_alone() {
 
 #[test]
 fn empty_flag_values_clear_file_settings() {
-    let s = ok(
-        &[
-            "--pod-manifest-path=",
-            "--manifest-url=",
-            "--image-service-endpoint=",
-        ],
-        Some(FULL_FILE),
-    );
+    let s = ok(&["--pod-manifest-path=", "--manifest-url=", "--image-service-endpoint="], Some(FULL_FILE));
     assert_eq!(s.static_pod_path, None);
     assert_eq!(s.static_pod_url, None);
     assert_eq!(s.image_service_endpoint, None);
@@ -188,10 +152,7 @@ fn zero_values_in_the_file_mean_default() {
     assert_eq!(s.sync_frequency, DEFAULT_SYNC_FREQUENCY);
     assert_eq!(s.file_check_frequency, DEFAULT_FILE_CHECK_FREQUENCY);
     assert_eq!(s.max_pods, 110);
-    assert_eq!(
-        s.container_runtime_endpoint,
-        DEFAULT_CONTAINER_RUNTIME_ENDPOINT
-    );
+    assert_eq!(s.container_runtime_endpoint, DEFAULT_CONTAINER_RUNTIME_ENDPOINT);
     assert_eq!(s.static_pod_path, None);
     assert_eq!(s.pod_logs_dir, PathBuf::from(DEFAULT_POD_LOGS_DIR));
 }
@@ -209,43 +170,24 @@ fn negative_and_zero_values_are_rejected_with_their_source() {
         "{e:?}"
     );
     let msg = e.to_string();
-    assert!(
-        msg.contains("maxPods")
-            && msg.contains("/etc/gantry/kubelet.yaml")
-            && msg.contains("negative"),
-        "{msg}"
-    );
+    assert!(msg.contains("maxPods") && msg.contains("/etc/gantry/kubelet.yaml") && msg.contains("negative"), "{msg}");
 
     let e = err(&["--max-pods=-3"], None);
     assert!(
         matches!(&e, ConfigError::InvalidValue { input: Input::CommandLine, field, .. } if field == "--max-pods"),
         "{e:?}"
     );
-    assert!(
-        e.to_string().contains("--max-pods on the command line"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("--max-pods on the command line"), "{e}");
 
     let e = err(&[], Some("syncFrequency: -5s\n"));
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "syncFrequency"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "syncFrequency"), "{e:?}");
     assert!(e.to_string().contains("positive"), "{e}");
 
-    for flag in [
-        "--sync-frequency",
-        "--file-check-frequency",
-        "--http-check-frequency",
-        "--runtime-request-timeout",
-    ] {
+    for flag in ["--sync-frequency", "--file-check-frequency", "--http-check-frequency", "--runtime-request-timeout"] {
         for value in ["0s", "-1s"] {
             let arg = format!("{flag}={value}");
             let e = err(&[&arg], None);
-            assert!(
-                matches!(&e, ConfigError::InvalidValue { field, .. } if field == flag),
-                "{arg}: {e:?}"
-            );
+            assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == flag), "{arg}: {e:?}");
             assert!(e.to_string().contains("greater than zero"), "{e}");
         }
     }
@@ -254,22 +196,13 @@ fn negative_and_zero_values_are_rejected_with_their_source() {
 #[test]
 fn endpoints_are_checked() {
     let e = err(&["--container-runtime-endpoint="], None);
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--container-runtime-endpoint"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--container-runtime-endpoint"), "{e:?}");
     assert!(e.to_string().contains("must not be empty"), "{e}");
 
     let e = err(&[], Some("containerRuntimeEndpoint: containerd.sock\n"));
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "containerRuntimeEndpoint"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "containerRuntimeEndpoint"), "{e:?}");
     let e = err(&["--image-service-endpoint=unix://relative.sock"], None);
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--image-service-endpoint"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--image-service-endpoint"), "{e:?}");
 
     // Plain absolute socket paths and tcp endpoints are accepted as upstream does.
     assert_eq!(
@@ -281,89 +214,46 @@ fn endpoints_are_checked() {
 
 #[test]
 fn pod_logs_dir_is_validated_like_upstream() {
-    for bad in [
-        "var/log/pods",
-        "/var/log/pods/",
-        "/var//log",
-        "/var/log/./pods",
-        "/var/log/../pods",
-        "/var/lög",
-    ] {
+    for bad in ["var/log/pods", "/var/log/pods/", "/var//log", "/var/log/./pods", "/var/log/../pods", "/var/lög"] {
         let e = err(&[], Some(&format!("podLogsDir: \"{bad}\"\n")));
-        assert!(
-            matches!(&e, ConfigError::InvalidValue { field, .. } if field == "podLogsDir"),
-            "{bad}: {e:?}"
-        );
+        assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "podLogsDir"), "{bad}: {e:?}");
     }
     let e = err(&[], Some("podLogsDir: /var/log/pods/\n"));
-    assert!(
-        e.to_string().contains("did you mean \"/var/log/pods\""),
-        "{e}"
-    );
+    assert!(e.to_string().contains("did you mean \"/var/log/pods\""), "{e}");
 }
 
 #[test]
 fn root_dir_and_kubeconfig() {
-    let s = ok(
-        &[
-            "--root-dir=/srv/kubelet",
-            "--kubeconfig=/etc/kubernetes/kubelet.conf",
-        ],
-        None,
-    );
+    let s = ok(&["--root-dir=/srv/kubelet", "--kubeconfig=/etc/kubernetes/kubelet.conf"], None);
     assert_eq!(s.root_dir, PathBuf::from("/srv/kubelet"));
-    assert_eq!(
-        s.kubeconfig,
-        Some(PathBuf::from("/etc/kubernetes/kubelet.conf"))
-    );
+    assert_eq!(s.kubeconfig, Some(PathBuf::from("/etc/kubernetes/kubelet.conf")));
     assert!(!s.standalone());
     assert_eq!(ok(&["--kubeconfig="], None).kubeconfig, None);
     let e = err(&["--root-dir="], None);
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--root-dir"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--root-dir"), "{e:?}");
 }
 
 #[test]
 fn config_file_recorded_from_flag() {
-    let s = resolve(
-        flags(&["--config=/x.yaml"]),
-        Some((PathBuf::from("/x.yaml"), HEAD)),
-        "h",
-    )
-    .unwrap();
+    let s = resolve(flags(&["--config=/x.yaml"]), Some((PathBuf::from("/x.yaml"), HEAD)), "h").unwrap();
     assert_eq!(s.config_file, Some(PathBuf::from("/x.yaml")));
 }
 
 #[test]
 fn hostname_override_and_normalisation() {
-    assert_eq!(
-        ok(&["--hostname-override=  Worker-7.Example.COM "], None).node_name,
-        "worker-7.example.com"
-    );
+    assert_eq!(ok(&["--hostname-override=  Worker-7.Example.COM "], None).node_name, "worker-7.example.com");
     // An empty override falls back to the machine hostname.
     assert_eq!(ok(&["--hostname-override="], None).node_name, "machine-1");
     let e = resolve(flags(&[]), None, "  \n").unwrap_err();
     assert!(matches!(e, ConfigError::NoHostname), "{e:?}");
     assert!(e.to_string().contains("--hostname-override"), "{e}");
-    assert_eq!(
-        resolve(flags(&["--hostname-override=n1"]), None, "")
-            .unwrap()
-            .node_name,
-        "n1"
-    );
+    assert_eq!(resolve(flags(&["--hostname-override=n1"]), None, "").unwrap().node_name, "n1");
 }
 
 #[test]
 fn manifest_url_header_order_and_replacement() {
     let s = ok(
-        &[
-            "--manifest-url-header",
-            "a:hello,b:again,c:world",
-            "--manifest-url-header",
-            "b:beautiful",
-        ],
+        &["--manifest-url-header", "a:hello,b:again,c:world", "--manifest-url-header", "b:beautiful"],
         Some("staticPodURLHeader:\n  Z: [from-file]\n"),
     );
     // Flag replaces the file's headers; repeated names keep their order.
@@ -378,38 +268,21 @@ fn manifest_url_header_order_and_replacement() {
     );
 
     let e = err(&["--manifest-url-header=novalue"], None);
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--manifest-url-header"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--manifest-url-header"), "{e:?}");
     let e = err(&["--manifest-url-header=bad name:x"], None);
-    assert!(
-        e.to_string().contains("not allowed in an HTTP header name"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("not allowed in an HTTP header name"), "{e}");
     let e = err(&[], Some("staticPodURLHeader:\n  \"Bad Name\": [x]\n"));
-    assert!(
-        matches!(&e, ConfigError::InvalidValue { field, .. } if field == "staticPodURLHeader.Bad Name"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "staticPodURLHeader.Bad Name"), "{e:?}");
 }
 
 #[test]
 fn feature_gates_merge_per_gate() {
     let s = ok(
         &["--feature-gates=LegacyNodeRunOnceMode=true"],
-        Some(
-            "featureGates:\n  DisableNodeKubeProxyVersion: false\n  LegacyNodeRunOnceMode: false\n",
-        ),
+        Some("featureGates:\n  DisableNodeKubeProxyVersion: false\n  LegacyNodeRunOnceMode: false\n"),
     );
-    assert!(
-        s.feature_gates.enabled(Gate::LegacyNodeRunOnceMode),
-        "flag overrides the file for that gate"
-    );
-    assert!(
-        !s.feature_gates.enabled(Gate::DisableNodeKubeProxyVersion),
-        "other gates from the file stay"
-    );
+    assert!(s.feature_gates.enabled(Gate::LegacyNodeRunOnceMode), "flag overrides the file for that gate");
+    assert!(!s.feature_gates.enabled(Gate::DisableNodeKubeProxyVersion), "other gates from the file stay");
 
     // Repeated flags merge; the last setting of a gate wins.
     let s = ok(
@@ -423,14 +296,8 @@ fn feature_gates_merge_per_gate() {
     assert!(!s.feature_gates.enabled(Gate::DisableNodeKubeProxyVersion));
 
     // Upstream gates are accepted (and have no effect).
-    let s = ok(
-        &["--feature-gates=KubeletTracing=true"],
-        Some("featureGates: {AllAlpha: true}\n"),
-    );
-    assert_eq!(
-        s.feature_gates.without_effect(),
-        vec!["AllAlpha", "KubeletTracing"]
-    );
+    let s = ok(&["--feature-gates=KubeletTracing=true"], Some("featureGates: {AllAlpha: true}\n"));
+    assert_eq!(s.feature_gates.without_effect(), vec!["AllAlpha", "KubeletTracing"]);
     assert!(!s.feature_gates.enabled(Gate::LegacyNodeRunOnceMode));
 }
 
@@ -442,33 +309,19 @@ fn unknown_feature_gates_name_their_source() {
         "{e:?}"
     );
     let msg = e.to_string();
-    assert!(
-        msg.starts_with("unrecognized feature gate: NoSuchGate"),
-        "{msg}"
-    );
+    assert!(msg.starts_with("unrecognized feature gate: NoSuchGate"), "{msg}");
     assert!(msg.contains("--feature-gates on the command line"), "{msg}");
 
     let e = err(&[], Some("featureGates:\n  NoSuchGate: true\n"));
     let msg = e.to_string();
-    assert!(
-        msg.starts_with("unrecognized feature gate: NoSuchGate"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("featureGates.NoSuchGate in config file /etc/gantry/kubelet.yaml"),
-        "{msg}"
-    );
+    assert!(msg.starts_with("unrecognized feature gate: NoSuchGate"), "{msg}");
+    assert!(msg.contains("featureGates.NoSuchGate in config file /etc/gantry/kubelet.yaml"), "{msg}");
 
     let e = err(&["--feature-gates=LegacyNodeRunOnceMode=perhaps"], None);
-    assert!(
-        matches!(&e, ConfigError::InvalidFeatureGate { .. }),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::InvalidFeatureGate { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(
-        msg.contains("LegacyNodeRunOnceMode")
-            && msg.contains("perhaps")
-            && msg.contains("--feature-gates"),
+        msg.contains("LegacyNodeRunOnceMode") && msg.contains("perhaps") && msg.contains("--feature-gates"),
         "{msg}"
     );
 
@@ -479,34 +332,18 @@ fn unknown_feature_gates_name_their_source() {
 #[test]
 fn runonce_requires_the_legacy_gate() {
     let e = err(&["--runonce"], None);
-    assert!(
-        matches!(&e, ConfigError::RunOnceDeprecated { set_by } if set_by == "--runonce"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::RunOnceDeprecated { set_by } if set_by == "--runonce"), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains("deprecated"), "{msg}");
     assert!(msg.contains("LegacyNodeRunOnceMode"), "{msg}");
-    assert!(
-        msg.contains("standalone mode") && msg.contains("--pod-manifest-path"),
-        "{msg}"
-    );
+    assert!(msg.contains("standalone mode") && msg.contains("--pod-manifest-path"), "{msg}");
 
     let e = err(&[], Some("runOnce: true\n"));
-    assert!(
-        e.to_string()
-            .contains("runOnce: true in config file /etc/gantry/kubelet.yaml"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("runOnce: true in config file /etc/gantry/kubelet.yaml"), "{e}");
 
-    let s = ok(
-        &["--runonce", "--feature-gates=LegacyNodeRunOnceMode=true"],
-        None,
-    );
+    let s = ok(&["--runonce", "--feature-gates=LegacyNodeRunOnceMode=true"], None);
     assert!(s.run_once);
-    let s = ok(
-        &[],
-        Some("runOnce: true\nfeatureGates: {LegacyNodeRunOnceMode: true}\n"),
-    );
+    let s = ok(&[], Some("runOnce: true\nfeatureGates: {LegacyNodeRunOnceMode: true}\n"));
     assert!(s.run_once);
 
     // --runonce=false on the command line overrides the file.
@@ -521,35 +358,15 @@ fn dockershim_flags_fail_in_resolve_too() {
     let mut f = Flags::default();
     f.compat.dockershim.push("network-plugin".to_string());
     let e = resolve(f, None, "h").unwrap_err();
-    assert!(
-        matches!(&e, ConfigError::DockershimFlag { flag, .. } if flag == "--network-plugin"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::DockershimFlag { flag, .. } if flag == "--network-plugin"), "{e:?}");
 }
 
 #[test]
 fn file_errors_propagate() {
-    let e = resolve(
-        flags(&[]),
-        Some((file_path(), "apiVersion: v1\nkind: Pod\n")),
-        "h",
-    )
-    .unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            ConfigError::TypeMeta {
-                field: "apiVersion",
-                ..
-            }
-        ),
-        "{e:?}"
-    );
+    let e = resolve(flags(&[]), Some((file_path(), "apiVersion: v1\nkind: Pod\n")), "h").unwrap_err();
+    assert!(matches!(&e, ConfigError::TypeMeta { field: "apiVersion", .. }), "{e:?}");
     let e = err(&[], Some("staticPodPaths: /x\n"));
-    assert!(
-        matches!(&e, ConfigError::UnknownField { field, .. } if field == "staticPodPaths"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, ConfigError::UnknownField { field, .. } if field == "staticPodPaths"), "{e:?}");
 }
 
 #[test]
@@ -563,31 +380,17 @@ fn summary_masks_header_values() {
         None,
     );
     for text in [s.redacted_summary(), s.to_string(), format!("{s:?}")] {
-        assert!(
-            !text.contains("TOPSECRET") && !text.contains("alsosecret") && !text.contains("Second"),
-            "{text}"
-        );
+        assert!(!text.contains("TOPSECRET") && !text.contains("alsosecret") && !text.contains("Second"), "{text}");
         assert!(!text.contains("s3cret"), "{text}");
         assert!(text.contains("<masked>"), "{text}");
         assert!(text.contains("Authorization"), "{text}");
     }
     let summary = s.redacted_summary();
-    assert!(
-        summary
-            .contains("staticPodURLHeader={Authorization:[<masked>,<masked>],X-Other:[<masked>]}"),
-        "{summary}"
-    );
-    assert!(
-        summary.contains("staticPodURL=https://user:<masked>@example.com/pods?x=1"),
-        "{summary}"
-    );
+    assert!(summary.contains("staticPodURLHeader={Authorization:[<masked>,<masked>],X-Other:[<masked>]}"), "{summary}");
+    assert!(summary.contains("staticPodURL=https://user:<masked>@example.com/pods?x=1"), "{summary}");
     assert!(summary.contains("syncFrequency=1m0s"), "{summary}");
     assert!(summary.contains("nodeName=machine-1"), "{summary}");
-    assert!(
-        summary
-            .contains("featureGates=DisableNodeKubeProxyVersion=true,LegacyNodeRunOnceMode=false"),
-        "{summary}"
-    );
+    assert!(summary.contains("featureGates=DisableNodeKubeProxyVersion=true,LegacyNodeRunOnceMode=false"), "{summary}");
     assert!(!summary.contains('\n'), "one line: {summary}");
 }
 
@@ -595,10 +398,7 @@ fn summary_masks_header_values() {
 fn url_password_masking() {
     assert_eq!(mask_url_password("http://h/p"), "http://h/p");
     assert_eq!(mask_url_password("http://u@h/p"), "http://u@h/p");
-    assert_eq!(
-        mask_url_password("http://u:p@h/p@x"),
-        "http://u:<masked>@h/p@x"
-    );
+    assert_eq!(mask_url_password("http://u:p@h/p@x"), "http://u:<masked>@h/p@x");
     assert_eq!(mask_url_password("not a url"), "not a url");
 }
 
@@ -608,12 +408,7 @@ fn load_reads_the_config_file() {
     let path = dir.path().join("kubelet.yaml");
     std::fs::write(&path, format!("{HEAD}maxPods: 17\nstaticPodPath: /m\n")).unwrap();
     let config = format!("--config={}", path.display());
-    let s = load(&[
-        config.as_str(),
-        "--hostname-override=node-a",
-        "--max-pods=18",
-    ])
-    .unwrap();
+    let s = load(&[config.as_str(), "--hostname-override=node-a", "--max-pods=18"]).unwrap();
     assert_eq!(s.max_pods, 18);
     assert_eq!(s.static_pod_path, Some(PathBuf::from("/m")));
     assert_eq!(s.config_file, Some(path.clone()));
@@ -627,10 +422,7 @@ fn load_reads_the_config_file() {
     std::fs::write(&path, format!("{HEAD}maxPods: [\n")).unwrap();
     let e = load(&[config.as_str(), "--hostname-override=n"]).unwrap_err();
     let msg = e.to_string();
-    assert!(
-        msg.contains("kubelet.yaml") && msg.contains("line"),
-        "{msg}"
-    );
+    assert!(msg.contains("kubelet.yaml") && msg.contains("line"), "{msg}");
 
     let e = load(&["--unknown-flag"]).unwrap_err();
     assert!(matches!(e, ConfigError::UnknownFlag { .. }), "{e:?}");

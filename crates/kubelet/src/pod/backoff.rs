@@ -56,11 +56,8 @@ impl Backoff {
     pub fn record_restart(&mut self, key: &str, finished_at: Nanos, now: Nanos) {
         let (initial, max) = (self.initial, self.max);
         let entry = self.entries.entry(key.to_string()).or_insert(Entry { delay: 0, last_restart: now });
-        entry.delay = if entry.delay == 0 || expired(entry, finished_at) {
-            initial
-        } else {
-            (entry.delay * 2).min(max)
-        };
+        entry.delay =
+            if entry.delay == 0 || expired(entry, finished_at) { initial } else { (entry.delay * 2).min(max) };
         entry.last_restart = now;
     }
 

@@ -47,11 +47,7 @@ fn collect_unwanted(observed: &ObservedPod) -> Vec<Removal> {
 }
 
 fn newest_per_name(observed: &ObservedPod) -> HashSet<&str> {
-    observed
-        .containers
-        .iter()
-        .filter_map(|c| observed.latest(&c.name).map(|l| l.id.as_str()))
-        .collect()
+    observed.containers.iter().filter_map(|c| observed.latest(&c.name).map(|l| l.id.as_str())).collect()
 }
 
 #[cfg(test)]

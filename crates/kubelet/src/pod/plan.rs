@@ -86,8 +86,7 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     fn without_sandbox(&self, previous: Option<&SandboxInfo>) -> PodActions {
-        let mut actions =
-            PodActions { kill_pod: self.observed.running().next().is_some(), ..Default::default() };
+        let mut actions = PodActions { kill_pod: self.observed.running().next().is_some(), ..Default::default() };
         if self.ran_to_completion() {
             return actions;
         }
@@ -111,9 +110,7 @@ impl Planner<'_> {
             RestartPolicy::Always => false,
             RestartPolicy::Never => !self.observed.containers.is_empty(),
             RestartPolicy::OnFailure => spec::containers(self.pod).iter().all(|c| {
-                self.observed
-                    .latest(&c.name)
-                    .is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
+                self.observed.latest(&c.name).is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
             }),
         }
     }
@@ -155,9 +152,8 @@ impl Planner<'_> {
     /// Walks the init containers in order. Returns true when all have succeeded in this
     /// sandbox; otherwise fills `actions` with the one step to take next.
     fn init_done(&self, sandbox: &SandboxInfo, actions: &mut PodActions) -> bool {
-        let regular_started = spec::containers(self.pod)
-            .iter()
-            .any(|c| self.observed.latest_in(&c.name, &sandbox.id).is_some());
+        let regular_started =
+            spec::containers(self.pod).iter().any(|c| self.observed.latest_in(&c.name, &sandbox.id).is_some());
         if regular_started {
             return true;
         }
@@ -166,12 +162,11 @@ impl Planner<'_> {
                 None => {}
                 Some(i) if i.state == ContainerState::Running => return false,
                 Some(i) if i.state == ContainerState::Exited && i.exit_code == 0 => continue,
-                Some(i) if i.state == ContainerState::Exited => {
-                    if self.policy == RestartPolicy::Never {
-                        actions.kill_pod = true;
-                        return false;
-                    }
+                Some(i) if i.state == ContainerState::Exited && self.policy == RestartPolicy::Never => {
+                    actions.kill_pod = true;
+                    return false;
                 }
+                Some(i) if i.state == ContainerState::Exited => {}
                 Some(i) => actions.kill_containers.push(kill(i, KillReason::Stuck)),
             }
             self.start_or_back_off(c, true, actions);

@@ -86,7 +86,11 @@ fn container_status(input: &Input, c: &Container, init: bool) -> ContainerStatus
         image_id: latest.map(|i| i.image_ref.clone()).unwrap_or_default(),
         container_id: latest.map(|i| format!("{}://{}", input.runtime_name, i.id)),
         restart_count: latest.map_or(0, |i| i.attempt as i32),
-        ready: if init { latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0) } else { is_running },
+        ready: if init {
+            latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
+        } else {
+            is_running
+        },
         started: Some(is_running),
         state: Some(state),
         last_state: last_state.or_else(|| Some(ApiState::default())),
@@ -213,7 +217,11 @@ fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatu
     let initialized = if initialized {
         cond(true, if phase == "Succeeded" { "PodCompleted" } else { "" }, "")
     } else {
-        cond(false, "ContainersNotInitialized", &format!("containers with incomplete status: [{}]", incomplete.join(" ")))
+        cond(
+            false,
+            "ContainersNotInitialized",
+            &format!("containers with incomplete status: [{}]", incomplete.join(" ")),
+        )
     };
     [
         ("PodReadyToStartContainers", cond(sandbox_ready, "", "")),
@@ -240,10 +248,8 @@ fn cond(status: bool, reason: &str, message: &str) -> Cond {
 
 fn condition(input: &Input, type_: &str, c: Cond) -> PodCondition {
     let status = if c.status { "True" } else { "False" }.to_string();
-    let previous = input
-        .previous
-        .and_then(|p| p.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|pc| pc.type_ == type_));
+    let previous =
+        input.previous.and_then(|p| p.conditions.as_ref()).and_then(|cs| cs.iter().find(|pc| pc.type_ == type_));
     let transition = match previous {
         Some(p) if p.status == status => p.last_transition_time.clone(),
         _ => Some(time(input.now)),

@@ -138,11 +138,7 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
 }
 
 fn envs(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Result<Vec<api::KeyValue>, String> {
-    c.env
-        .iter()
-        .flatten()
-        .map(|e| Ok(api::KeyValue { key: e.name.clone(), value: env_value(pod, e, ctx)? }))
-        .collect()
+    c.env.iter().flatten().map(|e| Ok(api::KeyValue { key: e.name.clone(), value: env_value(pod, e, ctx)? })).collect()
 }
 
 /// Literal values and the downward-API fields that need no API server.
@@ -192,7 +188,10 @@ mod tests {
                         EnvVar {
                             name: "POD".into(),
                             value_from: Some(EnvVarSource {
-                                field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
+                                field_ref: Some(ObjectFieldSelector {
+                                    field_path: "metadata.name".into(),
+                                    ..Default::default()
+                                }),
                                 ..Default::default()
                             }),
                             ..Default::default()

@@ -4,13 +4,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::future::join_all;
-use gantry_cri::{api, Cri, CriError};
+use gantry_cri::{Cri, CriError, api};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::config::{self, ContainerContext};
 use super::volumes;
-use crate::pod::spec::{self, PullPolicy};
 use crate::pod::ObservedPod;
+use crate::pod::spec::{self, PullPolicy};
 
 /// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,13 +58,16 @@ impl Driver {
     /// Creates the pod's sandbox (network namespace, pause container) and its log directory.
     pub async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, StartError> {
         let config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, attempt);
-        tokio::fs::create_dir_all(&config.log_directory)
-            .await
-            .map_err(|e| StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory)))?;
-        let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
-        let response = self.cri.runtime.run_pod_sandbox(request).await.map_err(|e| {
-            StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {e}"))
+        tokio::fs::create_dir_all(&config.log_directory).await.map_err(|e| {
+            StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory))
         })?;
+        let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        let response = self
+            .cri
+            .runtime
+            .run_pod_sandbox(request)
+            .await
+            .map_err(|e| StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {e}")))?;
         Ok(response.pod_sandbox_id)
     }
 
@@ -78,7 +81,9 @@ impl Driver {
         pod_ip: Option<&str>,
     ) -> Result<Started, StartError> {
         let pulled = self.ensure_image(c).await?;
-        let volumes = volumes::prepare(&self.root_dir, pod).await.map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let volumes = volumes::prepare(&self.root_dir, pod)
+            .await
+            .map_err(|m| StartError::new("CreateContainerConfigError", m))?;
         let mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
         let ctx = ContainerContext { node: &self.node, attempt, pod_ip, host_ip: None, mounts };
         let container_config =
@@ -112,7 +117,8 @@ impl Driver {
         let present = if policy == PullPolicy::Always {
             false
         } else {
-            let status = self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec.clone()), verbose: false });
+            let status =
+                self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec.clone()), verbose: false });
             status.await.map_err(|e| StartError::new("ImageInspectError", e.to_string()))?.image.is_some()
         };
         match (present, policy) {
@@ -123,7 +129,11 @@ impl Driver {
             )),
             (false, _) => {
                 let request = api::PullImageRequest { image: Some(spec), auth: None, sandbox_config: None };
-                self.cri.images.pull_image(request).await.map_err(|e| StartError::new("ErrImagePull", e.to_string()))?;
+                self.cri
+                    .images
+                    .pull_image(request)
+                    .await
+                    .map_err(|e| StartError::new("ErrImagePull", e.to_string()))?;
                 Ok(true)
             }
         }
@@ -160,7 +170,8 @@ impl Driver {
     }
 
     pub async fn remove_sandbox(&self, id: &str) -> Result<(), CriError> {
-        match self.cri.runtime.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() }).await {
+        match self.cri.runtime.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() }).await
+        {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
         }

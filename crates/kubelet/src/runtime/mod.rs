@@ -2,9 +2,9 @@
 //! runtime's answers back into [`crate::pod::ObservedPod`]s.
 
 pub mod config;
+mod driver;
 pub mod labels;
 pub mod observe;
-mod driver;
 mod volumes;
 
 pub use driver::{Driver, StartError, Started};

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use gantry_cri::{api, CriError, RuntimeClient};
+use gantry_cri::{CriError, RuntimeClient, api};
 
 use super::labels;
 use crate::pod::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
@@ -27,21 +27,19 @@ pub struct PodIdentity {
     pub grace_seconds: i64,
 }
 
+/// A sandbox's primary IP and any others (dual stack).
+type SandboxIps = (Option<String>, Vec<String>);
+
 pub struct Observer {
     runtime: RuntimeClient,
     node: String,
     containers: Mutex<HashMap<String, ContainerInfo>>,
-    sandbox_ips: Mutex<HashMap<String, (Option<String>, Vec<String>)>>,
+    sandbox_ips: Mutex<HashMap<String, SandboxIps>>,
 }
 
 impl Observer {
     pub fn new(runtime: RuntimeClient, node: &str) -> Self {
-        Observer {
-            runtime,
-            node: node.to_string(),
-            containers: Mutex::default(),
-            sandbox_ips: Mutex::default(),
-        }
+        Observer { runtime, node: node.to_string(), containers: Mutex::default(), sandbox_ips: Mutex::default() }
     }
 
     /// One pod's objects.
@@ -110,7 +108,7 @@ impl Observer {
         Ok(SandboxInfo { id: s.id, attempt, ready, created_at: s.created_at, ip, additional_ips })
     }
 
-    async fn sandbox_ips(&self, id: &str) -> Result<(Option<String>, Vec<String>), CriError> {
+    async fn sandbox_ips(&self, id: &str) -> Result<SandboxIps, CriError> {
         let request = api::PodSandboxStatusRequest { pod_sandbox_id: id.to_string(), verbose: false };
         let status = match self.runtime.pod_sandbox_status(request).await {
             Ok(resp) => resp.status,

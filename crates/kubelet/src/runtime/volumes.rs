@@ -46,9 +46,9 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, PathBuf>) -> Result<Vec<a
         .iter()
         .flatten()
         .map(|m| {
-            let host = volumes
-                .get(&m.name)
-                .ok_or_else(|| format!("container {:?}: volumeMount {:?} names no volume of the pod", c.name, m.name))?;
+            let host = volumes.get(&m.name).ok_or_else(|| {
+                format!("container {:?}: volumeMount {:?} names no volume of the pod", c.name, m.name)
+            })?;
             let host = match m.sub_path.as_deref() {
                 Some(sub) if !sub.is_empty() => host.join(sub),
                 _ => host.clone(),

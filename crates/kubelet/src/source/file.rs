@@ -133,7 +133,9 @@ pub async fn run(path: PathBuf, node: String, period: Duration, tx: mpsc::Sender
 
 fn watch(path: &Path, events: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        // Reading the manifests shows up as access events; reacting to those would relist
+        // forever.
+        if res.is_ok_and(|e| !e.kind.is_access()) {
             let _ = events.send(());
         }
     })
@@ -151,7 +153,8 @@ fn watch(path: &Path, events: mpsc::UnboundedSender<()>) -> Option<notify::Recom
 mod tests {
     use super::*;
 
-    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: NAME\nspec:\n  containers:\n  - name: c\n    image: busybox:1\n";
+    const POD: &str =
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: NAME\nspec:\n  containers:\n  - name: c\n    image: busybox:1\n";
 
     fn write(dir: &Path, file: &str, name: &str) {
         std::fs::write(dir.join(file), POD.replace("NAME", name)).unwrap();

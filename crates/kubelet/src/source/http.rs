@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
-use super::manifest::{self, ManifestError, MAX_MANIFEST_BYTES};
+use super::manifest::{self, MAX_MANIFEST_BYTES, ManifestError};
 use super::static_pod::{self, Origin};
 use super::{SourceKind, SourceUpdate};
 
@@ -87,10 +87,10 @@ pub async fn run(mut source: HttpSource, period: Duration, tx: mpsc::Sender<Sour
                 source.last_body.as_ref().is_some_and(Vec::is_empty).then(Vec::new)
             }
         };
-        if let Some(pods) = pods {
-            if tx.send(SourceUpdate { source: SourceKind::Http, pods }).await.is_err() {
-                return;
-            }
+        if let Some(pods) = pods
+            && tx.send(SourceUpdate { source: SourceKind::Http, pods }).await.is_err()
+        {
+            return;
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Decoding pod manifests (YAML or JSON) with errors that name the input and the field.
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::List;
+use k8s_openapi::api::core::v1::Pod;
 use serde::de::DeserializeOwned;
 
 /// A manifest that could not be turned into a pod.
@@ -82,7 +82,8 @@ mod tests {
 
     #[test]
     fn type_errors_name_the_file_and_field() {
-        let yaml = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    ports: nope\n";
+        let yaml =
+            b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    ports: nope\n";
         let err = parse_pod(yaml, "/etc/kubernetes/manifests/web.yaml").unwrap_err();
         assert_eq!(err.origin, "/etc/kubernetes/manifests/web.yaml");
         assert_eq!(err.field, "spec.containers[0].ports");

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use k8s_openapi::api::core::v1::{Pod, PodStatus, Toleration};
 use md5::{Digest, Md5};
 
-use super::manifest::ManifestError;
 use super::SourceKind;
+use super::manifest::ManifestError;
 
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
@@ -118,7 +118,11 @@ fn validate_containers(pod: &Pod, origin: &str) -> Result<(), ManifestError> {
         let index = if list == "spec.containers" { i - spec.init_containers.as_ref().map_or(0, Vec::len) } else { i };
         let field = |f: &str| format!("{list}[{index}]{f}");
         if !is_dns_label(&c.name) {
-            return Err(ManifestError::new(origin, field(".name"), format!("{:?} must be a lowercase RFC 1123 label", c.name)));
+            return Err(ManifestError::new(
+                origin,
+                field(".name"),
+                format!("{:?} must be a lowercase RFC 1123 label", c.name),
+            ));
         }
         if !names.insert(c.name.as_str()) {
             return Err(ManifestError::new(origin, field(".name"), format!("duplicate container name {:?}", c.name)));
@@ -129,7 +133,11 @@ fn validate_containers(pod: &Pod, origin: &str) -> Result<(), ManifestError> {
         for (j, e) in c.env.iter().flatten().enumerate() {
             let from = e.value_from.as_ref();
             if from.is_some_and(|f| f.config_map_key_ref.is_some() || f.secret_key_ref.is_some()) {
-                return Err(ManifestError::new(origin, field(&format!(".env[{j}].valueFrom")), forbidden(pod_name(pod), "ConfigMap or Secret")));
+                return Err(ManifestError::new(
+                    origin,
+                    field(&format!(".env[{j}].valueFrom")),
+                    forbidden(pod_name(pod), "ConfigMap or Secret"),
+                ));
             }
         }
         if c.env_from.as_ref().is_some_and(|e| !e.is_empty()) {

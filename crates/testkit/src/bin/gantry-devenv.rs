@@ -50,20 +50,14 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run_containerd(
-    dir: PathBuf,
-    image_cache: Option<PathBuf>,
-) -> Result<(), Box<dyn std::error::Error>> {
+async fn run_containerd(dir: PathBuf, image_cache: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(reason) = prereq::missing_prerequisite() {
         return Err(format!("cannot run containerd: {reason}").into());
     }
     // Subscribe before starting so an early signal is not lost.
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let options = ContainerdOptions {
-        dir: Some(dir),
-        image_cache,
-    };
+    let options = ContainerdOptions { dir: Some(dir), image_cache };
     let mut ctd = Containerd::start_with(options).await?;
     // stdout carries only the endpoint, so scripts can capture it.
     println!("{}", ctd.endpoint());

@@ -109,7 +109,13 @@ fn running_pod_needs_nothing() {
 
 #[test]
 fn exited_containers_restart_per_policy() {
-    let cases = [("Always", 0, true), ("Always", 1, true), ("OnFailure", 0, false), ("OnFailure", 2, true), ("Never", 1, false)];
+    let cases = [
+        ("Always", 0, true),
+        ("Always", 1, true),
+        ("OnFailure", 0, false),
+        ("OnFailure", 2, true),
+        ("Never", 1, false),
+    ];
     for (policy, exit, restarts) in cases {
         let p = pod(&[], &["a"], policy);
         let obs = ObservedPod {
@@ -140,7 +146,9 @@ fn restart_waits_for_backoff() {
     assert!(!actions.kill_pod, "a pod in backoff keeps its sandbox");
     assert_eq!(actions.back_off.len(), 1);
     assert_eq!(actions.next_wake(), Some(9 * SECOND));
-    assert!(actions.back_off[0].delay_message.starts_with("back-off 10s restarting failed container=a pod=p_default(u1)"));
+    assert!(
+        actions.back_off[0].delay_message.starts_with("back-off 10s restarting failed container=a pod=p_default(u1)")
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
-use crate::pod::{SandboxInfo, SECOND};
+use crate::pod::{SECOND, SandboxInfo};
 
 const NOW: Nanos = 10_000 * SECOND;
 
@@ -24,7 +24,14 @@ fn pod(init: &[&str], regular: &[&str], policy: &str) -> Pod {
 }
 
 fn sandbox() -> SandboxInfo {
-    SandboxInfo { id: "s".into(), attempt: 0, ready: true, created_at: 1, ip: Some("10.244.0.5".into()), additional_ips: vec![] }
+    SandboxInfo {
+        id: "s".into(),
+        attempt: 0,
+        ready: true,
+        created_at: 1,
+        ip: Some("10.244.0.5".into()),
+        additional_ips: vec![],
+    }
 }
 
 fn inst(name: &str, attempt: u32, state: ContainerState, exit: i32) -> ContainerInfo {
@@ -116,7 +123,8 @@ fn crash_looping_container_shows_backoff_and_last_state() {
 
 #[test]
 fn phases_of_finished_pods() {
-    let cases = [("Never", 0, "Succeeded"), ("Never", 1, "Failed"), ("OnFailure", 0, "Succeeded"), ("Always", 0, "Running")];
+    let cases =
+        [("Never", 0, "Succeeded"), ("Never", 1, "Failed"), ("OnFailure", 0, "Succeeded"), ("Always", 0, "Running")];
     for (policy, exit, phase) in cases {
         let p = pod(&[], &["a"], policy);
         let s = status_of(&p, vec![inst("a", 0, ContainerState::Exited, exit)], &HashMap::new());
@@ -138,7 +146,8 @@ fn failed_init_container_fails_a_never_pod() {
 fn condition_transition_time_is_kept_while_status_is_unchanged() {
     let p = pod(&[], &["a"], "Always");
     let first = status_of(&p, vec![inst("a", 0, ContainerState::Running, 0)], &HashMap::new());
-    let observed = ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
+    let observed =
+        ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
     let later = compute(&Input {
         pod: &p,
         observed: &observed,
@@ -158,7 +167,8 @@ fn qos_classes() {
     assert_eq!(qos_class(&p), "BestEffort");
     let q = |v: &str| Quantity(v.to_string());
     let limits = [("cpu".to_string(), q("1")), ("memory".to_string(), q("64Mi"))].into_iter().collect();
-    p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements { limits: Some(limits), ..Default::default() });
+    p.spec.as_mut().unwrap().containers[0].resources =
+        Some(ResourceRequirements { limits: Some(limits), ..Default::default() });
     assert_eq!(qos_class(&p), "Guaranteed");
     let requests = [("cpu".to_string(), q("500m"))].into_iter().collect();
     p.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap().requests = Some(requests);

@@ -52,7 +52,10 @@ fn invalid_pods_are_rejected_naming_the_field() {
         ("  restartPolicy: Sometimes\n", "spec.restartPolicy"),
         ("  volumes:\n  - name: cfg\n    configMap:\n      name: x\n", "spec.volumes[0]"),
         ("  volumes:\n  - name: data\n    nfs:\n      server: x\n      path: /\n", "spec.volumes[0]"),
-        ("    env:\n    - name: A\n      valueFrom:\n        secretKeyRef:\n          name: s\n          key: k\n", "spec.containers[0].env[0].valueFrom"),
+        (
+            "    env:\n    - name: A\n      valueFrom:\n        secretKeyRef:\n          name: s\n          key: k\n",
+            "spec.containers[0].env[0].valueFrom",
+        ),
     ];
     for (extra, field) in cases {
         let err = prepare(manifest(extra), &Origin::File("web.yaml"), "n").unwrap_err();
@@ -63,8 +66,9 @@ fn invalid_pods_are_rejected_naming_the_field() {
 
 #[test]
 fn forbidden_references_use_the_upstream_wording() {
-    let err = prepare(manifest("  volumes:\n  - name: s\n    secret:\n      secretName: x\n"), &Origin::File("w.yaml"), "n")
-        .unwrap_err();
+    let err =
+        prepare(manifest("  volumes:\n  - name: s\n    secret:\n      secretName: x\n"), &Origin::File("w.yaml"), "n")
+            .unwrap_err();
     assert!(err.reason.contains("has forbidden references to API objects"), "{err}");
 }
 

@@ -25,16 +25,19 @@ pub fn init() -> Logging {
 }
 
 impl Logging {
-    /// Applies klog verbosity: 0-3 info, 4-5 debug, 6+ trace (unless RUST_LOG decides).
+    /// Applies klog verbosity to Gantry's own crates: 0-3 info, 4-5 debug, 6+ trace; library
+    /// internals (gRPC, HTTP/2) stay at info up to -v=7 (unless RUST_LOG decides).
     pub fn set_verbosity(&self, v: u8) {
         if self.from_env {
             return;
         }
-        let level = match v {
+        let ours = match v {
             0..=3 => "info",
             4..=5 => "debug",
             _ => "trace",
         };
-        let _ = self.handle.modify(|f| *f = EnvFilter::new(level));
+        let libraries = if v >= 8 { "debug" } else { "info" };
+        let directives = format!("{libraries},gantry={ours},gantry_kubelet={ours},gantry_cri={ours}");
+        let _ = self.handle.modify(|f| *f = EnvFilter::new(directives));
     }
 }

@@ -102,3 +102,60 @@ fn age(now: Timestamp, then: Timestamp) -> String {
         _ => format!("{}h", secs / 3600),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn status(name: &str, ready: bool, waiting: Option<&str>) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            ready,
+            restart_count: 2,
+            state: Some(ContainerState {
+                waiting: waiting.map(|r| ContainerStateWaiting { reason: Some(r.into()), message: None }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn pod(init: Vec<ContainerStatus>, containers: Vec<ContainerStatus>) -> Pod {
+        Pod {
+            metadata: ObjectMeta { name: Some("web".into()), namespace: Some("default".into()), ..Default::default() },
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some("10.244.0.2".into()),
+                init_container_statuses: Some(init),
+                container_statuses: Some(containers),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn status_column_follows_kubectl() {
+        assert_eq!(display_status(&pod(vec![], vec![status("a", true, None)])), "Running");
+        assert_eq!(
+            display_status(&pod(vec![], vec![status("a", false, Some("CrashLoopBackOff"))])),
+            "CrashLoopBackOff"
+        );
+        assert_eq!(
+            display_status(&pod(vec![status("i", false, None)], vec![status("a", false, Some("PodInitializing"))])),
+            "Init:0/1"
+        );
+        assert_eq!(display_status(&pod(vec![status("i", false, Some("ErrImagePull"))], vec![])), "Init:ErrImagePull");
+    }
+
+    #[test]
+    fn table_lists_ready_restarts_and_ip() {
+        let text = table(&[pod(vec![], vec![status("a", true, None), status("b", false, None)])], Timestamp::now());
+        let row = text.lines().nth(1).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells, ["default", "web", "1/2", "Running", "4", "<none>", "10.244.0.2"]);
+    }
+}

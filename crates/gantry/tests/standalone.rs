@@ -246,3 +246,80 @@ mod common_http {
         addr
     }
 }
+
+#[tokio::test]
+async fn host_network_pods_share_the_node_network() {
+    let Some(env) = Env::start().await else { return };
+    env.write_manifest(
+        "host.yaml",
+        &pod_yaml("host", "readlink /proc/self/ns/net; sleep 3600", "  hostNetwork: true\n"),
+    );
+    let gantry = env.kubelet(&[]);
+    let name = static_name("host");
+    let pod = eventually("host-network pod Running", &gantry, || async { gantry.pod_in_phase(&name, "Running") }).await;
+    let uid = pod.metadata.uid.unwrap();
+    let log = env.pod_logs.join(format!("default_{name}_{uid}/main/0.log"));
+    let host_netns = std::fs::read_link("/proc/self/ns/net").unwrap().display().to_string();
+    let line = eventually("the pod's network namespace printed", &gantry, || async {
+        std::fs::read_to_string(&log).ok().filter(|text| text.contains("net:["))
+    })
+    .await;
+    assert!(line.trim_end().ends_with(&host_netns), "pod netns {line:?}, host netns {host_netns}");
+}
+
+#[tokio::test]
+async fn dead_containers_are_garbage_collected_keeping_the_newest() {
+    let Some(env) = Env::start().await else { return };
+    env.write_manifest("crash.yaml", &pod_yaml("crash", "exit 1", ""));
+    let gantry = env.kubelet(&[]);
+    let name = static_name("crash");
+    // Restarts happen at once, then after 10 s and 20 s; the collector runs every minute.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(150);
+    loop {
+        let containers: Vec<_> = env.containers().await.into_iter().filter(|c| c.pod == name).collect();
+        let newest = containers.iter().map(|c| c.attempt).max().unwrap_or(0);
+        if newest >= 2 && containers.len() == 1 {
+            assert_eq!(containers[0].attempt, newest, "the newest instance is kept");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "old instances never collected: {containers:?}\n{}",
+            common::tail(&gantry.log(), 40)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn separate_image_endpoint_is_validated() {
+    let Some(env) = Env::start().await else { return };
+    // A bare path is accepted (deprecated form) and may differ from the runtime endpoint.
+    let bare = env.ctd.socket_path().display().to_string();
+    env.write_manifest("img.yaml", &pod_yaml("img", "sleep 3600", ""));
+    let gantry = env.kubelet(&[&format!("--image-service-endpoint={bare}")]);
+    eventually("pod Running with the separate image endpoint", &gantry, || async {
+        gantry.pod_in_phase(&static_name("img"), "Running")
+    })
+    .await;
+    assert!(gantry.log().contains("deprecated"), "bare path warned about:\n{}", common::tail(&gantry.log(), 20));
+    drop(gantry);
+
+    let missing = env.ctd.dir().join("no-image.sock");
+    let mut gantry = env.kubelet(&[&format!("--image-service-endpoint=unix://{}", missing.display())]);
+    let deadline = std::time::Instant::now() + common::DEADLINE;
+    let status = loop {
+        if let Some(status) = gantry.try_exit() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "agent did not exit on a missing image endpoint");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    let log = gantry.log();
+    assert!(
+        log.contains(&missing.display().to_string()) && log.contains("is the runtime running?"),
+        "{}",
+        common::tail(&log, 10)
+    );
+}

@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::mpsc;
 
+use crate::cluster::ApiLink;
 use crate::config::Settings;
 use crate::pod::gc::{self, Removal};
 use crate::pod::{ObservedPod, spec};
@@ -50,6 +51,9 @@ pub struct Shared {
     pub statuses: Arc<StatusStore>,
     pub host_ip: Option<String>,
     pub pod_logs_dir: PathBuf,
+    /// Set in cluster mode: final pod deletion and events go to the API server.
+    pub api: Option<ApiLink>,
+    pub events: events::Recorder,
 }
 
 impl Shared {
@@ -73,7 +77,18 @@ impl Shared {
             statuses: Arc::new(StatusStore::default()),
             host_ip: None,
             pod_logs_dir: settings.pod_logs_dir.clone(),
+            api: None,
+            events: events::Recorder::default(),
         }))
+    }
+
+    /// The same, reporting to the API server through `client` (cluster mode).
+    pub fn with_api(self: Arc<Self>, client: kube::Client, node: &str, host_ip: Option<String>) -> Arc<Self> {
+        let mut shared = Arc::into_inner(self).expect("with_api is called before workers start");
+        shared.events = events::Recorder::to_api(client.clone(), node);
+        shared.api = Some(ApiLink { client });
+        shared.host_ip = host_ip;
+        Arc::new(shared)
     }
 }
 
@@ -104,6 +119,10 @@ pub struct Agent {
     done_rx: mpsc::UnboundedReceiver<String>,
     fingerprints: HashMap<String, u64>,
     last_gc: Instant,
+    /// Pods being deleted through the API whose termination already ran.
+    finished: std::collections::HashSet<String>,
+    /// The static pods, for the mirror pod manager.
+    statics: tokio::sync::watch::Sender<Vec<Pod>>,
 }
 
 impl Agent {
@@ -119,7 +138,14 @@ impl Agent {
             done_rx,
             fingerprints: HashMap::new(),
             last_gc: Instant::now(),
+            finished: Default::default(),
+            statics: tokio::sync::watch::Sender::new(Vec::new()),
         }
+    }
+
+    /// The static pods as they change (mirror pods follow them).
+    pub fn static_pods(&self) -> tokio::sync::watch::Receiver<Vec<Pod>> {
+        self.statics.subscribe()
     }
 
     /// Runs until the process ends. Pods keep running when it does.
@@ -145,13 +171,24 @@ impl Agent {
             tracing::error!("{message}");
         }
         self.desired = desired.pods;
+        let statics = self.desired.values().filter(|p| !crate::cluster::is_api_pod(p)).cloned().collect();
+        self.statics.send_replace(statics);
         self.reconcile();
     }
 
-    /// Starts workers for new pods, forwards spec changes, and terminates unwanted pods.
+    /// Starts workers for new pods, forwards spec changes, and terminates pods that are
+    /// unwanted or being deleted through the API.
     fn reconcile(&mut self) {
+        self.finished.retain(|uid| self.desired.contains_key(uid));
         for (uid, pod) in &self.desired {
-            match self.workers.get(uid) {
+            let deleting = pod.metadata.deletion_timestamp.is_some();
+            match self.workers.get_mut(uid) {
+                None if deleting => {
+                    if self.finished.insert(uid.clone()) {
+                        let handle = worker::spawn_terminator(pod.clone(), self.shared.clone(), self.done_tx.clone());
+                        self.workers.insert(uid.clone(), handle);
+                    }
+                }
                 None => {
                     tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "adding pod");
                     let handle = worker::spawn(pod.clone(), self.shared.clone(), self.done_tx.clone());
@@ -159,6 +196,12 @@ impl Agent {
                 }
                 Some(h) if !h.terminating => {
                     let _ = h.tx.send(worker::Msg::Update(Box::new(pod.clone())));
+                    if deleting {
+                        tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "pod is being deleted");
+                        h.terminating = true;
+                        self.finished.insert(uid.clone());
+                        let _ = h.tx.send(worker::Msg::Terminate);
+                    }
                 }
                 Some(_) => {} // restarts once the old incarnation is gone
             }

@@ -9,16 +9,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 use crate::pod::spec;
 
 pub const STATUS_FILE: &str = "pods.json";
 
-#[derive(Default)]
 pub struct StatusStore {
     pods: Mutex<BTreeMap<String, Pod>>,
-    changed: Notify,
+    /// Bumped on every change; each consumer (status file, API status sync) subscribes.
+    version: watch::Sender<u64>,
+}
+
+impl Default for StatusStore {
+    fn default() -> Self {
+        StatusStore { pods: Mutex::default(), version: watch::Sender::new(0) }
+    }
 }
 
 impl StatusStore {
@@ -34,13 +40,13 @@ impl StatusStore {
         record.status = Some(status);
         pods.insert(uid, record);
         drop(pods);
-        self.changed.notify_one();
+        self.version.send_modify(|v| *v += 1);
         true
     }
 
     pub fn remove(&self, uid: &str) {
         if self.pods.lock().unwrap().remove(uid).is_some() {
-            self.changed.notify_one();
+            self.version.send_modify(|v| *v += 1);
         }
     }
 
@@ -52,19 +58,23 @@ impl StatusStore {
         self.pods.lock().unwrap().values().cloned().collect()
     }
 
-    /// Waits until something changed since the last call.
-    pub async fn changed(&self) {
-        self.changed.notified().await;
+    /// A receiver that sees every change from now on.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
     }
 
     /// Keeps `<root-dir>/pods.json` up to date. Runs until the process ends.
     pub async fn write_file_forever(&self, root_dir: PathBuf) {
         let path = root_dir.join(STATUS_FILE);
+        let mut changes = self.subscribe();
         loop {
+            changes.borrow_and_update();
             if let Err(e) = write_pod_list(&path, &self.all()).await {
                 tracing::warn!(file = %path.display(), error = %e, "cannot write pod status file");
             }
-            self.changed().await;
+            if changes.changed().await.is_err() {
+                return;
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::sync::mpsc;
 
 use super::Shared;
-use super::events::{self, EventType};
+use super::events::EventType;
 use crate::pod::backoff::{self, Backoff};
 use crate::pod::plan::{self, KillReason, PodActions, Start};
 use crate::pod::status::{self, Waiting};
@@ -143,7 +143,7 @@ impl Worker {
         for b in &actions.back_off {
             let waiting = Waiting { reason: "CrashLoopBackOff".into(), message: b.delay_message.clone() };
             if self.waiting.get(&b.name) != Some(&waiting) {
-                events::record(
+                self.shared.events.record(
                     &self.pod,
                     Some(&b.name),
                     EventType::Warning,
@@ -171,7 +171,7 @@ impl Worker {
                 KillReason::SpecChanged => format!("Container {} definition changed, will be restarted", k.name),
                 KillReason::Stuck => format!("Stopping container {}", k.name),
             };
-            events::record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &why);
+            self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &why);
             if let Err(e) = driver.kill_container(&k.id, grace).await {
                 tracing::warn!(pod = %spec::full_name(&self.pod), container = %k.name, error = %e, "cannot stop container");
                 return false;
@@ -185,7 +185,7 @@ impl Worker {
 
     async fn create_sandbox(&mut self, attempt: u32) -> bool {
         if attempt > 0 {
-            events::record(
+            self.shared.events.record(
                 &self.pod,
                 None,
                 EventType::Normal,
@@ -199,7 +199,7 @@ impl Worker {
                 true
             }
             Err(e) => {
-                events::record(&self.pod, None, EventType::Warning, "FailedCreatePodSandBox", &e.message);
+                self.shared.events.record(&self.pod, None, EventType::Warning, "FailedCreatePodSandBox", &e.message);
                 false
             }
         }
@@ -227,8 +227,9 @@ impl Worker {
     }
 
     fn record_start(&mut self, s: &Start, image: &str, result: Result<Started, StartError>) -> bool {
-        let event =
-            |reason: &str, message: &str| events::record(&self.pod, Some(&s.name), EventType::Normal, reason, message);
+        let event = |reason: &str, message: &str| {
+            self.shared.events.record(&self.pod, Some(&s.name), EventType::Normal, reason, message)
+        };
         match result {
             Ok(started) => {
                 if started.pulled {
@@ -247,7 +248,7 @@ impl Worker {
                     "ErrImageNeverPull" | "ErrImagePull" => e.message.clone(),
                     _ => format!("Error: {}", e.message),
                 };
-                events::record(&self.pod, Some(&s.name), EventType::Warning, "Failed", &message);
+                self.shared.events.record(&self.pod, Some(&s.name), EventType::Warning, "Failed", &message);
                 self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
                 false
             }
@@ -256,7 +257,13 @@ impl Worker {
 
     fn killing_events<'a>(&self, names: impl Iterator<Item = &'a str>) {
         for name in names {
-            events::record(&self.pod, Some(name), EventType::Normal, "Killing", &format!("Stopping container {name}"));
+            self.shared.events.record(
+                &self.pod,
+                Some(name),
+                EventType::Normal,
+                "Killing",
+                &format!("Stopping container {name}"),
+            );
         }
     }
 
@@ -266,7 +273,9 @@ impl Worker {
         if self.start_time.is_none() && observed.current_sandbox().is_some() {
             self.start_time = observed.current_sandbox().map(|s| s.created_at);
         }
-        let previous = self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status);
+        // Before our first report, the API's view (if any) is the previous status.
+        let previous =
+            self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status).or_else(|| self.pod.status.clone());
         let status = status::compute(&status::Input {
             pod: &self.pod,
             observed,
@@ -301,6 +310,11 @@ impl Worker {
         }
         self.shared.statuses.remove(&uid);
         tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = %uid, "pod stopped and removed");
+        if let Some(api) = &self.shared.api
+            && crate::cluster::is_api_pod(&self.pod)
+        {
+            api.delete_pod(&self.pod).await;
+        }
     }
 
     async fn try_terminate(&self, grace: Duration) -> Result<(), gantry_cri::CriError> {

@@ -39,6 +39,18 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "featureGates",
     "runOnce",
     "maxPods",
+    "registerNode",
+    "registerWithTaints",
+    "kubeAPIQPS",
+    "kubeAPIBurst",
+    "nodeStatusUpdateFrequency",
+    "nodeStatusReportFrequency",
+    "nodeLeaseDurationSeconds",
+    "kubeReserved",
+    "systemReserved",
+    "evictionHard",
+    "port",
+    "podsPerCore",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field
@@ -69,6 +81,11 @@ pub struct KubeletConfiguration {
     pub max_pods: Option<i32>,
     /// Only `verbosity` is used.
     pub logging: Option<LoggingConfiguration>,
+    // Cluster mode (implemented, declared below in upstream order):
+    // port, nodeStatusUpdateFrequency, nodeStatusReportFrequency,
+    // nodeLeaseDurationSeconds, kubeAPIQPS, kubeAPIBurst, evictionHard,
+    // podsPerCore, systemReserved, kubeReserved, registerWithTaints,
+    // registerNode.
 
     // ---- accepted, not implemented yet ---------------------------------
     pub enable_server: Option<bool>,

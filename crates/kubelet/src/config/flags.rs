@@ -102,6 +102,54 @@ pub struct Flags {
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u8>,
 
+    /// IP address(es) of the node, comma separated (one IPv4 and/or one IPv6). If unset, the node name as an IP, a DNS lookup of the node name, or the default route's interface is used.
+    #[arg(long, value_name = "IP[,IP]", allow_hyphen_values = true)]
+    pub node_ip: Option<String>,
+
+    /// Labels to add when registering the node, comma separated `key=value` pairs; repeatable. Labels in the kubernetes.io and k8s.io namespaces must be ones the kubelet may set.
+    #[arg(long, value_name = "KEY=VALUE,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub node_labels: Vec<String>,
+
+    /// Register the node with the API server. (registerNode) [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub register_node: Option<bool>,
+
+    /// Taints to register the node with, comma separated `key=value:Effect`. (registerWithTaints)
+    #[arg(long, value_name = "KEY=VALUE:EFFECT,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub register_with_taints: Vec<String>,
+
+    /// Queries per second to the API server. (kubeAPIQPS) [default: 50]
+    #[arg(long, value_name = "QPS", allow_negative_numbers = true, value_parser = go_int32)]
+    pub kube_api_qps: Option<i32>,
+
+    /// Burst of queries to the API server. (kubeAPIBurst) [default: 100]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
+    pub kube_api_burst: Option<i32>,
+
+    /// How often the node status is computed and, when it changed, posted to the API server, e.g. 10s. (nodeStatusUpdateFrequency)
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub node_status_update_frequency: Option<GoDuration>,
+
+    /// Resources reserved for Kubernetes system daemons, e.g. cpu=200m,memory=500Mi,ephemeral-storage=1Gi,pid=1000; repeatable. (kubeReserved)
+    #[arg(long, value_name = "RESOURCE=QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub kube_reserved: Vec<String>,
+
+    /// Resources reserved for non-Kubernetes system daemons, e.g. cpu=200m,memory=500Mi; repeatable. (systemReserved)
+    #[arg(long, value_name = "RESOURCE=QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub system_reserved: Vec<String>,
+
+    /// Hard eviction thresholds, e.g. memory.available<1Gi,nodefs.available<10%; repeatable. Replaces the defaults. (evictionHard)
+    #[arg(long, value_name = "SIGNAL<QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub eviction_hard: Vec<String>,
+
+    /// Port of the kubelet server, reported in the node status. (port) [default: 10250]
+    #[arg(long, value_name = "PORT", allow_negative_numbers = true, value_parser = go_int32)]
+    pub port: Option<i32>,
+
+    /// Maximum number of pods per core; 0 disables the limit. (podsPerCore) [default: 0]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
+    pub pods_per_core: Option<i32>,
+
     #[command(flatten)]
     pub compat: CompatFlags,
 }
@@ -245,7 +293,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "enforce-node-allocatable",
     "event-burst",
     "event-qps",
-    "eviction-hard",
     "eviction-max-pod-grace-period",
     "eviction-minimum-reclaim",
     "eviction-pressure-transition-period",
@@ -261,10 +308,7 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "image-gc-low-threshold",
     "iptables-drop-bit",
     "iptables-masquerade-bit",
-    "kube-api-burst",
     "kube-api-content-type",
-    "kube-api-qps",
-    "kube-reserved",
     "kube-reserved-cgroup",
     "kubelet-cgroups",
     "lock-file",
@@ -278,20 +322,14 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "memory-manager-policy",
     "minimum-container-ttl-duration",
     "minimum-image-ttl-duration",
-    "node-ip",
-    "node-labels",
     "node-status-max-images",
-    "node-status-update-frequency",
     "oom-score-adj",
     "pod-cidr",
     "pod-infra-container-image",
     "pod-max-pids",
-    "pods-per-core",
-    "port",
     "provider-id",
     "qos-reserved",
     "read-only-port",
-    "register-with-taints",
     "registry-burst",
     "registry-qps",
     "reserved-cpus",
@@ -300,7 +338,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "runtime-cgroups",
     "streaming-connection-idle-timeout",
     "system-cgroups",
-    "system-reserved",
     "system-reserved-cgroup",
     "tls-cert-file",
     "tls-cipher-suites",
@@ -334,7 +371,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "log-text-split-stream",
     "make-iptables-util-chains",
     "protect-kernel-defaults",
-    "register-node",
     "register-schedulable",
     "rotate-certificates",
     "rotate-server-certificates",
@@ -760,11 +796,11 @@ mod tests {
         enum Cmd {
             Kubelet(Flags),
         }
-        let cli = Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--node-ip=1.2.3.4", "-v", "2"]).unwrap();
+        let cli = Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--cluster-dns=1.2.3.4", "-v", "2"]).unwrap();
         let Cmd::Kubelet(f) = cli.cmd;
         assert_eq!(f.max_pods, Some(4));
         assert_eq!(f.verbosity, Some(2));
-        assert_eq!(f.compat.unimplemented, vec!["--node-ip"]);
+        assert_eq!(f.compat.unimplemented, vec!["--cluster-dns"]);
 
         #[derive(Parser, Debug)]
         struct Flat {
@@ -779,23 +815,56 @@ mod tests {
     #[test]
     fn upstream_flags_are_accepted_and_recorded() {
         let f = ok(&[
-            "--node-ip=10.0.0.1",
-            "--register-node=false",
+            "--cluster-dns=10.0.0.1",
+            "--register-schedulable=false",
             "--fail-swap-on",
             "--oom-score-adj",
             "-999",
-            "--node-labels=a=b",
-            "--node-ip",
+            "--cluster-domain=cluster.local",
+            "--cluster-dns",
             "10.0.0.2",
             "--max-pods=5",
         ]);
         assert_eq!(f.max_pods, Some(5));
         assert_eq!(
             f.compat.unimplemented,
-            vec!["--node-ip", "--register-node", "--fail-swap-on", "--oom-score-adj", "--node-labels"]
+            vec!["--cluster-dns", "--register-schedulable", "--fail-swap-on", "--oom-score-adj", "--cluster-domain"]
         );
         let e = parse(&["--fail-swap-on=perhaps"]).unwrap_err();
         assert!(matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--fail-swap-on"), "{e:?}");
+    }
+
+    #[test]
+    fn cluster_flags() {
+        let f = ok(&[
+            "--node-ip=10.0.0.1,fd00::1",
+            "--node-labels=a=b",
+            "--node-labels",
+            "c=d",
+            "--register-node=false",
+            "--register-with-taints=k=v:NoSchedule",
+            "--kube-api-qps=20",
+            "--kube-api-burst",
+            "40",
+            "--node-status-update-frequency=4s",
+            "--kube-reserved=cpu=100m",
+            "--system-reserved=memory=1Gi",
+            "--eviction-hard=memory.available<200Mi",
+            "--port=10251",
+            "--pods-per-core=10",
+        ]);
+        assert_eq!(f.node_ip.as_deref(), Some("10.0.0.1,fd00::1"));
+        assert_eq!(f.node_labels, vec!["a=b", "c=d"]);
+        assert_eq!(f.register_node, Some(false));
+        assert_eq!(f.register_with_taints, vec!["k=v:NoSchedule"]);
+        assert_eq!((f.kube_api_qps, f.kube_api_burst), (Some(20), Some(40)));
+        assert_eq!(f.node_status_update_frequency, Some(GoDuration::from_secs(4)));
+        assert_eq!(f.kube_reserved, vec!["cpu=100m"]);
+        assert_eq!(f.system_reserved, vec!["memory=1Gi"]);
+        assert_eq!(f.eviction_hard, vec!["memory.available<200Mi"]);
+        assert_eq!((f.port, f.pods_per_core), (Some(10251), Some(10)));
+        assert!(f.compat.unimplemented.is_empty(), "{:?}", f.compat.unimplemented);
+        assert_eq!(ok(&["--register-node"]).register_node, Some(true));
     }
 
     #[test]

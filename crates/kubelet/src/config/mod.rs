@@ -13,15 +13,22 @@
 //! * [`resolve`] is the pure core, for tests and for a binary that parsed
 //!   [`Flags`] itself.
 
+mod cluster;
 mod duration;
 mod error;
 mod file;
 mod flags;
 mod gates;
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
+
+pub use cluster::{
+    DEFAULT_EVICTION_HARD, KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, Taint, is_kubelet_label, is_kubernetes_label,
+};
 
 pub use duration::{DurationError, GoDuration};
 pub use error::{ConfigError, Input};
@@ -37,6 +44,12 @@ pub const DEFAULT_HTTP_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
 pub const DEFAULT_SYNC_FREQUENCY: Duration = Duration::from_secs(60);
 pub const DEFAULT_RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_PODS: u32 = 110;
+pub const DEFAULT_KUBE_API_QPS: i32 = 50;
+pub const DEFAULT_KUBE_API_BURST: i32 = 100;
+pub const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
+pub const DEFAULT_NODE_STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(300);
+pub const DEFAULT_NODE_LEASE_DURATION_SECONDS: u32 = 40;
+pub const DEFAULT_PORT: u16 = 10250;
 
 /// The deprecation warning to log when RunOnce mode is used (with the
 /// LegacyNodeRunOnceMode gate enabled).
@@ -90,6 +103,45 @@ pub struct Settings {
     pub max_pods: u32,
     /// What `--config` pointed at.
     pub config_file: Option<PathBuf>,
+
+    // ---- cluster mode -------------------------------------------------
+    /// `--node-ip`: at most one address per family; empty = detect. An
+    /// unspecified address (`0.0.0.0`, `::`) means "detect, preferring this
+    /// family".
+    pub node_ips: Vec<IpAddr>,
+    /// `--node-labels`, validated as upstream does.
+    pub node_labels: BTreeMap<String, String>,
+    /// `--register-node` / `registerNode`, default true.
+    pub register_node: bool,
+    /// `--register-with-taints` / `registerWithTaints`.
+    pub register_with_taints: Vec<Taint>,
+    /// `--kube-api-qps` / `kubeAPIQPS`, default 50 (0 = client default 5).
+    pub kube_api_qps: i32,
+    /// `--kube-api-burst` / `kubeAPIBurst`, default 100 (0 = client default 10).
+    pub kube_api_burst: i32,
+    /// `--node-status-update-frequency` / `nodeStatusUpdateFrequency`, default 10s.
+    pub node_status_update_frequency: Duration,
+    /// `nodeStatusReportFrequency`, default 5m, or `nodeStatusUpdateFrequency`
+    /// when only that was set in the config file (upstream defaulting).
+    pub node_status_report_frequency: Duration,
+    /// `nodeLeaseDurationSeconds`, default 40.
+    pub node_lease_duration_seconds: u32,
+    /// `--kube-reserved` / `kubeReserved` (validated quantities).
+    pub kube_reserved: BTreeMap<String, String>,
+    /// `--system-reserved` / `systemReserved` (validated quantities).
+    pub system_reserved: BTreeMap<String, String>,
+    /// `--eviction-hard` / `evictionHard`: signal → threshold (`100Mi`,
+    /// `10%`); upstream's Linux defaults unless given.
+    pub eviction_hard: BTreeMap<String, String>,
+    /// `--port` / `port`, default 10250 (reported as the kubelet endpoint).
+    pub port: u16,
+    /// `--pods-per-core` / `podsPerCore`, default 0 (no per-core limit).
+    pub pods_per_core: u32,
+}
+
+/// The default `evictionHard` map.
+pub fn default_eviction_hard() -> BTreeMap<String, String> {
+    DEFAULT_EVICTION_HARD.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 impl Default for Settings {
@@ -115,6 +167,20 @@ impl Default for Settings {
             verbosity: 0,
             max_pods: DEFAULT_MAX_PODS,
             config_file: None,
+            node_ips: Vec::new(),
+            node_labels: BTreeMap::new(),
+            register_node: true,
+            register_with_taints: Vec::new(),
+            kube_api_qps: DEFAULT_KUBE_API_QPS,
+            kube_api_burst: DEFAULT_KUBE_API_BURST,
+            node_status_update_frequency: DEFAULT_NODE_STATUS_UPDATE_FREQUENCY,
+            node_status_report_frequency: DEFAULT_NODE_STATUS_REPORT_FREQUENCY,
+            node_lease_duration_seconds: DEFAULT_NODE_LEASE_DURATION_SECONDS,
+            kube_reserved: BTreeMap::new(),
+            system_reserved: BTreeMap::new(),
+            eviction_hard: default_eviction_hard(),
+            port: DEFAULT_PORT,
+            pods_per_core: 0,
         }
     }
 }
@@ -148,7 +214,9 @@ impl Settings {
             "nodeName={} hostname={} rootDir={} podLogsDir={} kubeconfig={} config={} staticPodPath={} staticPodURL={} \
              staticPodURLHeader={} fileCheckFrequency={} httpCheckFrequency={} syncFrequency={} \
              containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
-             verbosity={} featureGates={}",
+             verbosity={} featureGates={} nodeIP={} nodeLabels={} registerNode={} registerWithTaints={} \
+             kubeAPIQPS={} kubeAPIBurst={} nodeStatusUpdateFrequency={} nodeStatusReportFrequency={} \
+             nodeLeaseDurationSeconds={} kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={}",
             self.node_name,
             self.hostname,
             self.root_dir.display(),
@@ -168,6 +236,24 @@ impl Settings {
             self.max_pods,
             self.verbosity,
             self.feature_gates,
+            if self.node_ips.is_empty() {
+                "<detect>".to_string()
+            } else {
+                self.node_ips.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(",")
+            },
+            map_summary(&self.node_labels, "="),
+            self.register_node,
+            self.register_with_taints.iter().map(Taint::to_string).collect::<Vec<_>>().join(","),
+            self.kube_api_qps,
+            self.kube_api_burst,
+            duration::format_std(self.node_status_update_frequency),
+            duration::format_std(self.node_status_report_frequency),
+            self.node_lease_duration_seconds,
+            map_summary(&self.kube_reserved, "="),
+            map_summary(&self.system_reserved, "="),
+            map_summary(&self.eviction_hard, "<"),
+            self.port,
+            self.pods_per_core,
         )
     }
 
@@ -212,8 +298,28 @@ impl fmt::Debug for Settings {
             .field("verbosity", &self.verbosity)
             .field("max_pods", &self.max_pods)
             .field("config_file", &self.config_file)
+            .field("node_ips", &self.node_ips)
+            .field("node_labels", &self.node_labels)
+            .field("register_node", &self.register_node)
+            .field("register_with_taints", &self.register_with_taints)
+            .field("kube_api_qps", &self.kube_api_qps)
+            .field("kube_api_burst", &self.kube_api_burst)
+            .field("node_status_update_frequency", &self.node_status_update_frequency)
+            .field("node_status_report_frequency", &self.node_status_report_frequency)
+            .field("node_lease_duration_seconds", &self.node_lease_duration_seconds)
+            .field("kube_reserved", &self.kube_reserved)
+            .field("system_reserved", &self.system_reserved)
+            .field("eviction_hard", &self.eviction_hard)
+            .field("port", &self.port)
+            .field("pods_per_core", &self.pods_per_core)
             .finish()
     }
+}
+
+/// `{a=1,b=2}` for the startup summary.
+fn map_summary(map: &BTreeMap<String, String>, separator: &str) -> String {
+    let parts: Vec<String> = map.iter().map(|(k, v)| format!("{k}{separator}{v}")).collect();
+    format!("{{{}}}", parts.join(","))
 }
 
 /// `http://user:secret@host/x` → `http://user:<masked>@host/x`.
@@ -413,7 +519,116 @@ fn apply_file(
         s.verbosity = u8::try_from(v)
             .map_err(|_| invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255")))?;
     }
+    apply_file_cluster(s, c, &invalid)
+}
+
+/// The cluster-mode fields of the config file, with upstream's defaulting
+/// (zero means default) and validation messages.
+fn apply_file_cluster(
+    s: &mut Settings,
+    c: &file::KubeletConfiguration,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if let Some(register) = c.register_node {
+        s.register_node = register;
+    }
+    if let Some(taints) = &c.register_with_taints {
+        let mut out = Vec::with_capacity(taints.len());
+        for (i, t) in taints.iter().enumerate() {
+            if t.time_added.is_some() {
+                return Err(invalid(
+                    &format!("registerWithTaints[{i}].timeAdded"),
+                    "timeAdded must not be set on a taint to register with".to_string(),
+                ));
+            }
+            let taint = cluster::check_taint(
+                t.key.as_deref().unwrap_or_default(),
+                t.value.as_deref().unwrap_or_default(),
+                t.effect.as_deref().unwrap_or_default(),
+            )
+            .map_err(|reason| invalid(&format!("registerWithTaints[{i}]"), reason))?;
+            out.push(taint);
+        }
+        s.register_with_taints = out;
+    }
+    if let Some(qps) = c.kube_api_qps {
+        if qps < 0 {
+            return Err(invalid(
+                "kubeAPIQPS",
+                format!("invalid configuration: kubeAPIQPS (--kube-api-qps) {qps} must not be a negative number"),
+            ));
+        }
+        s.kube_api_qps = qps;
+    }
+    match c.kube_api_burst {
+        Some(b) if b < 0 => {
+            return Err(invalid(
+                "kubeAPIBurst",
+                format!("invalid configuration: kubeAPIBurst (--kube-api-burst) {b} must not be a negative number"),
+            ));
+        }
+        Some(0) | None => {}
+        Some(b) => s.kube_api_burst = b,
+    }
+    let positive = |field: &str, d: &GoDuration| -> Result<Duration, ConfigError> {
+        d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| invalid(field, format!("{d} must be a positive duration")))
+    };
+    let update = c.node_status_update_frequency.filter(|d| !d.is_zero());
+    if let Some(d) = &update {
+        s.node_status_update_frequency = positive("nodeStatusUpdateFrequency", d)?;
+    }
+    match c.node_status_report_frequency.filter(|d| !d.is_zero()) {
+        Some(d) => s.node_status_report_frequency = positive("nodeStatusReportFrequency", &d)?,
+        // Upstream: for backward compatibility the report frequency follows an
+        // explicitly set update frequency.
+        None if update.is_some() => s.node_status_report_frequency = s.node_status_update_frequency,
+        None => {}
+    }
+    match c.node_lease_duration_seconds {
+        Some(n) if n < 0 => {
+            return Err(invalid(
+                "nodeLeaseDurationSeconds",
+                "invalid configuration: nodeLeaseDurationSeconds must be greater than 0".to_string(),
+            ));
+        }
+        Some(0) | None => {}
+        Some(n) => s.node_lease_duration_seconds = n as u32,
+    }
+    for (field, value, target) in [
+        ("kubeReserved", &c.kube_reserved, &mut s.kube_reserved),
+        ("systemReserved", &c.system_reserved, &mut s.system_reserved),
+    ] {
+        if let Some(map) = value {
+            cluster::check_reserved(map).map_err(|reason| invalid(field, reason))?;
+            *target = map.clone();
+        }
+    }
+    if let Some(map) = &c.eviction_hard {
+        cluster::check_eviction(map).map_err(|reason| invalid("evictionHard", reason))?;
+        s.eviction_hard = map.clone();
+    }
+    match c.port {
+        Some(0) | None => {}
+        Some(p) => s.port = check_port(p).map_err(|reason| invalid("port", reason))?,
+    }
+    match c.pods_per_core {
+        Some(n) if n < 0 => {
+            return Err(invalid(
+                "podsPerCore",
+                format!("invalid configuration: podsPerCore (--pods-per-core) {n} must not be a negative number"),
+            ));
+        }
+        Some(n) => s.pods_per_core = n as u32,
+        None => {}
+    }
     Ok(())
+}
+
+fn check_port(p: i32) -> Result<u16, String> {
+    u16::try_from(p)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("invalid configuration: port (--port) {p} must be between 1 and 65535, inclusive"))
 }
 
 fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>) -> Result<(), ConfigError> {
@@ -513,6 +728,96 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     }
     if let Some(v) = f.verbosity {
         s.verbosity = v;
+    }
+    apply_flags_cluster(s, f, &invalid)
+}
+
+fn apply_flags_cluster(
+    s: &mut Settings,
+    f: &Flags,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    if let Some(value) = &f.node_ip {
+        let (ips, ignored) =
+            cluster::parse_node_ips(value).map_err(|e| invalid("--node-ip", format!("bad --node-ip {value:?}: {e}")))?;
+        if !ignored.is_empty() {
+            tracing::warn!(ips = ?ignored, "could not parse some node IP(s) given with --node-ip, ignoring them");
+        }
+        s.node_ips = ips;
+    }
+    if !f.node_labels.is_empty() {
+        let mut labels = BTreeMap::new();
+        for value in &f.node_labels {
+            labels.extend(
+                cluster::parse_key_value_list(value, '=').map_err(|reason| invalid("--node-labels", reason))?,
+            );
+        }
+        cluster::validate_node_labels(&labels).map_err(|reason| invalid("--node-labels", reason))?;
+        s.node_labels = labels;
+    }
+    if let Some(register) = f.register_node {
+        s.register_node = register;
+    }
+    // Each --register-with-taints replaces the list, as upstream.
+    if let Some(value) = f.register_with_taints.last() {
+        s.register_with_taints =
+            cluster::parse_taints(value).map_err(|reason| invalid("--register-with-taints", reason))?;
+    }
+    if let Some(qps) = f.kube_api_qps {
+        if qps < 0 {
+            return Err(invalid(
+                "--kube-api-qps",
+                format!("invalid configuration: kubeAPIQPS (--kube-api-qps) {qps} must not be a negative number"),
+            ));
+        }
+        s.kube_api_qps = qps;
+    }
+    if let Some(burst) = f.kube_api_burst {
+        if burst < 0 {
+            return Err(invalid(
+                "--kube-api-burst",
+                format!("invalid configuration: kubeAPIBurst (--kube-api-burst) {burst} must not be a negative number"),
+            ));
+        }
+        s.kube_api_burst = burst;
+    }
+    if let Some(d) = f.node_status_update_frequency {
+        s.node_status_update_frequency = d
+            .to_std()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| invalid("--node-status-update-frequency", format!("{d} must be greater than zero")))?;
+    }
+    for (flag, values, target) in [
+        ("--kube-reserved", &f.kube_reserved, &mut s.kube_reserved),
+        ("--system-reserved", &f.system_reserved, &mut s.system_reserved),
+    ] {
+        if !values.is_empty() {
+            let mut map = BTreeMap::new();
+            for value in values {
+                map.extend(cluster::parse_key_value_list(value, '=').map_err(|reason| invalid(flag, reason))?);
+            }
+            cluster::check_reserved(&map).map_err(|reason| invalid(flag, reason))?;
+            *target = map;
+        }
+    }
+    if !f.eviction_hard.is_empty() {
+        let mut map = BTreeMap::new();
+        for value in &f.eviction_hard {
+            map.extend(cluster::parse_key_value_list(value, '<').map_err(|reason| invalid("--eviction-hard", reason))?);
+        }
+        cluster::check_eviction(&map).map_err(|reason| invalid("--eviction-hard", reason))?;
+        s.eviction_hard = map;
+    }
+    if let Some(p) = f.port {
+        s.port = check_port(p).map_err(|reason| invalid("--port", reason))?;
+    }
+    if let Some(n) = f.pods_per_core {
+        s.pods_per_core = u32::try_from(n).map_err(|_| {
+            invalid(
+                "--pods-per-core",
+                format!("invalid configuration: podsPerCore (--pods-per-core) {n} must not be a negative number"),
+            )
+        })?;
     }
     Ok(())
 }

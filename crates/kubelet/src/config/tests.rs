@@ -476,3 +476,164 @@ fn never_panics_on_odd_input() {
         let _ = Flags::parse_args(args).map(|f| resolve(f, None, "h"));
     }
 }
+
+#[test]
+fn cluster_defaults() {
+    let s = ok(&[], None);
+    assert!(s.node_ips.is_empty());
+    assert!(s.node_labels.is_empty());
+    assert!(s.register_node);
+    assert!(s.register_with_taints.is_empty());
+    assert_eq!((s.kube_api_qps, s.kube_api_burst), (50, 100));
+    assert_eq!(s.node_status_update_frequency, Duration::from_secs(10));
+    assert_eq!(s.node_status_report_frequency, Duration::from_secs(300));
+    assert_eq!(s.node_lease_duration_seconds, 40);
+    assert!(s.kube_reserved.is_empty() && s.system_reserved.is_empty());
+    assert_eq!(
+        s.eviction_hard.iter().map(|(k, v)| format!("{k}<{v}")).collect::<Vec<_>>(),
+        vec!["imagefs.available<15%", "memory.available<100Mi", "nodefs.available<10%", "nodefs.inodesFree<5%"]
+    );
+    assert_eq!(s.port, 10250);
+    assert_eq!(s.pods_per_core, 0);
+}
+
+const CLUSTER_FILE: &str = "registerNode: false
+registerWithTaints:
+- {key: dedicated, value: infra, effect: NoSchedule}
+- {key: example.com/maint, effect: NoExecute}
+kubeAPIQPS: 7
+kubeAPIBurst: 9
+nodeStatusUpdateFrequency: 4s
+nodeLeaseDurationSeconds: 12
+kubeReserved: {cpu: 100m, memory: 100Mi}
+systemReserved: {memory: 1Gi}
+evictionHard: {memory.available: 1Gi}
+port: 11250
+podsPerCore: 3
+";
+
+#[test]
+fn cluster_settings_from_the_file() {
+    let s = ok(&[], Some(CLUSTER_FILE));
+    assert!(!s.register_node);
+    assert_eq!(
+        s.register_with_taints.iter().map(Taint::to_string).collect::<Vec<_>>(),
+        vec!["dedicated=infra:NoSchedule", "example.com/maint:NoExecute"]
+    );
+    assert_eq!((s.kube_api_qps, s.kube_api_burst), (7, 9));
+    assert_eq!(s.node_status_update_frequency, Duration::from_secs(4));
+    // Only the update frequency was set: the report frequency follows it.
+    assert_eq!(s.node_status_report_frequency, Duration::from_secs(4));
+    assert_eq!(s.node_lease_duration_seconds, 12);
+    assert_eq!(s.kube_reserved.get("cpu").map(String::as_str), Some("100m"));
+    assert_eq!(s.system_reserved.get("memory").map(String::as_str), Some("1Gi"));
+    // Given thresholds replace the defaults.
+    assert_eq!(s.eviction_hard.len(), 1);
+    assert_eq!(s.port, 11250);
+    assert_eq!(s.pods_per_core, 3);
+}
+
+#[test]
+fn report_frequency_defaulting_follows_upstream() {
+    assert_eq!(ok(&[], Some("nodeStatusUpdateFrequency: 0s\n")).node_status_report_frequency, Duration::from_secs(300));
+    let s = ok(&[], Some("nodeStatusUpdateFrequency: 20s\nnodeStatusReportFrequency: 1m\n"));
+    assert_eq!((s.node_status_update_frequency, s.node_status_report_frequency), (
+        Duration::from_secs(20),
+        Duration::from_secs(60)
+    ));
+    // A flag is applied after the file's defaulting, as upstream: the report
+    // frequency stays at its default.
+    let s = ok(&["--node-status-update-frequency=3s"], None);
+    assert_eq!((s.node_status_update_frequency, s.node_status_report_frequency), (
+        Duration::from_secs(3),
+        Duration::from_secs(300)
+    ));
+    let e = err(&["--node-status-update-frequency=0s"], None);
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--node-status-update-frequency"), "{e}");
+    let e = err(&[], Some("nodeStatusReportFrequency: -1m\n"));
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "nodeStatusReportFrequency"), "{e}");
+}
+
+#[test]
+fn cluster_flags_override_the_file() {
+    let s = ok(
+        &[
+            "--register-node=true",
+            "--register-with-taints=a=b:NoSchedule",
+            "--kube-api-qps=1",
+            "--kube-api-burst=2",
+            "--kube-reserved=cpu=1",
+            "--system-reserved=cpu=2,memory=2Gi",
+            "--eviction-hard=nodefs.available<5%,memory.available<50Mi",
+            "--port=12000",
+            "--pods-per-core=0",
+        ],
+        Some(CLUSTER_FILE),
+    );
+    assert!(s.register_node);
+    assert_eq!(s.register_with_taints.len(), 1);
+    assert_eq!((s.kube_api_qps, s.kube_api_burst), (1, 2));
+    assert_eq!(s.kube_reserved.len(), 1);
+    assert_eq!(s.system_reserved.len(), 2);
+    assert_eq!(s.eviction_hard.get("nodefs.available").map(String::as_str), Some("5%"));
+    assert_eq!(s.port, 12000);
+    assert_eq!(s.pods_per_core, 0);
+    // The last --register-with-taints wins; an empty one clears the file's.
+    let s = ok(&["--register-with-taints=a:NoSchedule", "--register-with-taints="], Some(CLUSTER_FILE));
+    assert!(s.register_with_taints.is_empty());
+}
+
+#[test]
+fn node_ip_and_labels_flags() {
+    let s = ok(&["--node-ip=10.1.2.3, fd00::3", "--node-labels=a=1,b=2", "--node-labels=b=3"], None);
+    assert_eq!(s.node_ips, vec!["10.1.2.3".parse::<IpAddr>().unwrap(), "fd00::3".parse::<IpAddr>().unwrap()]);
+    assert_eq!(s.node_labels.get("b").map(String::as_str), Some("3"));
+    assert_eq!(s.node_labels.len(), 2);
+    let e = err(&["--node-ip=10.0.0.1,10.0.0.2"], None);
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--node-ip"), "{e}");
+    assert!(e.to_string().contains("must contain either a single IP or a dual-stack pair of IPs"), "{e}");
+
+    let e = err(&["--node-labels=node-role.kubernetes.io/master="], None);
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--node-labels"), "{e}");
+    assert!(
+        e.to_string().contains(
+            "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [node-role.kubernetes.io/master]"
+        ),
+        "{e}"
+    );
+    ok(&["--node-labels=node.kubernetes.io/exclude-from-external-load-balancers=true"], None);
+    let e = err(&["--node-labels=novalue"], None);
+    assert!(e.to_string().contains("malformed pair"), "{e}");
+}
+
+#[test]
+fn cluster_values_are_validated_with_upstream_messages() {
+    let e = err(&[], Some("nodeLeaseDurationSeconds: -1\n"));
+    assert!(e.to_string().contains("invalid configuration: nodeLeaseDurationSeconds must be greater than 0"), "{e}");
+    assert_eq!(ok(&[], Some("nodeLeaseDurationSeconds: 0\n")).node_lease_duration_seconds, 40);
+    let e = err(&["--kube-api-qps=-1"], None);
+    assert!(e.to_string().contains("kubeAPIQPS (--kube-api-qps) -1 must not be a negative number"), "{e}");
+    let e = err(&[], Some("kubeAPIBurst: -5\n"));
+    assert!(e.to_string().contains("kubeAPIBurst (--kube-api-burst) -5 must not be a negative number"), "{e}");
+    assert_eq!(ok(&[], Some("kubeAPIQPS: 0\nkubeAPIBurst: 0\n")).kube_api_qps, 0);
+    assert_eq!(ok(&[], Some("kubeAPIBurst: 0\n")).kube_api_burst, 100);
+    let e = err(&["--port=70000"], None);
+    assert!(e.to_string().contains("port (--port) 70000 must be between 1 and 65535, inclusive"), "{e}");
+    assert_eq!(ok(&[], Some("port: 0\n")).port, 10250);
+    let e = err(&["--pods-per-core=-2"], None);
+    assert!(e.to_string().contains("podsPerCore (--pods-per-core) -2 must not be a negative number"), "{e}");
+    let e = err(&[], Some("registerWithTaints: [{key: a, effect: Sometimes}]\n"));
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "registerWithTaints[0]"), "{e}");
+    let e = err(&[], Some("registerWithTaints: [{key: a}]\n"));
+    assert!(e.to_string().contains("effect is required"), "{e}");
+    let e = err(&["--register-with-taints=a=b"], None);
+    assert!(e.to_string().contains("invalid taint spec: a=b"), "{e}");
+    let e = err(&[], Some("kubeReserved: {gpu: \"1\"}\n"));
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "kubeReserved"), "{e}");
+    let e = err(&["--system-reserved=memory=-1"], None);
+    assert!(e.to_string().contains("cannot be negative"), "{e}");
+    let e = err(&["--eviction-hard=memory.available<0"], None);
+    assert!(e.to_string().contains("must be positive"), "{e}");
+    let e = err(&[], Some("evictionHard: {disk.available: 1Gi}\n"));
+    assert!(e.to_string().contains("unsupported eviction signal disk.available"), "{e}");
+}

@@ -62,13 +62,14 @@ fn default_pull_policy(image: &str) -> PullPolicy {
     }
 }
 
-/// Grace period for stopping the pod's containers, clamped to the upstream minimum of 2 s.
+/// Grace period for stopping the pod's containers: the smaller of the deletion's and the
+/// spec's, clamped to the upstream minimum of 2 s.
 pub fn termination_grace_seconds(pod: &Pod) -> i64 {
-    let requested = pod
-        .metadata
-        .deletion_grace_period_seconds
-        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
-        .unwrap_or(30);
+    let from_spec = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+    let requested = match pod.metadata.deletion_grace_period_seconds {
+        Some(deletion) => deletion.min(from_spec),
+        None => from_spec,
+    };
     requested.max(MIN_GRACE_SECONDS)
 }
 
@@ -156,6 +157,8 @@ mod tests {
         assert_eq!(termination_grace_seconds(&pod), 15);
         pod.metadata.deletion_grace_period_seconds = Some(5);
         assert_eq!(termination_grace_seconds(&pod), 5);
+        pod.metadata.deletion_grace_period_seconds = Some(60);
+        assert_eq!(termination_grace_seconds(&pod), 15, "the smaller of deletion and spec");
         pod.spec = None;
         pod.metadata.deletion_grace_period_seconds = None;
         assert_eq!(termination_grace_seconds(&pod), 30);

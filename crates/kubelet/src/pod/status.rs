@@ -223,7 +223,7 @@ fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatu
             &format!("containers with incomplete status: [{}]", incomplete.join(" ")),
         )
     };
-    [
+    let mut conditions: Vec<PodCondition> = [
         ("PodReadyToStartContainers", cond(sandbox_ready, "", "")),
         ("Initialized", initialized),
         ("Ready", containers_ready.clone()),
@@ -232,7 +232,16 @@ fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatu
     ]
     .into_iter()
     .map(|(type_, c)| condition(input, type_, c))
-    .collect()
+    .collect();
+    conditions.extend(foreign_conditions(input.pod));
+    conditions
+}
+
+/// Conditions others set on the pod (e.g. `DisruptionTarget`, readiness gates) are kept.
+fn foreign_conditions(pod: &Pod) -> impl Iterator<Item = PodCondition> + '_ {
+    const OWNED: [&str; 5] = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
+    let existing = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    existing.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned()
 }
 
 #[derive(Clone)]

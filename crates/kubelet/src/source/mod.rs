@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 pub enum SourceKind {
     File,
     Http,
+    /// Pods bound to this node in the API server.
+    Api,
 }
 
 impl SourceKind {
@@ -21,6 +23,7 @@ impl SourceKind {
         match self {
             SourceKind::File => "file",
             SourceKind::Http => "http",
+            SourceKind::Api => "api",
         }
     }
 }

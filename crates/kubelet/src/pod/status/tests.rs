@@ -174,3 +174,19 @@ fn qos_classes() {
     p.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap().requests = Some(requests);
     assert_eq!(qos_class(&p), "Burstable");
 }
+
+#[test]
+fn conditions_owned_by_others_are_kept() {
+    let mut p = pod(&[], &["a"], "Always");
+    p.status = Some(PodStatus {
+        conditions: Some(vec![
+            PodCondition { type_: "DisruptionTarget".into(), status: "True".into(), ..Default::default() },
+            PodCondition { type_: "Ready".into(), status: "False".into(), ..Default::default() },
+        ]),
+        ..Default::default()
+    });
+    let s = status_of(&p, vec![inst("a", 0, ContainerState::Running, 0)], &HashMap::new());
+    assert_eq!(condition(&s, "DisruptionTarget").status, "True");
+    assert_eq!(condition(&s, "Ready").status, "True", "our own conditions are recomputed");
+    assert_eq!(s.conditions.unwrap().iter().filter(|c| c.type_ == "Ready").count(), 1);
+}

@@ -1,0 +1,1 @@
+//! In-process test API server (under construction).

@@ -1,0 +1,306 @@
+//! The object store: every object as JSON, one global resourceVersion counter, and a bounded
+//! history of change events that watches resume from.
+//!
+//! All reads-modify-writes happen under one mutex ([`Store::lock`]), so each write and its
+//! watch event get the next resourceVersion in the order they happen. Watchers are woken
+//! through a `tokio::sync::watch` channel carrying the latest resourceVersion.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::resources::Registry;
+
+/// (namespace, name); the namespace is empty for cluster-scoped objects.
+pub type ObjKey = (String, String);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as kept in the history.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub rv: u64,
+    pub storage: String,
+    pub kind: EventType,
+    /// The object after the change (for deletions: its last state, at the deletion's RV).
+    pub object: Arc<Value>,
+    /// The object before the change (None for additions).
+    pub prev: Option<Arc<Value>>,
+}
+
+/// How many changes the history keeps before older resourceVersions expire.
+pub const DEFAULT_HISTORY: usize = 10_000;
+
+pub struct StoreInner {
+    rv: u64,
+    /// Watches may resume from any RV >= this; older ones are "too old" (410).
+    oldest: u64,
+    objects: HashMap<String, BTreeMap<ObjKey, Arc<Value>>>,
+    history: VecDeque<Change>,
+    history_limit: usize,
+    pub registry: Registry,
+}
+
+impl StoreInner {
+    pub fn new(registry: Registry, history_limit: usize) -> StoreInner {
+        StoreInner { rv: 1, oldest: 1, objects: HashMap::new(), history: VecDeque::new(), history_limit, registry }
+    }
+
+    pub fn current_rv(&self) -> u64 {
+        self.rv
+    }
+
+    pub fn oldest_rv(&self) -> u64 {
+        self.oldest
+    }
+
+    pub fn get(&self, storage: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.objects.get(storage)?.get(&(ns.to_string(), name.to_string())).cloned()
+    }
+
+    /// Objects of one storage, optionally in one namespace, in (namespace, name) order.
+    pub fn list(&self, storage: &str, ns: Option<&str>) -> Vec<Arc<Value>> {
+        let Some(objects) = self.objects.get(storage) else { return Vec::new() };
+        match ns {
+            Some(ns) => objects
+                .range((ns.to_string(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            None => objects.values().cloned().collect(),
+        }
+    }
+
+    /// Whether any object of any storage lives in namespace `ns`.
+    pub fn namespace_has_objects(&self, ns: &str) -> bool {
+        self.objects.values().any(|m| m.range((ns.to_string(), String::new())..).next().is_some_and(|((n, _), _)| n == ns))
+    }
+
+    /// Storages that have objects in namespace `ns`.
+    pub fn storages_in_namespace(&self, ns: &str) -> Vec<String> {
+        self.objects
+            .iter()
+            .filter(|(_, m)| m.range((ns.to_string(), String::new())..).next().is_some_and(|((n, _), _)| n == ns))
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn key_of(obj: &Value) -> ObjKey {
+        let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+        (s("/metadata/namespace"), s("/metadata/name"))
+    }
+
+    /// Stores `obj` (new or replacing), stamping the next resourceVersion.
+    pub fn put(&mut self, storage: &str, mut obj: Value) -> Arc<Value> {
+        let rv = self.next_rv();
+        obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+        let obj = Arc::new(obj);
+        let key = Self::key_of(&obj);
+        let prev = self.objects.entry(storage.to_string()).or_default().insert(key, obj.clone());
+        let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
+        self.record(Change { rv, storage: storage.to_string(), kind, object: obj.clone(), prev });
+        obj
+    }
+
+    /// Removes an object; the DELETED event carries its last state at a new resourceVersion.
+    pub fn remove(&mut self, storage: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
+        let prev = self.objects.get_mut(storage)?.remove(&(ns.to_string(), name.to_string()))?;
+        let rv = self.next_rv();
+        let mut last = (*prev).clone();
+        last["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+        let last = Arc::new(last);
+        self.record(Change { rv, storage: storage.to_string(), kind: EventType::Deleted, object: last.clone(), prev: Some(prev) });
+        Some(last)
+    }
+
+    fn record(&mut self, change: Change) {
+        self.history.push_back(change);
+        while self.history.len() > self.history_limit {
+            if let Some(dropped) = self.history.pop_front() {
+                self.oldest = dropped.rv;
+            }
+        }
+    }
+
+    /// Forgets all history: only the current resourceVersion can be resumed from.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.oldest = self.rv;
+    }
+
+    /// Changes after `rv`, or Err(oldest) when `rv` is older than the history.
+    pub fn changes_since(&self, rv: u64) -> Result<impl Iterator<Item = &Change>, u64> {
+        if rv < self.oldest {
+            return Err(self.oldest);
+        }
+        let start = self.history.partition_point(|c| c.rv <= rv);
+        Ok(self.history.range(start..))
+    }
+
+    /// The objects of `storage` as they were at `rv`, rebuilt by undoing later changes.
+    pub fn snapshot_at(&self, storage: &str, rv: u64) -> Result<BTreeMap<ObjKey, Arc<Value>>, u64> {
+        if rv < self.oldest {
+            return Err(self.oldest);
+        }
+        let mut objects = self.objects.get(storage).cloned().unwrap_or_default();
+        for change in self.history.iter().rev().take_while(|c| c.rv > rv) {
+            if change.storage != storage {
+                continue;
+            }
+            let key = Self::key_of(&change.object);
+            match &change.prev {
+                Some(prev) => objects.insert(key, prev.clone()),
+                None => objects.remove(&key),
+            };
+        }
+        Ok(objects)
+    }
+}
+
+/// The shared store.
+pub struct Store {
+    inner: Mutex<StoreInner>,
+    latest: watch::Sender<u64>,
+}
+
+impl Store {
+    pub fn new(inner: StoreInner) -> Store {
+        let (latest, _) = watch::channel(inner.rv);
+        Store { inner: Mutex::new(inner), latest }
+    }
+
+    /// Locks the store; when the guard drops after writes, watchers are woken.
+    pub fn lock(&self) -> Txn<'_> {
+        let guard = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let start_rv = guard.rv;
+        Txn { guard, latest: &self.latest, start_rv }
+    }
+
+    /// A receiver that sees every new latest resourceVersion.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.latest.subscribe()
+    }
+}
+
+pub struct Txn<'a> {
+    guard: MutexGuard<'a, StoreInner>,
+    latest: &'a watch::Sender<u64>,
+    start_rv: u64,
+}
+
+impl Deref for Txn<'_> {
+    type Target = StoreInner;
+    fn deref(&self) -> &StoreInner {
+        &self.guard
+    }
+}
+
+impl DerefMut for Txn<'_> {
+    fn deref_mut(&mut self) -> &mut StoreInner {
+        &mut self.guard
+    }
+}
+
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        if self.guard.rv != self.start_rv {
+            self.latest.send_replace(self.guard.rv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn obj(ns: &str, name: &str, v: i64) -> Value {
+        json!({"metadata": {"namespace": ns, "name": name}, "v": v})
+    }
+
+    #[test]
+    fn rv_increases_and_history_resumes() {
+        let mut s = StoreInner::new(Registry::default(), 100);
+        let start = s.current_rv();
+        s.put("pods", obj("a", "x", 1));
+        s.put("pods", obj("a", "x", 2));
+        s.remove("pods", "a", "x");
+        let kinds: Vec<_> = s.changes_since(start).unwrap().map(|c| c.kind).collect();
+        assert_eq!(kinds, vec![EventType::Added, EventType::Modified, EventType::Deleted]);
+        assert_eq!(s.current_rv(), start + 3);
+        assert_eq!(s.changes_since(start + 2).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn compaction_expires_old_versions() {
+        let mut s = StoreInner::new(Registry::default(), 100);
+        s.put("pods", obj("a", "x", 1));
+        let before = s.current_rv();
+        s.put("pods", obj("a", "x", 2));
+        s.compact();
+        assert_eq!(s.changes_since(before).err(), Some(s.current_rv()));
+        assert!(s.changes_since(s.current_rv()).is_ok());
+    }
+
+    #[test]
+    fn bounded_history() {
+        let mut s = StoreInner::new(Registry::default(), 2);
+        let start = s.current_rv();
+        for i in 0..5 {
+            s.put("pods", obj("a", "x", i));
+        }
+        assert!(s.changes_since(start).is_err());
+        assert_eq!(s.changes_since(s.current_rv() - 2).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn snapshots_undo_later_changes() {
+        let mut s = StoreInner::new(Registry::default(), 100);
+        s.put("pods", obj("a", "x", 1));
+        s.put("pods", obj("a", "y", 1));
+        let at = s.current_rv();
+        s.put("pods", obj("a", "x", 2));
+        s.remove("pods", "a", "y");
+        s.put("pods", obj("a", "z", 1));
+        let snap = s.snapshot_at("pods", at).unwrap();
+        let names: Vec<_> = snap.keys().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(names, vec!["x", "y"]);
+        assert_eq!(snap[&("a".into(), "x".into())]["v"], 1);
+    }
+
+    #[test]
+    fn list_by_namespace() {
+        let mut s = StoreInner::new(Registry::default(), 100);
+        s.put("pods", obj("a", "x", 1));
+        s.put("pods", obj("b", "y", 1));
+        s.put("pods", obj("ab", "z", 1));
+        assert_eq!(s.list("pods", Some("a")).len(), 1);
+        assert_eq!(s.list("pods", None).len(), 3);
+        assert!(s.namespace_has_objects("b"));
+        assert!(!s.namespace_has_objects("c"));
+    }
+}

@@ -4,7 +4,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use gantry_kubelet::agent::{self, Agent, AgentError, Shared, runonce};
+use gantry_kubelet::cluster::{mirror, pod_source, status_sync};
 use gantry_kubelet::config::{self, ConfigError, RUNONCE_DEPRECATION, Settings};
+use gantry_kubelet::node;
+use gantry_kubelet::source::SourceKind;
 
 use crate::logging;
 
@@ -40,30 +43,74 @@ pub fn main(args: &[String]) -> ExitCode {
 
 async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     tracing::info!(node = %settings.node_name, "starting gantry kubelet: {}", settings.redacted_summary());
-    if settings.kubeconfig.is_some() {
-        bail!("--kubeconfig was given, but cluster mode is not implemented yet; run without it for standalone mode");
-    }
     tokio::fs::create_dir_all(&settings.root_dir)
         .await
         .with_context(|| format!("cannot create --root-dir {}", settings.root_dir.display()))?;
     let shared = Shared::connect(&settings).await?;
-    let (kinds, updates) = agent::start_sources(&settings);
+    let mut sources = agent::start_sources(&settings);
     if settings.run_once {
-        return run_once(shared, kinds.is_empty(), updates).await;
+        return run_once(shared, sources.kinds.is_empty(), sources.rx).await;
     }
-    if kinds.is_empty() {
-        tracing::warn!("no static pod source is configured (--pod-manifest-path or --manifest-url); running no pods");
+    let cluster = match settings.kubeconfig {
+        Some(_) => Some(join_cluster(&settings, &shared, &mut sources).await?),
+        None => None,
+    };
+    let shared = match &cluster {
+        Some(c) => {
+            shared.with_api(c.client.clone(), &settings.node_name, settings.node_ips.first().map(|ip| ip.to_string()))
+        }
+        None => shared,
+    };
+    if sources.kinds.is_empty() {
+        tracing::warn!(
+            "no pod source is configured (--kubeconfig, --pod-manifest-path or --manifest-url); running no pods"
+        );
     }
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();
     tokio::spawn(async move { statuses.write_file_forever(root_dir).await });
+    let agent = Agent::new(shared.clone(), sources.kinds.clone());
+    if let Some(c) = cluster {
+        c.spawn_pod_side(&settings, &shared, agent.static_pods());
+    }
+    drop(sources.tx);
     tokio::select! {
-        () = Agent::new(shared, kinds).run(updates) => {}
+        () = agent.run(sources.rx) => {}
         signal = shutdown_signal() => {
             tracing::info!(signal, "shutting down; running pods keep running");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Cluster mode: the node side (registration, status, lease) and the API pod source.
+struct Cluster {
+    client: kube::Client,
+    node_uid: tokio::sync::watch::Receiver<Option<String>>,
+    mirrors: tokio::sync::watch::Receiver<Vec<k8s_openapi::api::core::v1::Pod>>,
+}
+
+async fn join_cluster(settings: &Settings, shared: &Shared, sources: &mut agent::Sources) -> anyhow::Result<Cluster> {
+    let node = node::start(settings, shared.driver.cri().clone()).await?;
+    let client = node.clients.client.clone();
+    let (mirrors_tx, mirrors) = tokio::sync::watch::channel(Vec::new());
+    sources.kinds.push(SourceKind::Api);
+    tokio::spawn(pod_source::run(client.clone(), settings.node_name.clone(), sources.tx.clone(), mirrors_tx));
+    Ok(Cluster { client, node_uid: node.node_uid, mirrors })
+}
+
+impl Cluster {
+    /// Mirror pods for static pods and pod status reporting.
+    fn spawn_pod_side(
+        self,
+        settings: &Settings,
+        shared: &Shared,
+        statics: tokio::sync::watch::Receiver<Vec<k8s_openapi::api::core::v1::Pod>>,
+    ) {
+        let node = settings.node_name.clone();
+        tokio::spawn(mirror::run(self.client.clone(), node, self.node_uid, statics, self.mirrors.clone()));
+        tokio::spawn(status_sync::run(self.client, shared.statuses.clone(), self.mirrors));
+    }
 }
 
 async fn run_once(

@@ -161,7 +161,16 @@ fn builtins() -> Vec<Builtin> {
         b("apps", "v1", "replicasets", "ReplicaSet", true, &["rs"], &[Status], &[]),
         b("apps", "v1", "statefulsets", "StatefulSet", true, &["sts"], &[Status], &[]),
         b("events.k8s.io", "v1", "events", "Event", true, &["ev"], &[], &[]),
-        b("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], &[Status], &[]),
+        b(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+            &[Status],
+            &[],
+        ),
         b("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", false, &[], &[], &[]),
         b("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", false, &[], &[], &[]),
         b("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", false, &[], &[], &[]),
@@ -227,10 +236,6 @@ impl Registry {
         self.types.values().find(|t| t.group == group && t.plural == plural).cloned()
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<ResourceType>> {
-        self.types.values()
-    }
-
     /// Group names in discovery order, excluding the core group.
     pub fn groups(&self) -> Vec<String> {
         let mut groups: Vec<String> = BUILTIN_GROUP_ORDER.iter().map(|s| s.to_string()).collect();
@@ -244,7 +249,8 @@ impl Registry {
 
     /// Served versions of a group, preferred (storage) version first.
     pub fn versions(&self, group: &str) -> Vec<String> {
-        let mut versions: Vec<String> = self.types.values().filter(|t| t.group == group).map(|t| t.version.clone()).collect();
+        let mut versions: Vec<String> =
+            self.types.values().filter(|t| t.group == group).map(|t| t.version.clone()).collect();
         versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
         versions.dedup();
         versions
@@ -332,7 +338,8 @@ pub struct CrdSpec {
 impl CrdSpec {
     pub fn parse(crd: &Value) -> Result<CrdSpec, ApiError> {
         let name = crd.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
-        let invalid = |errs: Vec<FieldError>| ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, errs);
+        let invalid =
+            |errs: Vec<FieldError>| ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, errs);
         let s = |p: &str| crd.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
         let strings = |p: &str| -> Vec<String> {
             crd.pointer(p)
@@ -354,11 +361,19 @@ impl CrdSpec {
             errs.push(FieldError::required("spec.names.kind", ""));
         }
         if !group.is_empty() && !plural.is_empty() && name != format!("{plural}.{group}") {
-            errs.push(FieldError::invalid("metadata.name", &Value::String(name.into()), "must be spec.names.plural+\".\"+spec.group"));
+            errs.push(FieldError::invalid(
+                "metadata.name",
+                &Value::String(name.into()),
+                "must be spec.names.plural+\".\"+spec.group",
+            ));
         }
         let scope = s("/spec/scope");
         if scope != "Namespaced" && scope != "Cluster" {
-            errs.push(FieldError::invalid("spec.scope", &Value::String(scope.clone()), "should be either Cluster or Namespaced"));
+            errs.push(FieldError::invalid(
+                "spec.scope",
+                &Value::String(scope.clone()),
+                "should be either Cluster or Namespaced",
+            ));
         }
         let versions: Vec<CrdVersion> = crd
             .pointer("/spec/versions")
@@ -380,7 +395,11 @@ impl CrdSpec {
             })
             .collect();
         if versions.is_empty() {
-            errs.push(FieldError::invalid("spec.versions", &Value::Null, "must have exactly one version marked as storage version"));
+            errs.push(FieldError::invalid(
+                "spec.versions",
+                &Value::Null,
+                "must have exactly one version marked as storage version",
+            ));
         }
         if !errs.is_empty() {
             return Err(invalid(errs));

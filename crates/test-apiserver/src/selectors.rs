@@ -245,7 +245,9 @@ impl Parser {
             Some(Tok::Gt) | Some(Tok::Lt) => {
                 let gt = self.next() == Some(Tok::Gt);
                 let v = self.ident("integer value")?;
-                let n = v.parse::<i64>().map_err(|_| format!("for 'Gt', 'Lt' operators, the value must be an integer: {v}"))?;
+                let n = v
+                    .parse::<i64>()
+                    .map_err(|_| format!("for 'Gt', 'Lt' operators, the value must be an integer: {v}"))?;
                 if gt { LabelOp::Gt(n) } else { LabelOp::Lt(n) }
             }
             Some(Tok::Ident(word)) if word == "in" || word == "notin" => {
@@ -315,17 +317,10 @@ impl FieldSelector {
         Ok(FieldSelector { requirements })
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.requirements.is_empty()
-    }
-
     /// The name in a `metadata.name=X` term: upstream authorizes such a list/watch as a
     /// request for the single object X.
     pub fn single_name(&self) -> Option<&str> {
-        self.requirements
-            .iter()
-            .find(|r| r.equals && r.field == "metadata.name")
-            .map(|r| r.value.as_str())
+        self.requirements.iter().find(|r| r.equals && r.field == "metadata.name").map(|r| r.value.as_str())
     }
 
     /// The value of an equality term on `field`.
@@ -374,7 +369,9 @@ fn unescape(s: &str) -> Result<String, String> {
         if c == '\\' {
             match chars.next() {
                 Some(e @ ('\\' | ',' | '=')) => out.push(e),
-                other => return Err(format!("invalid escape sequence: \\{}", other.map(String::from).unwrap_or_default())),
+                other => {
+                    return Err(format!("invalid escape sequence: \\{}", other.map(String::from).unwrap_or_default()));
+                }
             }
         } else {
             out.push(c);

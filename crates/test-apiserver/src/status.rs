@@ -27,11 +27,7 @@ impl GroupResource {
     }
 
     pub fn qualified(&self) -> String {
-        if self.group.is_empty() {
-            self.resource.clone()
-        } else {
-            format!("{}.{}", self.resource, self.group)
-        }
+        if self.group.is_empty() { self.resource.clone() } else { format!("{}.{}", self.resource, self.group) }
     }
 
     fn details(&self, name: &str) -> Value {
@@ -54,11 +50,7 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn required(field: &str, detail: &str) -> Self {
-        let detail = if detail.is_empty() {
-            "Required value".to_string()
-        } else {
-            format!("Required value: {detail}")
-        };
+        let detail = if detail.is_empty() { "Required value".to_string() } else { format!("Required value: {detail}") };
         FieldError { field: field.into(), reason: "FieldValueRequired", detail }
     }
 
@@ -128,10 +120,8 @@ impl ApiError {
             [one] => one.message(),
             many => format!("[{}]", many.iter().map(FieldError::message).collect::<Vec<_>>().join(", ")),
         };
-        let causes: Vec<Value> = errors
-            .iter()
-            .map(|e| json!({"reason": e.reason, "message": e.detail, "field": e.field}))
-            .collect();
+        let causes: Vec<Value> =
+            errors.iter().map(|e| json!({"reason": e.reason, "message": e.detail, "field": e.field})).collect();
         let mut details = json!({"name": name, "kind": kind, "causes": causes});
         if !group.is_empty() {
             details["group"] = json!(group);
@@ -236,7 +226,12 @@ mod tests {
 
     #[test]
     fn invalid_formats_causes() {
-        let e = ApiError::invalid("Pod", "", "", vec![FieldError::required("metadata.name", "name or generateName is required")]);
+        let e = ApiError::invalid(
+            "Pod",
+            "",
+            "",
+            vec![FieldError::required("metadata.name", "name or generateName is required")],
+        );
         assert_eq!(e.message, "Pod \"\" is invalid: metadata.name: Required value: name or generateName is required");
         assert_eq!(e.code, 422);
     }

@@ -24,16 +24,6 @@ pub enum EventType {
     Deleted,
 }
 
-impl EventType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Added => "ADDED",
-            EventType::Modified => "MODIFIED",
-            EventType::Deleted => "DELETED",
-        }
-    }
-}
-
 /// One change, as kept in the history.
 #[derive(Debug, Clone)]
 pub struct Change {
@@ -57,19 +47,25 @@ pub struct StoreInner {
     history: VecDeque<Change>,
     history_limit: usize,
     pub registry: Registry,
+    /// The cluster CA, published in every namespace as kube-root-ca.crt.
+    pub ca_pem: String,
 }
 
 impl StoreInner {
     pub fn new(registry: Registry, history_limit: usize) -> StoreInner {
-        StoreInner { rv: 1, oldest: 1, objects: HashMap::new(), history: VecDeque::new(), history_limit, registry }
+        StoreInner {
+            rv: 1,
+            oldest: 1,
+            objects: HashMap::new(),
+            history: VecDeque::new(),
+            history_limit,
+            registry,
+            ca_pem: String::new(),
+        }
     }
 
     pub fn current_rv(&self) -> u64 {
         self.rv
-    }
-
-    pub fn oldest_rv(&self) -> u64 {
-        self.oldest
     }
 
     pub fn get(&self, storage: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
@@ -91,7 +87,9 @@ impl StoreInner {
 
     /// Whether any object of any storage lives in namespace `ns`.
     pub fn namespace_has_objects(&self, ns: &str) -> bool {
-        self.objects.values().any(|m| m.range((ns.to_string(), String::new())..).next().is_some_and(|((n, _), _)| n == ns))
+        self.objects
+            .values()
+            .any(|m| m.range((ns.to_string(), String::new())..).next().is_some_and(|((n, _), _)| n == ns))
     }
 
     /// Storages that have objects in namespace `ns`.
@@ -132,7 +130,13 @@ impl StoreInner {
         let mut last = (*prev).clone();
         last["metadata"]["resourceVersion"] = Value::String(rv.to_string());
         let last = Arc::new(last);
-        self.record(Change { rv, storage: storage.to_string(), kind: EventType::Deleted, object: last.clone(), prev: Some(prev) });
+        self.record(Change {
+            rv,
+            storage: storage.to_string(),
+            kind: EventType::Deleted,
+            object: last.clone(),
+            prev: Some(prev),
+        });
         Some(last)
     }
 

@@ -92,8 +92,15 @@ impl Shared {
     }
 }
 
-/// Starts the configured static pod sources; returns their kinds and the update channel.
-pub fn start_sources(settings: &Settings) -> (Vec<SourceKind>, mpsc::Receiver<SourceUpdate>) {
+/// The pod sources feeding one agent.
+pub struct Sources {
+    pub kinds: Vec<SourceKind>,
+    pub tx: mpsc::Sender<SourceUpdate>,
+    pub rx: mpsc::Receiver<SourceUpdate>,
+}
+
+/// Starts the configured static pod sources.
+pub fn start_sources(settings: &Settings) -> Sources {
     let (tx, rx) = mpsc::channel(16);
     let mut kinds = Vec::new();
     if let Some(path) = &settings.static_pod_path {
@@ -103,9 +110,9 @@ pub fn start_sources(settings: &Settings) -> (Vec<SourceKind>, mpsc::Receiver<So
     if let Some(url) = &settings.static_pod_url {
         kinds.push(SourceKind::Http);
         let source = http::HttpSource::new(url.clone(), settings.static_pod_url_header.clone(), &settings.node_name);
-        tokio::spawn(http::run(source, settings.http_check_frequency, tx));
+        tokio::spawn(http::run(source, settings.http_check_frequency, tx.clone()));
     }
-    (kinds, rx)
+    Sources { kinds, tx, rx }
 }
 
 /// The long-running agent.

@@ -125,9 +125,10 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     let path = settings.kubeconfig.clone().ok_or(ApiError::NoKubeconfig)?;
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| kubeconfig_error(&path, e))?;
     let user = current_user(&kubeconfig);
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| kubeconfig_error(&path, e))?;
+    trim_token_file(&mut config, &path)?;
     let server = config.cluster_url.to_string().trim_end_matches('/').to_string();
     let invalid = |e: kube::Error| ApiError::InvalidKubeconfig { path: path.clone(), reason: error_chain(&e) };
 
@@ -139,6 +140,35 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     };
     let heartbeat = ClientBuilder::try_from(config).map_err(invalid)?.build();
     Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path })
+}
+
+/// client-go trims the whitespace around a `tokenFile`'s token (files
+/// written with `echo` end with a newline); kube sends it as is, which is
+/// not a valid header. Such a token is read here, trimmed, and used inline
+/// (so it is not re-read when the file changes; token files without
+/// surrounding whitespace, such as projected service account tokens, keep
+/// kube's periodic re-reading).
+fn trim_token_file(config: &mut kube::Config, kubeconfig: &Path) -> Result<(), ApiError> {
+    let auth = &mut config.auth_info;
+    let Some(file) = auth.token_file.clone().filter(|_| auth.token.is_none()) else {
+        return Ok(());
+    };
+    let raw = std::fs::read_to_string(&file).map_err(|e| ApiError::InvalidKubeconfig {
+        path: kubeconfig.to_path_buf(),
+        reason: format!("cannot read tokenFile {file}: {e}"),
+    })?;
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(ApiError::InvalidKubeconfig {
+            path: kubeconfig.to_path_buf(),
+            reason: format!("tokenFile {file} is empty"),
+        });
+    }
+    if token.len() != raw.len() {
+        auth.token = Some(secrecy::SecretString::from(token.to_string()));
+        auth.token_file = None;
+    }
+    Ok(())
 }
 
 /// The token bucket for `kubeAPIQPS`/`kubeAPIBurst` as client-go applies
@@ -220,13 +250,31 @@ pub fn classify(err: &kube::Error, ctx: &CheckContext) -> Option<ApiError> {
         kube::Error::InferKubeconfig(e) => {
             Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(e) })
         }
+        other if auth_error(other).is_some() => {
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(other) })
+        }
         other => Some(ApiError::Unreachable { url, kubeconfig, reason: error_chain(other) }),
     }
 }
 
+/// A credential problem found while sending (bad token file, exec plugin
+/// failure, ...), wrapped in a service error.
+fn auth_error(e: &kube::Error) -> Option<&kube::client::AuthError> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(auth) = s.downcast_ref::<kube::client::AuthError>() {
+            return Some(auth);
+        }
+        source = s.source();
+    }
+    None
+}
+
 fn kubeconfig_error(path: &Path, e: KubeconfigError) -> ApiError {
     match e {
-        KubeconfigError::ReadConfig(io, _) => ApiError::ReadKubeconfig { path: path.to_path_buf(), reason: io.to_string() },
+        KubeconfigError::ReadConfig(io, _) => {
+            ApiError::ReadKubeconfig { path: path.to_path_buf(), reason: io.to_string() }
+        }
         other => ApiError::InvalidKubeconfig { path: path.to_path_buf(), reason: error_chain(&other) },
     }
 }

@@ -94,6 +94,14 @@ fn error_chain_skips_repeats() {
     assert_eq!(error_chain(&e), "outer: root cause");
 }
 
+/// `connect`'s error (kube's `Client` is not `Debug`).
+async fn connect_err(settings: &Settings) -> ApiError {
+    match connect(settings).await {
+        Ok(_) => panic!("connect should fail"),
+        Err(e) => e,
+    }
+}
+
 fn settings_with(kubeconfig: &Path) -> Settings {
     Settings { node_name: "n1".into(), kubeconfig: Some(kubeconfig.to_path_buf()), ..Settings::default() }
 }
@@ -116,17 +124,17 @@ async fn kubeconfig_problems_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
 
     let missing = dir.path().join("nope.conf");
-    let e = connect(&settings_with(&missing)).await.unwrap_err();
+    let e = connect_err(&settings_with(&missing)).await;
     assert!(matches!(e, ApiError::ReadKubeconfig { .. }), "{e:?}");
     assert!(e.to_string().contains("nope.conf"), "{e}");
 
     let garbage = write(dir.path(), "garbage.conf", "clusters: [unclosed\n");
-    let e = connect(&settings_with(&garbage)).await.unwrap_err();
+    let e = connect_err(&settings_with(&garbage)).await;
     assert!(matches!(e, ApiError::InvalidKubeconfig { .. }), "{e:?}");
     assert!(e.to_string().contains("garbage.conf"), "{e}");
 
     let no_context = write(dir.path(), "nocontext.conf", "apiVersion: v1\nkind: Config\nclusters: []\n");
-    let e = connect(&settings_with(&no_context)).await.unwrap_err();
+    let e = connect_err(&settings_with(&no_context)).await;
     assert!(e.to_string().contains("current context"), "{e}");
 
     let missing_cert = write(
@@ -137,11 +145,11 @@ async fn kubeconfig_problems_name_the_file() {
             "    client-certificate: /nonexistent/kubelet.crt\n    client-key: /nonexistent/kubelet.key\n",
         ),
     );
-    let e = connect(&settings_with(&missing_cert)).await.unwrap_err();
+    let e = connect_err(&settings_with(&missing_cert)).await;
     assert!(matches!(e, ApiError::InvalidKubeconfig { .. }), "{e:?}");
     assert!(e.to_string().contains("/nonexistent/kubelet.crt"), "{e}");
 
-    let e = connect(&Settings::default()).await.unwrap_err();
+    let e = connect_err(&Settings::default()).await;
     assert!(matches!(e, ApiError::NoKubeconfig), "{e:?}");
 }
 
@@ -154,14 +162,17 @@ async fn unreachable_server_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let path = write(dir.path(), "k.conf", &kubeconfig_text(&url, "    token: abc\n"));
-    let e = connect(&settings_with(&path)).await.unwrap_err();
+    let e = connect_err(&settings_with(&path)).await;
     assert!(matches!(e, ApiError::Unreachable { .. }), "{e:?}");
     assert!(e.to_string().contains(&url), "{e}");
 }
 
 /// Answers every request with `status` and `body`; returns the URL and the
 /// Authorization headers it saw.
-async fn canned_server(status: &'static str, body: &'static str) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+async fn canned_server(
+    status: &'static str,
+    body: &'static str,
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -196,7 +207,7 @@ async fn rejected_token_fails_with_unauthorized() {
     let dir = tempfile::tempdir().unwrap();
     let token = write(dir.path(), "token", "file-token\n");
     let path = write(dir.path(), "k.conf", &kubeconfig_text(&url, &format!("    tokenFile: {}\n", token.display())));
-    let e = connect(&settings_with(&path)).await.unwrap_err();
+    let e = connect_err(&settings_with(&path)).await;
     assert!(matches!(e, ApiError::Unauthorized { .. }), "{e:?}");
     assert!(e.to_string().contains("\"node-user\"") && e.to_string().contains("k.conf"), "{e}");
     // The token file was read and sent.
@@ -223,6 +234,6 @@ async fn a_web_server_is_not_kubernetes() {
     let (url, _auth) = canned_server("404 Not Found", "404 page not found").await;
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "k.conf", &kubeconfig_text(&url, "    token: t\n"));
-    let e = connect(&settings_with(&path)).await.unwrap_err();
+    let e = connect_err(&settings_with(&path)).await;
     assert!(matches!(e, ApiError::NotKubernetes { .. }), "{e:?}");
 }

@@ -81,22 +81,27 @@ pub fn mirror_of(static_pod: &Pod, node: &str, node_uid: &str) -> Pod {
 
 const RESYNC: Duration = Duration::from_secs(10);
 
-/// Keeps mirror pods in line with the static pods, forever.
+/// Keeps mirror pods in line with the static pods, forever. Nothing is created while the
+/// Node's UID is unknown (NodeRestriction requires it as the owner).
 pub async fn run(
     client: Client,
     node: String,
-    node_uid: String,
+    mut node_uid: watch::Receiver<Option<String>>,
     mut statics: watch::Receiver<Vec<Pod>>,
     mut mirrors: watch::Receiver<Vec<Pod>>,
 ) {
     loop {
-        let actions = plan(&statics.borrow_and_update(), &mirrors.borrow_and_update(), &node, &node_uid);
-        for action in actions {
-            apply(&client, action).await;
+        let uid = node_uid.borrow_and_update().clone();
+        if let Some(uid) = uid {
+            let actions = plan(&statics.borrow_and_update(), &mirrors.borrow_and_update(), &node, &uid);
+            for action in actions {
+                apply(&client, action).await;
+            }
         }
         tokio::select! {
             _ = statics.changed() => {}
             _ = mirrors.changed() => {}
+            _ = node_uid.changed() => {}
             _ = tokio::time::sleep(RESYNC) => {}
         }
     }

@@ -268,7 +268,9 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
 pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<Taint, String> {
     let spec = Taint { key: key.to_string(), value: value.to_string(), effect: effect.to_string() };
     if effect.is_empty() {
-        return Err(format!("invalid taint spec: {spec}: the effect is required (NoSchedule, PreferNoSchedule or NoExecute)"));
+        return Err(format!(
+            "invalid taint spec: {spec}: the effect is required (NoSchedule, PreferNoSchedule or NoExecute)"
+        ));
     }
     if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
         return Err(format!("invalid taint effect: {effect}, unsupported taint effect"));
@@ -324,7 +326,8 @@ pub fn check_reserved(map: &BTreeMap<String, String>) -> Result<(), String> {
         if !RESERVABLE.contains(&k.as_str()) {
             return Err(format!("cannot reserve {k:?} resource"));
         }
-        let q = quantity::parse_milli(v).map_err(|e| format!("failed to parse quantity {v:?} for {k:?} resource: {e}"))?;
+        let q =
+            quantity::parse_milli(v).map_err(|e| format!("failed to parse quantity {v:?} for {k:?} resource: {e}"))?;
         if q < 0 {
             return Err(format!("resource quantity for {k:?} cannot be negative: {v}"));
         }
@@ -377,8 +380,11 @@ mod tests {
             "must contain either a single IP or a dual-stack pair of IPs"
         );
         assert!(parse_node_ips("1.1.1.1,::1,2.2.2.2").is_err());
-        assert_eq!(parse_node_ips("0.0.0.0,fd00::1").unwrap_err(), "dual-stack node IP cannot include '0.0.0.0' or '::'");
-        assert_eq!(parse_node_ips("").unwrap().0, vec![]);
+        assert_eq!(
+            parse_node_ips("0.0.0.0,fd00::1").unwrap_err(),
+            "dual-stack node IP cannot include '0.0.0.0' or '::'"
+        );
+        assert!(parse_node_ips("").unwrap().0.is_empty());
         assert_eq!(parse_node_ips("::").unwrap().0, vec!["::".parse::<IpAddr>().unwrap()]);
     }
 
@@ -400,7 +406,8 @@ mod tests {
         ] {
             validate_node_labels(&labels(&[(ok, "v")])).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
-        let e = validate_node_labels(&labels(&[("node-role.kubernetes.io/worker", ""), ("k8s.io/x", "1")])).unwrap_err();
+        let e =
+            validate_node_labels(&labels(&[("node-role.kubernetes.io/worker", ""), ("k8s.io/x", "1")])).unwrap_err();
         assert!(
             e.starts_with(
                 "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [k8s.io/x node-role.kubernetes.io/worker]"
@@ -453,7 +460,10 @@ mod tests {
         assert_eq!(parse_taints("").unwrap(), vec![]);
         assert_eq!(parse_taints("a:NoSchedule,b-").unwrap().len(), 1);
         assert_eq!(parse_taints("a=b").unwrap_err(), "invalid taint spec: a=b");
-        assert_eq!(parse_taints("a=b:Sometimes").unwrap_err(), "invalid taint effect: Sometimes, unsupported taint effect");
+        assert_eq!(
+            parse_taints("a=b:Sometimes").unwrap_err(),
+            "invalid taint effect: Sometimes, unsupported taint effect"
+        );
         assert!(parse_taints("a=b=c:NoSchedule").unwrap_err().starts_with("invalid taint spec"));
         assert!(parse_taints("a:b:NoSchedule").is_err());
         assert!(parse_taints("bad key:NoSchedule").unwrap_err().contains("name part"));

@@ -796,7 +796,8 @@ mod tests {
         enum Cmd {
             Kubelet(Flags),
         }
-        let cli = Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--cluster-dns=1.2.3.4", "-v", "2"]).unwrap();
+        let cli =
+            Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--cluster-dns=1.2.3.4", "-v", "2"]).unwrap();
         let Cmd::Kubelet(f) = cli.cmd;
         assert_eq!(f.max_pods, Some(4));
         assert_eq!(f.verbosity, Some(2));

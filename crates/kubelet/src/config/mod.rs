@@ -216,7 +216,7 @@ impl Settings {
              containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
              verbosity={} featureGates={} nodeIP={} nodeLabels={} registerNode={} registerWithTaints={} \
              kubeAPIQPS={} kubeAPIBurst={} nodeStatusUpdateFrequency={} nodeStatusReportFrequency={} \
-             nodeLeaseDurationSeconds={} kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={}",
+             nodeLeaseDuration={}s kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={}",
             self.node_name,
             self.hostname,
             self.root_dir.display(),
@@ -738,8 +738,8 @@ fn apply_flags_cluster(
     invalid: &dyn Fn(&str, String) -> ConfigError,
 ) -> Result<(), ConfigError> {
     if let Some(value) = &f.node_ip {
-        let (ips, ignored) =
-            cluster::parse_node_ips(value).map_err(|e| invalid("--node-ip", format!("bad --node-ip {value:?}: {e}")))?;
+        let (ips, ignored) = cluster::parse_node_ips(value)
+            .map_err(|e| invalid("--node-ip", format!("bad --node-ip {value:?}: {e}")))?;
         if !ignored.is_empty() {
             tracing::warn!(ips = ?ignored, "could not parse some node IP(s) given with --node-ip, ignoring them");
         }
@@ -748,9 +748,8 @@ fn apply_flags_cluster(
     if !f.node_labels.is_empty() {
         let mut labels = BTreeMap::new();
         for value in &f.node_labels {
-            labels.extend(
-                cluster::parse_key_value_list(value, '=').map_err(|reason| invalid("--node-labels", reason))?,
-            );
+            labels
+                .extend(cluster::parse_key_value_list(value, '=').map_err(|reason| invalid("--node-labels", reason))?);
         }
         cluster::validate_node_labels(&labels).map_err(|reason| invalid("--node-labels", reason))?;
         s.node_labels = labels;

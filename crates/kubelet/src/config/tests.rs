@@ -537,17 +537,17 @@ fn cluster_settings_from_the_file() {
 fn report_frequency_defaulting_follows_upstream() {
     assert_eq!(ok(&[], Some("nodeStatusUpdateFrequency: 0s\n")).node_status_report_frequency, Duration::from_secs(300));
     let s = ok(&[], Some("nodeStatusUpdateFrequency: 20s\nnodeStatusReportFrequency: 1m\n"));
-    assert_eq!((s.node_status_update_frequency, s.node_status_report_frequency), (
-        Duration::from_secs(20),
-        Duration::from_secs(60)
-    ));
+    assert_eq!(
+        (s.node_status_update_frequency, s.node_status_report_frequency),
+        (Duration::from_secs(20), Duration::from_secs(60))
+    );
     // A flag is applied after the file's defaulting, as upstream: the report
     // frequency stays at its default.
     let s = ok(&["--node-status-update-frequency=3s"], None);
-    assert_eq!((s.node_status_update_frequency, s.node_status_report_frequency), (
-        Duration::from_secs(3),
-        Duration::from_secs(300)
-    ));
+    assert_eq!(
+        (s.node_status_update_frequency, s.node_status_report_frequency),
+        (Duration::from_secs(3), Duration::from_secs(300))
+    );
     let e = err(&["--node-status-update-frequency=0s"], None);
     assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--node-status-update-frequency"), "{e}");
     let e = err(&[], Some("nodeStatusReportFrequency: -1m\n"));

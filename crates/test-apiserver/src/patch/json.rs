@@ -24,7 +24,8 @@ fn str_field<'a>(op: &'a Value, field: &str) -> Result<&'a str, PatchError> {
 fn apply_one(doc: &mut Value, op: &Value) -> Result<(), PatchError> {
     let kind = str_field(op, "op")?;
     let path = parse_pointer(str_field(op, "path")?)?;
-    let value = || op.get("value").cloned().ok_or_else(|| PatchError::Malformed(format!("operation {op} needs a value")));
+    let value =
+        || op.get("value").cloned().ok_or_else(|| PatchError::Malformed(format!("operation {op} needs a value")));
     match kind {
         "add" => add(doc, &path, value()?),
         "remove" => remove(doc, &path).map(|_| ()),
@@ -72,9 +73,7 @@ fn index(token: &str, len: usize, allow_end: bool) -> Result<usize, PatchError> 
     if allow_end && token == "-" {
         return Ok(len);
     }
-    let i: usize = token
-        .parse()
-        .map_err(|_| PatchError::Failed(format!("invalid array index {token:?}")))?;
+    let i: usize = token.parse().map_err(|_| PatchError::Failed(format!("invalid array index {token:?}")))?;
     let max = if allow_end { len } else { len.saturating_sub(1) };
     if i > max || (!allow_end && len == 0) {
         return Err(PatchError::Failed(format!("array index {i} out of bounds")));
@@ -119,13 +118,12 @@ fn add(doc: &mut Value, path: &[String], value: Value) -> Result<(), PatchError>
 }
 
 fn remove(doc: &mut Value, path: &[String]) -> Result<Value, PatchError> {
-    let (last, parent_path) = path
-        .split_last()
-        .ok_or_else(|| PatchError::Failed("cannot remove the whole document".into()))?;
+    let (last, parent_path) =
+        path.split_last().ok_or_else(|| PatchError::Failed("cannot remove the whole document".into()))?;
     match lookup_mut(doc, parent_path)? {
-        Value::Object(map) => map
-            .remove(last)
-            .ok_or_else(|| PatchError::Failed(format!("unable to remove nonexistent key: {last}"))),
+        Value::Object(map) => {
+            map.remove(last).ok_or_else(|| PatchError::Failed(format!("unable to remove nonexistent key: {last}")))
+        }
         Value::Array(list) => {
             let i = index(last, list.len(), false)?;
             Ok(list.remove(i))
@@ -188,7 +186,10 @@ mod tests {
         let doc = json!({"a": 1});
         assert!(matches!(apply(&doc, &json!([{"op": "test", "path": "/a", "value": 2}])), Err(PatchError::Failed(_))));
         assert!(matches!(apply(&doc, &json!([{"op": "remove", "path": "/b"}])), Err(PatchError::Failed(_))));
-        assert!(matches!(apply(&doc, &json!([{"op": "replace", "path": "/b/c", "value": 1}])), Err(PatchError::Failed(_))));
+        assert!(matches!(
+            apply(&doc, &json!([{"op": "replace", "path": "/b/c", "value": 1}])),
+            Err(PatchError::Failed(_))
+        ));
         assert!(matches!(apply(&doc, &json!({"op": "add"})), Err(PatchError::Malformed(_))));
         assert!(matches!(apply(&doc, &json!([{"op": "frob", "path": "/a"}])), Err(PatchError::Malformed(_))));
     }

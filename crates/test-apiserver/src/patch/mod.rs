@@ -62,7 +62,13 @@ pub fn parse_body(kind: PatchType, body: &[u8]) -> Result<Value, ApiError> {
 /// Applies a patch of `kind` to `original`, an object of Kubernetes kind `object_kind`.
 /// `builtin` tells whether the type has Go struct tags upstream: custom resources have none,
 /// so a strategic merge patch on them is refused with 415 like the real server does.
-pub fn apply(kind: PatchType, object_kind: &str, builtin: bool, original: &Value, patch: &Value) -> Result<Value, ApiError> {
+pub fn apply(
+    kind: PatchType,
+    object_kind: &str,
+    builtin: bool,
+    original: &Value,
+    patch: &Value,
+) -> Result<Value, ApiError> {
     match kind {
         PatchType::Json => Ok(json::apply(original, patch)?),
         PatchType::Merge => {

@@ -46,8 +46,19 @@ enum ListKind {
 /// Normalises a kind to one of the names the schema knows, so Root can hold a `&'static str`.
 fn known_kind(kind: &str) -> &'static str {
     const KINDS: &[&str] = &[
-        "Pod", "Node", "Service", "Namespace", "Deployment", "ReplicaSet", "DaemonSet", "StatefulSet", "Job",
-        "PodTemplate", "PodDisruptionBudget", "PersistentVolumeClaim", "CustomResourceDefinition",
+        "Pod",
+        "Node",
+        "Service",
+        "Namespace",
+        "Deployment",
+        "ReplicaSet",
+        "DaemonSet",
+        "StatefulSet",
+        "Job",
+        "PodTemplate",
+        "PodDisruptionBudget",
+        "PersistentVolumeClaim",
+        "CustomResourceDefinition",
     ];
     KINDS.iter().find(|k| **k == kind).copied().unwrap_or("")
 }
@@ -66,8 +77,16 @@ fn child(ty: Ty, field: &str) -> (Ty, ListKind) {
         (Root("Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet" | "Job"), "spec") => (WorkloadSpec, Replace),
         (
             Root(
-                "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet" | "Job" | "Namespace" | "Service"
-                | "PodDisruptionBudget" | "PersistentVolumeClaim" | "CustomResourceDefinition",
+                "Deployment"
+                | "ReplicaSet"
+                | "DaemonSet"
+                | "StatefulSet"
+                | "Job"
+                | "Namespace"
+                | "Service"
+                | "PodDisruptionBudget"
+                | "PersistentVolumeClaim"
+                | "CustomResourceDefinition",
             ),
             "status",
         ) => (ConditionsStatus, Replace),
@@ -98,7 +117,6 @@ fn child(ty: Ty, field: &str) -> (Ty, ListKind) {
 const DIRECTIVE: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
 const DELETE_PRIMITIVE: &str = "$deleteFromPrimitiveList/";
-const SET_ORDER: &str = "$setElementOrder/";
 
 /// Applies a strategic merge patch to an object of `kind`.
 pub fn apply(kind: &str, original: &Value, patch: &Value) -> Result<Value, PatchError> {
@@ -113,7 +131,11 @@ pub fn apply(kind: &str, original: &Value, patch: &Value) -> Result<Value, Patch
 }
 
 /// Merges a patch map into an original; `None` means the map was deleted (`$patch: delete`).
-fn merge_map(mut original: Map<String, Value>, patch: &Map<String, Value>, ty: Ty) -> Result<Option<Map<String, Value>>, PatchError> {
+fn merge_map(
+    mut original: Map<String, Value>,
+    patch: &Map<String, Value>,
+    ty: Ty,
+) -> Result<Option<Map<String, Value>>, PatchError> {
     match patch.get(DIRECTIVE).and_then(Value::as_str) {
         Some("delete") => return Ok(None),
         Some("replace") => return Ok(Some(strip_directives_map(patch, ty))),
@@ -163,11 +185,9 @@ fn delete_from_primitive_list(original: &mut Map<String, Value>, field: &str, va
 fn merge_list(original: Vec<Value>, patch: &[Value], kind: ListKind, elem_ty: Ty) -> Result<Vec<Value>, PatchError> {
     let replace_all = patch.iter().any(|p| p.get(DIRECTIVE).and_then(Value::as_str) == Some("replace"));
     match kind {
-        _ if replace_all => Ok(patch
-            .iter()
-            .filter(|p| p.get(DIRECTIVE).is_none())
-            .map(|p| strip_directives(p, elem_ty))
-            .collect()),
+        _ if replace_all => {
+            Ok(patch.iter().filter(|p| p.get(DIRECTIVE).is_none()).map(|p| strip_directives(p, elem_ty)).collect())
+        }
         ListKind::Replace => Ok(patch
             .iter()
             .filter(|p| p.get(DIRECTIVE).and_then(Value::as_str) != Some("delete"))
@@ -299,7 +319,8 @@ mod tests {
 
     #[test]
     fn conditions_merge_by_type() {
-        let out = apply("Pod", &pod(), &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})).unwrap();
+        let out =
+            apply("Pod", &pod(), &json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})).unwrap();
         assert_eq!(
             out["status"]["conditions"],
             json!([{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}])
@@ -337,7 +358,12 @@ mod tests {
 
     #[test]
     fn replace_directives() {
-        let out = apply("Pod", &pod(), &json!({"spec": {"containers": [{"name": "only", "image": "i"}, {"$patch": "replace"}]}})).unwrap();
+        let out = apply(
+            "Pod",
+            &pod(),
+            &json!({"spec": {"containers": [{"name": "only", "image": "i"}, {"$patch": "replace"}]}}),
+        )
+        .unwrap();
         assert_eq!(out["spec"]["containers"], json!([{"name": "only", "image": "i"}]));
         let out = apply("Pod", &pod(), &json!({"metadata": {"labels": {"$patch": "replace", "y": "2"}}})).unwrap();
         assert_eq!(out["metadata"]["labels"], json!({"y": "2"}));
@@ -379,7 +405,12 @@ mod tests {
     #[test]
     fn deployment_template_containers_merge() {
         let d = json!({"spec": {"template": {"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}]}}}});
-        let out = apply("Deployment", &d, &json!({"spec": {"template": {"spec": {"containers": [{"name": "b", "image": "2"}]}}}})).unwrap();
+        let out = apply(
+            "Deployment",
+            &d,
+            &json!({"spec": {"template": {"spec": {"containers": [{"name": "b", "image": "2"}]}}}}),
+        )
+        .unwrap();
         assert_eq!(out["spec"]["template"]["spec"]["containers"][1]["image"], "2");
         assert_eq!(out["spec"]["template"]["spec"]["containers"].as_array().unwrap().len(), 2);
     }

@@ -1,0 +1,385 @@
+//! End-to-end tests of the node side of cluster mode: registration, node status, lease,
+//! and start-up errors, against the in-process test API server (with the Node authorizer and
+//! NodeRestriction) and a private containerd. The node side runs in-process through
+//! `gantry_kubelet::node::start`, the entry point the binary calls with `--kubeconfig`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gantry_kubelet::api::{self, ApiError};
+use gantry_kubelet::config::{self, Flags, Settings};
+use gantry_kubelet::node::{self, KUBELET_VERSION, NodeAgent};
+use gantry_test_apiserver::{TestApiServer, User};
+use gantry_testkit::Containerd;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Fast cadences: status every 1 s but reported (without changes) only every 5 minutes, so
+/// a heartbeat that moves proves a forced report; lease of 4 s, renewed every second.
+const FAST: &str = "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 5m\nnodeLeaseDurationSeconds: 4\n";
+
+struct Cluster {
+    server: TestApiServer,
+    ctd: Containerd,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Option<Cluster> {
+        gantry_testkit::init_test_tracing();
+        let ctd = Containerd::start_or_skip().await?;
+        let server = TestApiServer::start().await;
+        Some(Cluster { server, ctd, dir: tempfile::tempdir().unwrap() })
+    }
+
+    /// Settings as `gantry kubelet` would resolve them from these flags and config body.
+    fn settings(&self, node: &str, extra: &[&str], config_body: &str) -> Settings {
+        let kubeconfig = self.server.kubeconfig(self.dir.path(), &User::Node(node.into()));
+        settings_for(&kubeconfig, &self.ctd.endpoint(), &self.dir.path().join(node), node, extra, config_body)
+    }
+
+    async fn start_node(&self, settings: &Settings) -> NodeAgent {
+        let cri = gantry_cri::connect(&settings.container_runtime_endpoint, None, settings.runtime_request_timeout)
+            .await
+            .expect("CRI connects");
+        node::start(settings, cri).await.unwrap_or_else(|e| panic!("node side starts: {e}"))
+    }
+
+    async fn admin(&self) -> kube::Client {
+        self.server.client(&User::Admin).await
+    }
+}
+
+fn settings_for(kubeconfig: &Path, endpoint: &str, root: &Path, node: &str, extra: &[&str], body: &str) -> Settings {
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--container-runtime-endpoint={endpoint}"),
+        format!("--root-dir={}", root.display()),
+        format!("--hostname-override={node}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let flags = Flags::parse_args(&args).unwrap();
+    let text = format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}");
+    config::resolve(flags, Some((PathBuf::from("/test/kubelet.yaml"), &text)), "unused").unwrap()
+}
+
+async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
+    node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)
+}
+
+fn heartbeat(node: &Node) -> Timestamp {
+    condition(node, "Ready").and_then(|c| c.last_heartbeat_time.as_ref()).map(|t| t.0).unwrap()
+}
+
+async fn get_node(client: &kube::Client, name: &str) -> Option<Node> {
+    Api::<Node>::all(client.clone()).get_opt(name).await.ok().flatten()
+}
+
+async fn wait_ready(client: &kube::Client, name: &str) -> Node {
+    wait_for("the node to be Ready", || async {
+        get_node(client, name).await.filter(|n| condition(n, "Ready").is_some_and(|c| c.status == "True"))
+    })
+    .await
+}
+
+async fn lease(client: &kube::Client, name: &str) -> Option<Lease> {
+    Api::<Lease>::namespaced(client.clone(), "kube-node-lease").get_opt(name).await.ok().flatten()
+}
+
+fn renew_time(l: &Lease) -> Timestamp {
+    l.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registers_the_node_with_node_info_and_a_renewed_lease() {
+    let Some(c) = Cluster::start().await else { return };
+    let settings = c.settings(
+        "n-register",
+        &["--node-labels=node.kubernetes.io/pool=blue", "--register-with-taints=dedicated=infra:NoSchedule"],
+        FAST,
+    );
+    let agent = c.start_node(&settings).await;
+    assert!(agent.registration.created);
+    let admin = c.admin().await;
+    let node = wait_ready(&admin, "n-register").await;
+    let uid = node.metadata.uid.clone().unwrap();
+    eprintln!("NODEJSON {}", serde_json::to_string_pretty(&node).unwrap());
+    assert_eq!(agent.registration.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(agent.node_uid.borrow().as_deref(), Some(uid.as_str()));
+
+    let labels = node.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], "n-register");
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert_eq!(labels["node.kubernetes.io/pool"], "blue");
+    assert!(!labels["kubernetes.io/arch"].is_empty());
+    assert_eq!(node.metadata.annotations.as_ref().unwrap()[node::CMAD_ANNOTATION], "true");
+    let taints = node.spec.as_ref().unwrap().taints.as_ref().unwrap();
+    assert_eq!((taints[0].key.as_str(), taints[0].effect.as_str()), ("dedicated", "NoSchedule"));
+
+    let status = node.status.as_ref().unwrap();
+    let info = status.node_info.as_ref().unwrap();
+    let cri = c.ctd.runtime_client().await.version(k8s_cri::v1::VersionRequest::default()).await.unwrap().into_inner();
+    let expected =
+        gantry_kubelet::node::status::container_runtime_version(&cri.runtime_name, Some(&cri.runtime_version));
+    assert_eq!(info.container_runtime_version, expected);
+    assert!(info.container_runtime_version.starts_with("containerd://"), "{}", info.container_runtime_version);
+    assert!(!info.container_runtime_version.ends_with("Unknown"));
+    assert_eq!(info.kubelet_version, KUBELET_VERSION);
+    assert_eq!(info.kube_proxy_version, "", "KEP-4004: empty by default");
+    assert_eq!(info.operating_system, "linux");
+    assert!(!info.boot_id.is_empty() && !info.kernel_version.is_empty());
+    assert_eq!(status.daemon_endpoints.as_ref().unwrap().kubelet_endpoint.as_ref().unwrap().port, 10250);
+    let capacity = status.capacity.as_ref().unwrap();
+    for r in ["cpu", "memory", "ephemeral-storage", "pods"] {
+        assert!(capacity.contains_key(r) && status.allocatable.as_ref().unwrap().contains_key(r), "{r}");
+    }
+    let addresses = status.addresses.as_ref().unwrap();
+    assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == "n-register"), "{addresses:?}");
+    for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert!(condition(&node, t).is_some(), "{t}");
+    }
+    assert_eq!(condition(&node, "Ready").unwrap().reason.as_deref(), Some("KubeletReady"));
+
+    // The lease: owned by the Node, renewed about every second.
+    let first = wait_for("the lease", || lease(&admin, "n-register")).await;
+    let owner = &first.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.api_version.as_str(), owner.kind.as_str(), owner.name.as_str()), ("v1", "Node", "n-register"));
+    assert_eq!(owner.uid, uid);
+    let spec = first.spec.as_ref().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some("n-register"));
+    assert_eq!(spec.lease_duration_seconds, Some(4));
+    let t0 = renew_time(&first);
+    let renewed = wait_for("the lease to be renewed", || async {
+        lease(&admin, "n-register").await.filter(|l| renew_time(l) > t0)
+    })
+    .await;
+    let gap = renew_time(&renewed).duration_since(t0);
+    eprintln!("LEASEJSON {}", serde_json::to_string_pretty(&renewed).unwrap());
+    assert!(gap.as_secs_f64() < 3.0, "renewed after {gap:?}");
+
+    // Events of the registration.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(admin.clone(), "default");
+    let reasons = wait_for("node events", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        let reasons: Vec<String> = list
+            .items
+            .iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some("n-register"))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        reasons.iter().any(|r| r == "NodeHasSufficientMemory").then_some(reasons)
+    })
+    .await;
+    assert!(reasons.iter().any(|r| r == "Starting"), "{reasons:?}");
+    agent.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kube_proxy_version_with_the_gate_disabled() {
+    let Some(c) = Cluster::start().await else { return };
+    let settings = c.settings("n-kpv", &["--feature-gates=DisableNodeKubeProxyVersion=false"], FAST);
+    let agent = c.start_node(&settings).await;
+    let node = wait_ready(&c.admin().await, "n-kpv").await;
+    assert_eq!(node.status.unwrap().node_info.unwrap().kube_proxy_version, KUBELET_VERSION);
+    agent.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clears_a_kube_proxy_version_an_older_kubelet_set() {
+    let Some(c) = Cluster::start().await else { return };
+    let admin = c.admin().await;
+    let nodes = Api::<Node>::all(admin.clone());
+    // A Node left by an older kubelet: registered, with kubeProxyVersion set and a label
+    // value the agent owns that is stale.
+    let old: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n-old", "labels": {"kubernetes.io/hostname": "stale", "team": "a"}},
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &old).await.unwrap();
+    let info = json!({"status": {"nodeInfo": {
+        "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "",
+        "containerRuntimeVersion": "containerd://1.5.0", "kubeletVersion": "v1.28.3", "kubeProxyVersion": "v1.28.3",
+        "operatingSystem": "linux", "architecture": "amd64"
+    }}});
+    nodes.patch_status("n-old", &PatchParams::default(), &Patch::Merge(&info)).await.unwrap();
+
+    let agent = c.start_node(&c.settings("n-old", &[], FAST)).await;
+    assert!(!agent.registration.created);
+    let node = wait_for("kubeProxyVersion to be cleared", || async {
+        get_node(&admin, "n-old").await.filter(|n| {
+            n.status.as_ref().and_then(|s| s.node_info.as_ref()).is_some_and(|i| i.kube_proxy_version.is_empty())
+        })
+    })
+    .await;
+    let info = node.status.as_ref().unwrap().node_info.as_ref().unwrap();
+    assert_eq!(info.kubelet_version, KUBELET_VERSION);
+    let labels = node.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], "n-old", "owned labels are reconciled");
+    assert_eq!(labels["team"], "a", "other labels are left alone");
+    agent.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_and_lease_catch_up_after_the_api_server_was_down() {
+    let Some(mut c) = Cluster::start().await else { return };
+    let agent = c.start_node(&c.settings("n-outage", &[], FAST)).await;
+    let admin = c.admin().await;
+    wait_ready(&admin, "n-outage").await;
+    // Let the first report of the status loop go out, then check that heartbeat-only
+    // changes are not reported (the report frequency is 5 minutes).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let before = get_node(&admin, "n-outage").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = get_node(&admin, "n-outage").await.unwrap();
+    assert_eq!(heartbeat(&still), heartbeat(&before), "heartbeat-only changes wait for nodeStatusReportFrequency");
+    let lease_before = wait_for("the lease", || lease(&admin, "n-outage")).await;
+
+    c.server.stop().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!agent.task.is_finished(), "the loops survive the outage");
+    c.server.restart().await;
+
+    let admin = c.admin().await;
+    // Nothing changed: only the catch-up report owed after the failed passes can move the
+    // heartbeat.
+    let after = wait_for("a status report after the outage", || async {
+        get_node(&admin, "n-outage").await.filter(|n| heartbeat(n) > heartbeat(&before))
+    })
+    .await;
+    assert_eq!(condition(&after, "Ready").unwrap().status, "True");
+    assert_eq!(
+        condition(&after, "Ready").unwrap().last_transition_time,
+        condition(&before, "Ready").unwrap().last_transition_time
+    );
+    wait_for("the lease to be renewed after the outage", || async {
+        lease(&admin, "n-outage").await.filter(|l| renew_time(l) > renew_time(&lease_before) + Duration::from_secs(3))
+    })
+    .await;
+    agent.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_conditions_survive_status_updates() {
+    let Some(c) = Cluster::start().await else { return };
+    // Report every pass, so many patches go out while the foreign condition is there.
+    let agent = c.start_node(&c.settings("n-maint", &[], "nodeStatusUpdateFrequency: 1s\n")).await;
+    let admin = c.admin().await;
+    let before = wait_ready(&admin, "n-maint").await;
+    let maintenance = json!({"status": {"conditions": [
+        {"type": "MaintenanceInProgress", "status": "True", "reason": "Scheduled", "message": "kernel upgrade",
+         "lastHeartbeatTime": "2024-01-01T00:00:00Z", "lastTransitionTime": "2024-01-01T00:00:00Z"},
+        {"type": "Drained", "status": "False", "reason": "NotYet", "message": "",
+         "lastHeartbeatTime": "2024-01-01T00:00:00Z", "lastTransitionTime": "2024-01-01T00:00:00Z"}
+    ]}});
+    Api::<Node>::all(admin.clone())
+        .patch_status("n-maint", &PatchParams::default(), &Patch::Strategic(&maintenance))
+        .await
+        .unwrap();
+    // Several reports later...
+    let later = wait_for("three more status reports", || async {
+        get_node(&admin, "n-maint").await.filter(|n| heartbeat(n) >= heartbeat(&before) + Duration::from_secs(3))
+    })
+    .await;
+    let m = condition(&later, "MaintenanceInProgress").expect("foreign condition kept");
+    assert_eq!(
+        (m.status.as_str(), m.reason.as_deref(), m.message.as_deref()),
+        ("True", Some("Scheduled"), Some("kernel upgrade"))
+    );
+    assert_eq!(m.last_heartbeat_time.as_ref().unwrap().0.to_string(), "2024-01-01T00:00:00Z");
+    assert!(condition(&later, "Drained").is_some());
+    assert_eq!(condition(&later, "Ready").unwrap().status, "True");
+    agent.task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn register_node_false_does_not_create_the_node() {
+    let Some(c) = Cluster::start().await else { return };
+    let agent = c.start_node(&c.settings("n-manual", &["--register-node=false"], FAST)).await;
+    assert_eq!(agent.registration.uid, None);
+    assert!(!agent.registration.created);
+    let admin = c.admin().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(get_node(&admin, "n-manual").await.is_none(), "the Node must not be created");
+    assert!(lease(&admin, "n-manual").await.is_none(), "no lease without a Node to own it");
+
+    // Once an administrator creates the Node, the agent reports its status and takes the lease.
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n-manual"}})).unwrap();
+    let created = Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
+    let uid = created.metadata.uid.unwrap();
+    wait_ready(&admin, "n-manual").await;
+    let mut uids = agent.node_uid.clone();
+    tokio::time::timeout(DEADLINE, uids.wait_for(|u| u.as_deref() == Some(uid.as_str()))).await.unwrap().unwrap();
+    let l = wait_for("the lease", || lease(&admin, "n-manual")).await;
+    assert_eq!(l.metadata.owner_references.as_ref().unwrap()[0].uid, uid);
+    agent.task.abort();
+}
+
+// ---- start-up errors (no runtime needed) ------------------------------------------------------
+
+fn settings_without_runtime(kubeconfig: &Path, node: &str) -> Settings {
+    settings_for(kubeconfig, "unix:///nonexistent.sock", Path::new("/tmp/gantry-unused"), node, &[], "")
+}
+
+async fn connect_error(settings: &Settings) -> ApiError {
+    match api::connect(settings).await {
+        Ok(_) => panic!("connect should fail"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_credentials_fail_start_up_clearly() {
+    let server = TestApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(dir.path(), &User::ExpiredToken);
+    let e = connect_error(&settings_without_runtime(&kubeconfig, "n1")).await;
+    assert!(matches!(e, ApiError::Unauthorized { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("the API server rejected the node's credentials (expired or invalid)"), "{msg}");
+    assert!(msg.contains(&kubeconfig.display().to_string()) && msg.contains(&server.url()), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_nodes_credentials_are_forbidden() {
+    let server = TestApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(dir.path(), &User::Node("someone-else".into()));
+    let e = connect_error(&settings_without_runtime(&kubeconfig, "n1")).await;
+    assert!(matches!(e, ApiError::Forbidden { .. }), "{e:?}");
+    assert!(e.to_string().contains("system:node:n1"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn token_file_credentials_work_and_a_stopped_server_is_named() {
+    let mut server = TestApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig_with_token_file(dir.path(), &User::Node("n1".into()));
+    let settings = settings_without_runtime(&kubeconfig, "n1");
+    api::connect(&settings).await.unwrap_or_else(|e| panic!("{e}"));
+    server.stop().await;
+    let e = connect_error(&settings).await;
+    assert!(matches!(e, ApiError::Unreachable { .. }), "{e:?}");
+    assert!(e.to_string().contains(&server.url()), "{e}");
+    assert!(e.is_transient());
+}

@@ -1,0 +1,130 @@
+//! End-to-end, cluster mode: pods bound to the node through the API server run on the real
+//! containerd, report status, stop gracefully on deletion; static pods get mirror pods.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Env, Gantry, NODE, eventually, pod_yaml, static_name};
+use gantry_test_apiserver::{TestApiServer, User};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+async fn start_cluster_node(env: &Env, api: &TestApiServer) -> Gantry {
+    let kubeconfig = api.kubeconfig(&env.ctd.dir(), &User::Node(NODE.to_string()));
+    env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display())])
+}
+
+/// A pod already bound to the node. No service-account token volume: projected volumes are
+/// not supported yet (issue 4), and the test server injects one like the real admission does.
+fn bound_pod(name: &str, command: &str) -> Pod {
+    let spec =
+        format!("  nodeName: {NODE}\n  terminationGracePeriodSeconds: 2\n  automountServiceAccountToken: false\n");
+    let yaml = pod_yaml(name, command, &spec);
+    serde_yaml_ng::from_str(&yaml).unwrap()
+}
+
+#[tokio::test]
+async fn api_pod_runs_reports_status_and_is_deleted_gracefully() {
+    let Some(env) = Env::start().await else { return };
+    let server = TestApiServer::start().await;
+    let gantry = start_cluster_node(&env, &server).await;
+    let admin = server.client(&User::Admin).await;
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    // The process ignores SIGTERM, so deletion must wait the full grace period.
+    pods.create(&PostParams::default(), &bound_pod("web", "trap '' TERM; while true; do sleep 1; done")).await.unwrap();
+
+    let running = eventually("API status Running and ready", &gantry, || async {
+        let pod = pods.get("web").await.ok()?;
+        let status = pod.status.clone()?;
+        let ready = status.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        (status.phase.as_deref() == Some("Running") && ready).then_some(pod)
+    })
+    .await;
+    let status = running.status.unwrap();
+    assert!(status.pod_ip.is_some(), "pod IP reported");
+    let cs = &status.container_statuses.unwrap()[0];
+    assert!(cs.container_id.as_deref().unwrap().starts_with("containerd://"));
+    assert!(cs.state.as_ref().unwrap().running.is_some());
+    assert_eq!(env.running("web").await.len(), 1);
+
+    let deleted_at = Instant::now();
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually("pod gone from the API", &gantry, || async { pods.get_opt("web").await.ok()?.is_none().then_some(()) })
+        .await;
+    let took = deleted_at.elapsed();
+    assert!(took >= Duration::from_secs(2), "grace period honoured: gone after {took:?}");
+    assert!(env.sandboxes().await.iter().all(|s| s.1 != "web"), "sandbox removed");
+}
+
+#[tokio::test]
+async fn static_pods_get_mirror_pods_that_come_back_when_deleted() {
+    let Some(env) = Env::start().await else { return };
+    env.write_manifest("static.yaml", &pod_yaml("static", "sleep 3600", ""));
+    let server = TestApiServer::start().await;
+    let gantry = start_cluster_node(&env, &server).await;
+    let pods: Api<Pod> = Api::namespaced(server.client(&User::Admin).await, "default");
+    let name = static_name("static");
+
+    let mirror = eventually("mirror pod with Running status", &gantry, || async {
+        let pod = pods.get(&name).await.ok()?;
+        (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(pod)
+    })
+    .await;
+    let annotations = mirror.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["kubernetes.io/config.mirror"], annotations["kubernetes.io/config.hash"]);
+    let owner = &mirror.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", NODE));
+    let container = env.running(&name).await.pop().unwrap();
+
+    pods.delete(&name, &DeleteParams::default().grace_period(0)).await.unwrap();
+    let recreated = eventually("mirror pod recreated", &gantry, || async {
+        pods.get_opt(&name).await.ok()?.filter(|p| p.metadata.uid != mirror.metadata.uid)
+    })
+    .await;
+    assert!(recreated.metadata.annotations.unwrap().contains_key("kubernetes.io/config.mirror"));
+    assert_eq!(
+        env.running(&name).await.pop().unwrap().id,
+        container.id,
+        "deleting the mirror pod does not touch the static pod"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_with_an_unsupported_volume_says_why_and_others_still_run() {
+    let Some(env) = Env::start().await else { return };
+    let server = TestApiServer::start().await;
+    let gantry = start_cluster_node(&env, &server).await;
+    let admin = server.client(&User::Admin).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mut unsupported = bound_pod("needs-nfs", "sleep 3600");
+    let spec = unsupported.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![
+        serde_json::from_value(serde_json::json!({"name": "data", "nfs": {"server": "nfs.invalid", "path": "/"}}))
+            .unwrap(),
+    ]);
+    pods.create(&PostParams::default(), &unsupported).await.unwrap();
+    pods.create(&PostParams::default(), &bound_pod("fine", "sleep 3600")).await.unwrap();
+
+    let waiting = eventually("waiting reason naming the unsupported volume", &gantry, || async {
+        let status = pods.get("needs-nfs").await.ok()?.status?;
+        let waiting = status.container_statuses?.pop()?.state?.waiting?;
+        (waiting.reason.as_deref() == Some("CreateContainerConfigError")).then_some(waiting)
+    })
+    .await;
+    assert!(waiting.message.unwrap().contains("\"data\""), "message names the volume");
+    eventually("the other pod runs", &gantry, || async {
+        (pods.get("fine").await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin, "default");
+    eventually("a Failed event on the pod", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("Failed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("needs-nfs")
+        })
+    })
+    .await;
+}

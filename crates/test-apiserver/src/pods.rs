@@ -1,0 +1,489 @@
+//! Pod-specific rules: defaulting and admission on create (status Pending, QoS class,
+//! service account and its token volume), the update restrictions on `spec`, graceful
+//! deletion timing, and which objects a pod references (for the Node authorizer).
+
+use serde_json::{Map, Value, json};
+
+use crate::status::{ApiError, FieldError, GroupResource};
+use crate::store::StoreInner;
+
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+pub fn is_mirror(pod: &Value) -> bool {
+    pod.pointer("/metadata/annotations").and_then(Value::as_object).is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
+}
+
+fn container_lists() -> [&'static str; 3] {
+    ["initContainers", "containers", "ephemeralContainers"]
+}
+
+fn set_default(map: &mut Map<String, Value>, key: &str, value: Value) {
+    map.entry(key.to_string()).or_insert(value);
+}
+
+/// Whether an image reference has no tag (or `:latest`), which defaults imagePullPolicy to
+/// Always.
+fn pulls_always(image: &str) -> bool {
+    if image.contains('@') {
+        return false;
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    match last.rsplit_once(':') {
+        Some((_, tag)) => tag == "latest",
+        None => true,
+    }
+}
+
+fn default_probe(probe: &mut Value) {
+    if let Some(p) = probe.as_object_mut() {
+        set_default(p, "timeoutSeconds", json!(1));
+        set_default(p, "periodSeconds", json!(10));
+        set_default(p, "successThreshold", json!(1));
+        set_default(p, "failureThreshold", json!(3));
+    }
+}
+
+fn default_container(c: &mut Map<String, Value>) {
+    set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+    set_default(c, "terminationMessagePolicy", json!("File"));
+    set_default(c, "resources", json!({}));
+    let image = c.get("image").and_then(Value::as_str).unwrap_or("").to_string();
+    set_default(c, "imagePullPolicy", json!(if pulls_always(&image) { "Always" } else { "IfNotPresent" }));
+    for port in c.get_mut("ports").and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(p) = port.as_object_mut() {
+            set_default(p, "protocol", json!("TCP"));
+        }
+    }
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        if let Some(p) = c.get_mut(probe) {
+            default_probe(p);
+        }
+    }
+    for env in c.get_mut("env").and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(field_ref) = env.pointer_mut("/valueFrom/fieldRef").and_then(Value::as_object_mut) {
+            set_default(field_ref, "apiVersion", json!("v1"));
+        }
+    }
+}
+
+fn default_volume(v: &mut Map<String, Value>) {
+    for source in ["secret", "configMap", "projected", "downwardAPI"] {
+        if let Some(s) = v.get_mut(source).and_then(Value::as_object_mut) {
+            set_default(s, "defaultMode", json!(420));
+        }
+    }
+}
+
+/// The defaults kube-apiserver's defaulting and admission plugins (ServiceAccount,
+/// DefaultTolerationSeconds, Priority) apply to a new pod, and its initial status.
+pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiError> {
+    let mirror = is_mirror(pod);
+    let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
+    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    validate_spec(pod, &name)?;
+    let spec = pod["spec"].as_object_mut().expect("validated");
+    set_default(spec, "restartPolicy", json!("Always"));
+    set_default(spec, "terminationGracePeriodSeconds", json!(DEFAULT_GRACE_SECONDS));
+    set_default(spec, "dnsPolicy", json!("ClusterFirst"));
+    set_default(spec, "schedulerName", json!("default-scheduler"));
+    set_default(spec, "securityContext", json!({}));
+    set_default(spec, "enableServiceLinks", json!(true));
+    set_default(spec, "priority", json!(0));
+    set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
+    for list in container_lists() {
+        for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
+            if let Some(c) = c.as_object_mut() {
+                default_container(c);
+            }
+        }
+    }
+    for v in spec.get_mut("volumes").and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(v) = v.as_object_mut() {
+            default_volume(v);
+        }
+    }
+    add_default_tolerations(spec);
+    if !mirror {
+        admit_service_account(inner, &ns, &name, spec)?;
+    }
+    let qos = qos_class(&pod["spec"]);
+    pod["status"] = json!({"phase": "Pending", "qosClass": qos});
+    Ok(())
+}
+
+fn validate_spec(pod: &Value, name: &str) -> Result<(), ApiError> {
+    let mut errs = Vec::new();
+    match pod.pointer("/spec/containers").and_then(Value::as_array) {
+        Some(cs) if !cs.is_empty() => {
+            for (i, c) in cs.iter().enumerate() {
+                if c.get("name").and_then(Value::as_str).unwrap_or("").is_empty() {
+                    errs.push(FieldError::required(&format!("spec.containers[{i}].name"), ""));
+                }
+                if c.get("image").and_then(Value::as_str).unwrap_or("").is_empty() {
+                    errs.push(FieldError::required(&format!("spec.containers[{i}].image"), ""));
+                }
+            }
+        }
+        _ => errs.push(FieldError::required("spec.containers", "")),
+    }
+    if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid("Pod", "", name, errs)) }
+}
+
+/// DefaultTolerationSeconds: tolerate not-ready/unreachable nodes for 300s unless set.
+fn add_default_tolerations(spec: &mut Map<String, Value>) {
+    let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
+    let Some(list) = tolerations.as_array_mut() else { return };
+    for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+        let has = list.iter().any(|t| {
+            let k = t.get("key").and_then(Value::as_str);
+            let effect = t.get("effect").and_then(Value::as_str).unwrap_or("");
+            (k == Some(key) || k.is_none()) && (effect.is_empty() || effect == "NoExecute")
+        });
+        if !has {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+        }
+    }
+}
+
+/// The ServiceAccount admission plugin: default the account, require that it exists, and
+/// mount its token through a projected volume unless automounting is off.
+fn admit_service_account(
+    inner: &StoreInner,
+    ns: &str,
+    name: &str,
+    spec: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    let sa_name = match spec.get("serviceAccountName").and_then(Value::as_str) {
+        Some(s) if !s.is_empty() => s.to_string(),
+        _ => spec
+            .get("serviceAccount")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .unwrap_or("default")
+            .to_string(),
+    };
+    spec.insert("serviceAccountName".into(), json!(sa_name));
+    spec.insert("serviceAccount".into(), json!(sa_name));
+    let Some(sa) = inner.get("serviceaccounts", ns, &sa_name) else {
+        return Err(ApiError::forbidden(
+            &GroupResource::new("", "pods"),
+            name,
+            &format!("error looking up service account {ns}/{sa_name}: serviceaccount \"{sa_name}\" not found"),
+        ));
+    };
+    let automount = spec
+        .get("automountServiceAccountToken")
+        .and_then(Value::as_bool)
+        .or_else(|| sa.get("automountServiceAccountToken").and_then(Value::as_bool))
+        .unwrap_or(true);
+    let already_mounted = container_lists().iter().any(|l| {
+        spec.get(*l).and_then(Value::as_array).into_iter().flatten().any(|c| {
+            c.get("volumeMounts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(TOKEN_MOUNT_PATH))
+        })
+    });
+    if !automount || already_mounted {
+        return Ok(());
+    }
+    let volume_name = format!("kube-api-access-{}", crate::meta::random_suffix());
+    let volumes = spec.entry("volumes").or_insert_with(|| json!([]));
+    if let Some(v) = volumes.as_array_mut() {
+        v.push(token_volume(&volume_name));
+    }
+    for list in ["initContainers", "containers"] {
+        for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
+            let mounts = c.as_object_mut().map(|c| c.entry("volumeMounts").or_insert_with(|| json!([])));
+            if let Some(Value::Array(m)) = mounts {
+                m.push(json!({"name": volume_name, "readOnly": true, "mountPath": TOKEN_MOUNT_PATH}));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn token_volume(name: &str) -> Value {
+    json!({
+        "name": name,
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+            ]
+        }
+    })
+}
+
+/// QoS class from container requests/limits (quantities compared as written).
+fn qos_class(spec: &Value) -> &'static str {
+    let containers: Vec<&Value> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|l| spec.get(*l).and_then(Value::as_array).into_iter().flatten())
+        .collect();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in containers {
+        let requests = c.pointer("/resources/requests").and_then(Value::as_object);
+        let limits = c.pointer("/resources/limits").and_then(Value::as_object);
+        for r in ["cpu", "memory"] {
+            let req = requests.and_then(|m| m.get(r));
+            let lim = limits.and_then(|m| m.get(r));
+            any |= req.is_some() || lim.is_some();
+            match (req, lim) {
+                (_, None) => guaranteed = false,
+                (Some(q), Some(l)) if q != l => guaranteed = false,
+                _ => {}
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
+/// ValidatePodUpdate: the spec may only change images, activeDeadlineSeconds, added
+/// tolerations, and (from a negative value to 1) terminationGracePeriodSeconds.
+pub fn validate_update(old: &Value, new: &Value) -> Result<(), ApiError> {
+    let mut allowed = old["spec"].clone();
+    let new_spec = &new["spec"];
+    for list in ["containers", "initContainers"] {
+        let (Some(a), Some(n)) =
+            (allowed.get_mut(list).and_then(Value::as_array_mut), new_spec.get(list).and_then(Value::as_array))
+        else {
+            continue;
+        };
+        if a.len() != n.len() {
+            continue;
+        }
+        for (ac, nc) in a.iter_mut().zip(n) {
+            if let Some(image) = nc.get("image") {
+                ac["image"] = image.clone();
+            }
+        }
+    }
+    copy_field(&mut allowed, new_spec, "activeDeadlineSeconds");
+    let old_tolerations = old.pointer("/spec/tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    let new_tolerations = new_spec.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
+    if old_tolerations.iter().all(|t| new_tolerations.contains(t)) {
+        copy_field(&mut allowed, new_spec, "tolerations");
+    }
+    let old_grace = old.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0);
+    if old_grace < 0 && new_spec.get("terminationGracePeriodSeconds").and_then(Value::as_i64) == Some(1) {
+        copy_field(&mut allowed, new_spec, "terminationGracePeriodSeconds");
+    }
+    if allowed == *new_spec {
+        return Ok(());
+    }
+    let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    Err(ApiError::invalid(
+        "Pod",
+        "",
+        name,
+        vec![FieldError::forbidden(
+            "spec",
+            "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+        )],
+    ))
+}
+
+fn copy_field(target: &mut Value, source: &Value, field: &str) {
+    match source.get(field) {
+        Some(v) => target[field] = v.clone(),
+        None => {
+            if let Some(m) = target.as_object_mut() {
+                m.remove(field);
+            }
+        }
+    }
+}
+
+/// The grace period a DELETE of this pod gets: 0 for unscheduled or terminal pods (they are
+/// removed at once), else the request's, else the pod's terminationGracePeriodSeconds.
+pub fn grace_period(pod: &Value, requested: Option<i64>) -> i64 {
+    let unbound = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("").is_empty();
+    let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+    if unbound || phase == "Succeeded" || phase == "Failed" {
+        return 0;
+    }
+    let grace = requested
+        .or_else(|| pod.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+        .unwrap_or(DEFAULT_GRACE_SECONDS);
+    // Upstream turns a negative grace period into the minimum of 1 second.
+    if grace < 0 { 1 } else { grace }
+}
+
+/// Whether the pod has condition Ready=True.
+pub fn is_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some("Ready")
+            && c.get("status").and_then(Value::as_str) == Some("True")
+    })
+}
+
+/// Kinds of objects the Node authorizer relates to nodes through pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefKind {
+    Pod,
+    Secret,
+    ConfigMap,
+    Pvc,
+    Pv,
+    ServiceAccount,
+}
+
+/// Names of objects a pod references.
+#[derive(Debug, Default)]
+pub struct References {
+    pub secrets: Vec<String>,
+    pub configmaps: Vec<String>,
+    pub pvcs: Vec<String>,
+    pub service_account: Option<String>,
+}
+
+fn push_str(out: &mut Vec<String>, v: Option<&Value>) {
+    if let Some(s) = v.and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        out.push(s.to_string());
+    }
+}
+
+/// Every secret, configmap and PVC a pod names (volumes, projections, env, envFrom,
+/// imagePullSecrets, CSI secrets), as upstream's VisitPod*Names do.
+pub fn references(pod: &Value) -> References {
+    let mut r = References::default();
+    let spec = &pod["spec"];
+    for s in spec.get("imagePullSecrets").and_then(Value::as_array).into_iter().flatten() {
+        push_str(&mut r.secrets, s.get("name"));
+    }
+    let pod_name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    for v in spec.get("volumes").and_then(Value::as_array).into_iter().flatten() {
+        push_str(&mut r.secrets, v.pointer("/secret/secretName"));
+        push_str(&mut r.secrets, v.pointer("/csi/nodePublishSecretRef/name"));
+        push_str(&mut r.configmaps, v.pointer("/configMap/name"));
+        push_str(&mut r.pvcs, v.pointer("/persistentVolumeClaim/claimName"));
+        if v.get("ephemeral").is_some() {
+            let vol = v.get("name").and_then(Value::as_str).unwrap_or("");
+            r.pvcs.push(format!("{pod_name}-{vol}"));
+        }
+        for src in v.pointer("/projected/sources").and_then(Value::as_array).into_iter().flatten() {
+            push_str(&mut r.secrets, src.pointer("/secret/name"));
+            push_str(&mut r.configmaps, src.pointer("/configMap/name"));
+        }
+    }
+    for list in container_lists() {
+        for c in spec.get(list).and_then(Value::as_array).into_iter().flatten() {
+            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
+                push_str(&mut r.secrets, e.pointer("/valueFrom/secretKeyRef/name"));
+                push_str(&mut r.configmaps, e.pointer("/valueFrom/configMapKeyRef/name"));
+            }
+            for e in c.get("envFrom").and_then(Value::as_array).into_iter().flatten() {
+                push_str(&mut r.secrets, e.pointer("/secretRef/name"));
+                push_str(&mut r.configmaps, e.pointer("/configMapRef/name"));
+            }
+        }
+    }
+    r.service_account =
+        spec.get("serviceAccountName").and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
+    r
+}
+
+/// Whether a pod bound to `node` relates the node to the object `kind ns/name`.
+pub fn node_references(inner: &StoreInner, node: &str, kind: RefKind, ns: &str, name: &str) -> bool {
+    let on_node = |p: &Value| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node);
+    if kind == RefKind::Pod {
+        return inner.get("pods", ns, name).is_some_and(|p| on_node(&p));
+    }
+    if kind == RefKind::Pv {
+        // node <- pod <- pvc <- pv
+        return inner.list("persistentvolumeclaims", None).iter().any(|pvc| {
+            pvc.pointer("/spec/volumeName").and_then(Value::as_str) == Some(name) && {
+                let pvc_ns = pvc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
+                let pvc_name = pvc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                node_references(inner, node, RefKind::Pvc, pvc_ns, pvc_name)
+            }
+        });
+    }
+    inner.list("pods", Some(ns)).iter().filter(|p| on_node(p)).any(|p| {
+        let r = references(p);
+        match kind {
+            RefKind::Secret => r.secrets.iter().any(|s| s == name),
+            RefKind::ConfigMap => r.configmaps.iter().any(|s| s == name),
+            RefKind::Pvc => r.pvcs.iter().any(|s| s == name),
+            RefKind::ServiceAccount => r.service_account.as_deref() == Some(name),
+            RefKind::Pod | RefKind::Pv => false,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_pull_policy_defaults() {
+        assert!(pulls_always("nginx"));
+        assert!(pulls_always("nginx:latest"));
+        assert!(pulls_always("localhost:5000/nginx"));
+        assert!(!pulls_always("localhost:5000/nginx:1.2"));
+        assert!(!pulls_always("nginx@sha256:abc"));
+    }
+
+    #[test]
+    fn qos() {
+        assert_eq!(qos_class(&json!({"containers": [{"name": "a"}]})), "BestEffort");
+        assert_eq!(
+            qos_class(&json!({"containers": [{"resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]})),
+            "Guaranteed"
+        );
+        assert_eq!(qos_class(&json!({"containers": [{"resources": {"requests": {"cpu": "1"}}}]})), "Burstable");
+    }
+
+    #[test]
+    fn update_allows_image_only() {
+        let old = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "1"}], "tolerations": []}});
+        let mut new = old.clone();
+        new["spec"]["containers"][0]["image"] = json!("2");
+        assert!(validate_update(&old, &new).is_ok());
+        new["spec"]["tolerations"] = json!([{"key": "k"}]);
+        assert!(validate_update(&old, &new).is_ok());
+        new["spec"]["containers"][0]["command"] = json!(["x"]);
+        assert_eq!(validate_update(&old, &new).unwrap_err().code, 422);
+    }
+
+    #[test]
+    fn grace() {
+        let bound =
+            json!({"spec": {"nodeName": "n", "terminationGracePeriodSeconds": 10}, "status": {"phase": "Running"}});
+        assert_eq!(grace_period(&bound, None), 10);
+        assert_eq!(grace_period(&bound, Some(3)), 3);
+        assert_eq!(grace_period(&bound, Some(-5)), 1);
+        assert_eq!(grace_period(&json!({"spec": {}}), Some(30)), 0);
+        let done = json!({"spec": {"nodeName": "n"}, "status": {"phase": "Succeeded"}});
+        assert_eq!(grace_period(&done, None), 0);
+    }
+
+    #[test]
+    fn references_cover_volumes_and_env() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {
+            "serviceAccountName": "sa",
+            "imagePullSecrets": [{"name": "pull"}],
+            "volumes": [{"name": "v", "secret": {"secretName": "s1"}}, {"name": "c", "configMap": {"name": "c1"}},
+                        {"name": "pr", "projected": {"sources": [{"secret": {"name": "s2"}}]}},
+                        {"name": "d", "persistentVolumeClaim": {"claimName": "claim"}}],
+            "containers": [{"name": "a", "env": [{"name": "E", "valueFrom": {"configMapKeyRef": {"name": "c2", "key": "k"}}}],
+                            "envFrom": [{"secretRef": {"name": "s3"}}]}]
+        }});
+        let r = references(&pod);
+        assert_eq!(r.secrets, vec!["pull", "s1", "s2", "s3"]);
+        assert_eq!(r.configmaps, vec!["c1", "c2"]);
+        assert_eq!(r.pvcs, vec!["claim"]);
+        assert_eq!(r.service_account.as_deref(), Some("sa"));
+    }
+}

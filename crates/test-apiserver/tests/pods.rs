@@ -1,0 +1,229 @@
+//! Pod semantics: graceful deletion, finalizers, status subresource isolation, update
+//! restrictions, defaults.
+
+mod common;
+
+use common::{create_pod, pod_json, rv, start, status};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent, WatchParams};
+use serde_json::json;
+
+#[tokio::test]
+async fn graceful_deletion_of_a_bound_pod() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = create_pod(&client, "default", "g", Some("node-1")).await;
+    let mut w =
+        pods.watch(&WatchParams::default(), &created.metadata.resource_version.clone().unwrap()).await.unwrap().boxed();
+
+    // First DELETE: marked with deletionTimestamp and the pod's grace period; still there.
+    let first = pods.delete("g", &DeleteParams::default()).await.unwrap().left().expect("pods answer the object");
+    assert_eq!(first.metadata.deletion_grace_period_seconds, Some(30));
+    let deadline = first.metadata.deletion_timestamp.clone().expect("deletionTimestamp");
+    assert!(pods.get("g").await.is_ok());
+    match w.next().await.unwrap().unwrap() {
+        WatchEvent::Modified(p) => assert!(p.metadata.deletion_timestamp.is_some()),
+        other => panic!("{other:?}"),
+    }
+
+    // A longer grace period changes nothing; a shorter one moves the deadline earlier.
+    let longer = pods
+        .delete("g", &DeleteParams { grace_period_seconds: Some(100), ..Default::default() })
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert_eq!(longer.metadata.deletion_grace_period_seconds, Some(30));
+    assert_eq!(rv(&longer), rv(&first));
+    let shorter = pods
+        .delete("g", &DeleteParams { grace_period_seconds: Some(10), ..Default::default() })
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert_eq!(shorter.metadata.deletion_grace_period_seconds, Some(10));
+    assert!(shorter.metadata.deletion_timestamp.unwrap().0 < deadline.0);
+
+    // The kubelet's final delete: grace 0 with a UID precondition.
+    let wrong = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions { uid: Some("other".into()), resource_version: None }),
+        ..Default::default()
+    };
+    assert_eq!(status(pods.delete("g", &wrong).await.unwrap_err()).code, 409);
+    let final_delete = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions { uid: created.metadata.uid.clone(), resource_version: None }),
+        ..Default::default()
+    };
+    pods.delete("g", &final_delete).await.unwrap();
+    assert_eq!(status(pods.get("g").await.unwrap_err()).code, 404);
+    let mut kinds = Vec::new();
+    while let Some(Ok(e)) = w.next().await {
+        let deleted = matches!(e, WatchEvent::Deleted(_));
+        kinds.push(deleted);
+        if deleted {
+            break;
+        }
+    }
+    assert_eq!(kinds.last(), Some(&true));
+}
+
+#[tokio::test]
+async fn unbound_and_terminal_pods_go_at_once() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    create_pod(&client, "default", "unbound", None).await;
+    pods.delete("unbound", &DeleteParams::default()).await.unwrap();
+    assert_eq!(status(pods.get("unbound").await.unwrap_err()).code, 404);
+
+    create_pod(&client, "default", "done", Some("n")).await;
+    pods.patch_status("done", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Succeeded"}})))
+        .await
+        .unwrap();
+    pods.delete("done", &DeleteParams::default()).await.unwrap();
+    assert_eq!(status(pods.get("done").await.unwrap_err()).code, 404);
+
+    // An explicit grace period of 0 removes a running pod at once (force delete).
+    create_pod(&client, "default", "forced", Some("n")).await;
+    pods.delete("forced", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    assert_eq!(status(pods.get("forced").await.unwrap_err()).code, 404);
+}
+
+#[tokio::test]
+async fn finalizers_hold_objects_until_removed() {
+    let (_server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "f", "finalizers": ["example.com/hold"]}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let pending = cms.delete("f", &DeleteParams::default()).await.unwrap().left().expect("object still present");
+    assert!(pending.metadata.deletion_timestamp.is_some());
+    assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(0));
+    // No new finalizers while deleting.
+    let add = Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}));
+    assert_eq!(status(cms.patch("f", &PatchParams::default(), &add).await.unwrap_err()).code, 422);
+    // Other updates still work; the deletionTimestamp cannot be cleared.
+    let labelled = cms
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}, "deletionTimestamp": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(labelled.metadata.deletion_timestamp.is_some());
+    // Removing the last finalizer deletes it.
+    cms.patch("f", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    assert_eq!(status(cms.get("f").await.unwrap_err()).code, 404);
+
+    // A pod with a finalizer: the grace-0 delete leaves it until the finalizer goes.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut p = pod_json("pf", Some("n"));
+    p["metadata"]["finalizers"] = json!(["example.com/keep"]);
+    pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap()).await.unwrap();
+    pods.delete("pf", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    assert_eq!(pods.get("pf").await.unwrap().metadata.deletion_grace_period_seconds, Some(0));
+    pods.patch(
+        "pf",
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers"}])).unwrap()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status(pods.get("pf").await.unwrap_err()).code, 404);
+}
+
+#[tokio::test]
+async fn status_subresource_isolation() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = create_pod(&client, "default", "s", Some("n")).await;
+    assert_eq!(created.status.as_ref().unwrap().phase.as_deref(), Some("Pending"));
+
+    // The main resource ignores status...
+    let mut edited = created.clone();
+    edited.status.as_mut().unwrap().phase = Some("Running".into());
+    edited.metadata.labels.as_mut().unwrap().insert("tier".into(), "x".into());
+    let after = pods.replace("s", &PostParams::default(), &edited).await.unwrap();
+    assert_eq!(after.status.unwrap().phase.as_deref(), Some("Pending"));
+    assert_eq!(after.metadata.labels.unwrap()["tier"], "x");
+
+    // ... and /status ignores spec.
+    let patch = json!({"spec": {"activeDeadlineSeconds": 5}, "status": {"phase": "Running", "podIP": "10.0.0.5"}});
+    let after = pods.patch_status("s", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    assert_eq!(after.spec.unwrap().active_deadline_seconds, None);
+    assert_eq!(after.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
+    let mut whole = pods.get_status("s").await.unwrap();
+    whole.status.as_mut().unwrap().pod_ip = Some("10.0.0.6".into());
+    whole.spec.as_mut().unwrap().containers[0].image = Some("changed:2".into());
+    let replaced = pods.replace_status("s", &PostParams::default(), &whole).await.unwrap();
+    assert_eq!(replaced.status.unwrap().pod_ip.as_deref(), Some("10.0.0.6"));
+    assert_eq!(replaced.spec.unwrap().containers[0].image.as_deref(), Some("registry.local/app:1"));
+
+    // Nodes too.
+    let nodes: Api<Node> = Api::all(client);
+    let node: Node =
+        serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"capacity": {"cpu": "4"}}})).unwrap();
+    let n = nodes.create(&PostParams::default(), &node).await.unwrap();
+    assert_eq!(n.status.as_ref().unwrap().capacity.as_ref().unwrap()["cpu"].0, "4", "nodes keep status on create");
+    let n = nodes
+        .patch(
+            "n",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}, "status": {"capacity": {"cpu": "8"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n.spec.unwrap().unschedulable, Some(true));
+    assert_eq!(n.status.unwrap().capacity.unwrap()["cpu"].0, "4");
+}
+
+#[tokio::test]
+async fn pod_spec_is_mostly_immutable() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    create_pod(&client, "default", "im", Some("n")).await;
+    let image = Patch::Strategic(json!({"spec": {"containers": [{"name": "app", "image": "registry.local/app:2"}]}}));
+    let p = pods.patch("im", &PatchParams::default(), &image).await.unwrap();
+    assert_eq!(p.spec.unwrap().containers[0].image.as_deref(), Some("registry.local/app:2"));
+    let e = status(
+        pods.patch("im", &PatchParams::default(), &Patch::Merge(json!({"spec": {"nodeName": "other"}})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    assert!(
+        e.message.starts_with("Pod \"im\" is invalid: spec: Forbidden: pod updates may not change fields other than"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test]
+async fn pod_defaults_and_service_account_token() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut p = pod_json("d", Some("n"));
+    p["spec"].as_object_mut().unwrap().remove("automountServiceAccountToken");
+    let created = pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap()).await.unwrap();
+    let spec = created.spec.unwrap();
+    assert_eq!(spec.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(spec.termination_grace_period_seconds, Some(30));
+    assert_eq!(spec.service_account_name.as_deref(), Some("default"));
+    assert_eq!(spec.containers[0].image_pull_policy.as_deref(), Some("IfNotPresent"));
+    let volume =
+        spec.volumes.unwrap().into_iter().find(|v| v.name.starts_with("kube-api-access-")).expect("token volume");
+    assert!(volume.projected.is_some());
+    let mounts = spec.containers[0].volume_mounts.clone().unwrap();
+    assert!(mounts.iter().any(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount"));
+    assert_eq!(created.status.unwrap().qos_class.as_deref(), Some("BestEffort"));
+
+    // A missing service account is refused like the ServiceAccount admission plugin does.
+    let mut p = pod_json("nosa", Some("n"));
+    p["spec"]["serviceAccountName"] = json!("ghost");
+    let e = status(pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap()).await.unwrap_err());
+    assert_eq!(e.code, 403);
+    assert!(e.message.contains("serviceaccount \"ghost\" not found"), "{}", e.message);
+}

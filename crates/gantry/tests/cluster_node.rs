@@ -124,7 +124,6 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     let admin = c.admin().await;
     let node = wait_ready(&admin, "n-register").await;
     let uid = node.metadata.uid.clone().unwrap();
-    eprintln!("NODEJSON {}", serde_json::to_string_pretty(&node).unwrap());
     assert_eq!(agent.registration.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(agent.node_uid.borrow().as_deref(), Some(uid.as_str()));
 
@@ -156,6 +155,9 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     }
     let addresses = status.addresses.as_ref().unwrap();
     assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == "n-register"), "{addresses:?}");
+    let internal: Vec<String> =
+        addresses.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect();
+    assert_eq!(agent.registration.host_ips, internal);
     for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
         assert!(condition(&node, t).is_some(), "{t}");
     }
@@ -175,7 +177,6 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     })
     .await;
     let gap = renew_time(&renewed).duration_since(t0);
-    eprintln!("LEASEJSON {}", serde_json::to_string_pretty(&renewed).unwrap());
     assert!(gap.as_secs_f64() < 3.0, "renewed after {gap:?}");
 
     // Events of the registration.

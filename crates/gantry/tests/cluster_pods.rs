@@ -5,35 +5,43 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Env, Gantry, NODE, eventually, pod_yaml, static_name};
-use gantry_test_apiserver::{TestApiServer, User};
+use common::cluster::Cluster;
+use common::{Env, Gantry, eventually, pod_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-async fn start_cluster_node(env: &Env, api: &TestApiServer) -> Gantry {
-    let kubeconfig = api.kubeconfig(&env.ctd.dir(), &User::Node(NODE.to_string()));
+/// A containerd, an API server (the test server, or a real one) and the node name to use.
+async fn setup() -> Option<(Env, Cluster)> {
+    let cluster = Cluster::start().await;
+    let env = Env::start_as(&cluster.node_name()).await?;
+    Some((env, cluster))
+}
+
+fn start_cluster_node(env: &Env, cluster: &Cluster) -> Gantry {
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
     env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display())])
 }
 
 /// A pod already bound to the node. No service-account token volume: projected volumes are
-/// not supported yet (issue 4), and the test server injects one like the real admission does.
-fn bound_pod(name: &str, command: &str) -> Pod {
+/// not supported yet (issue 4), and the API server injects one unless told not to.
+fn bound_pod(node: &str, name: &str, command: &str) -> Pod {
     let spec =
-        format!("  nodeName: {NODE}\n  terminationGracePeriodSeconds: 2\n  automountServiceAccountToken: false\n");
+        format!("  nodeName: {node}\n  terminationGracePeriodSeconds: 2\n  automountServiceAccountToken: false\n");
     let yaml = pod_yaml(name, command, &spec);
     serde_yaml_ng::from_str(&yaml).unwrap()
 }
 
 #[tokio::test]
 async fn api_pod_runs_reports_status_and_is_deleted_gracefully() {
-    let Some(env) = Env::start().await else { return };
-    let server = TestApiServer::start().await;
-    let gantry = start_cluster_node(&env, &server).await;
-    let admin = server.client(&User::Admin).await;
+    let Some((env, cluster)) = setup().await else { return };
+    let gantry = start_cluster_node(&env, &cluster);
+    let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     // The process ignores SIGTERM, so deletion must wait the full grace period.
-    pods.create(&PostParams::default(), &bound_pod("web", "trap '' TERM; while true; do sleep 1; done")).await.unwrap();
+    pods.create(&PostParams::default(), &bound_pod(&env.node, "web", "trap '' TERM; while true; do sleep 1; done"))
+        .await
+        .unwrap();
 
     let running = eventually("API status Running and ready", &gantry, || async {
         let pod = pods.get("web").await.ok()?;
@@ -56,16 +64,16 @@ async fn api_pod_runs_reports_status_and_is_deleted_gracefully() {
     let took = deleted_at.elapsed();
     assert!(took >= Duration::from_secs(2), "grace period honoured: gone after {took:?}");
     assert!(env.sandboxes().await.iter().all(|s| s.1 != "web"), "sandbox removed");
+    cluster.cleanup(&env.node).await;
 }
 
 #[tokio::test]
 async fn static_pods_get_mirror_pods_that_come_back_when_deleted() {
-    let Some(env) = Env::start().await else { return };
+    let Some((env, cluster)) = setup().await else { return };
     env.write_manifest("static.yaml", &pod_yaml("static", "sleep 3600", ""));
-    let server = TestApiServer::start().await;
-    let gantry = start_cluster_node(&env, &server).await;
-    let pods: Api<Pod> = Api::namespaced(server.client(&User::Admin).await, "default");
-    let name = static_name("static");
+    let gantry = start_cluster_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let name = format!("static-{}", env.node);
 
     let mirror = eventually("mirror pod with Running status", &gantry, || async {
         let pod = pods.get(&name).await.ok()?;
@@ -75,7 +83,7 @@ async fn static_pods_get_mirror_pods_that_come_back_when_deleted() {
     let annotations = mirror.metadata.annotations.clone().unwrap();
     assert_eq!(annotations["kubernetes.io/config.mirror"], annotations["kubernetes.io/config.hash"]);
     let owner = &mirror.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", NODE));
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", env.node.as_str()));
     let container = env.running(&name).await.pop().unwrap();
 
     pods.delete(&name, &DeleteParams::default().grace_period(0)).await.unwrap();
@@ -89,23 +97,23 @@ async fn static_pods_get_mirror_pods_that_come_back_when_deleted() {
         container.id,
         "deleting the mirror pod does not touch the static pod"
     );
+    cluster.cleanup(&env.node).await;
 }
 
 #[tokio::test]
 async fn a_pod_with_an_unsupported_volume_says_why_and_others_still_run() {
-    let Some(env) = Env::start().await else { return };
-    let server = TestApiServer::start().await;
-    let gantry = start_cluster_node(&env, &server).await;
-    let admin = server.client(&User::Admin).await;
+    let Some((env, cluster)) = setup().await else { return };
+    let gantry = start_cluster_node(&env, &cluster);
+    let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let mut unsupported = bound_pod("needs-nfs", "sleep 3600");
+    let mut unsupported = bound_pod(&env.node, "needs-nfs", "sleep 3600");
     let spec = unsupported.spec.as_mut().unwrap();
     spec.volumes = Some(vec![
         serde_json::from_value(serde_json::json!({"name": "data", "nfs": {"server": "nfs.invalid", "path": "/"}}))
             .unwrap(),
     ]);
     pods.create(&PostParams::default(), &unsupported).await.unwrap();
-    pods.create(&PostParams::default(), &bound_pod("fine", "sleep 3600")).await.unwrap();
+    pods.create(&PostParams::default(), &bound_pod(&env.node, "fine", "sleep 3600")).await.unwrap();
 
     let waiting = eventually("waiting reason naming the unsupported volume", &gantry, || async {
         let status = pods.get("needs-nfs").await.ok()?.status?;
@@ -127,4 +135,23 @@ async fn a_pod_with_an_unsupported_volume_says_why_and_others_still_run() {
         })
     })
     .await;
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn restarting_the_agent_keeps_api_pods_running_unchanged() {
+    let Some((env, cluster)) = setup().await else { return };
+    let mut gantry = start_cluster_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    pods.create(&PostParams::default(), &bound_pod(&env.node, "steady", "sleep 3600")).await.unwrap();
+    let before = eventually("steady running", &gantry, || async { env.running("steady").await.pop() }).await;
+
+    gantry.kill();
+    let gantry = start_cluster_node(&env, &cluster);
+    eventually("the new agent reports the pod Running", &gantry, || async { gantry.pod_in_phase("steady", "Running") })
+        .await;
+    assert_eq!(env.running("steady").await, vec![before], "same container, nothing duplicated");
+    let status = pods.get("steady").await.unwrap().status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    cluster.cleanup(&env.node).await;
 }

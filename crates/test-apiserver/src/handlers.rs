@@ -178,7 +178,9 @@ fn verb_of(method: &Method, rp: &ResourcePath, query: &Query) -> ApiResult<&'sta
         Method::DELETE if named => "delete",
         Method::DELETE => "deletecollection",
         _ => {
-            return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ));
         }
     })
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cluster;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +20,8 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 /// A test environment: containerd plus the folders a node agent uses.
 pub struct Env {
     pub ctd: Containerd,
+    /// The node name the agent runs as.
+    pub node: String,
     pub manifests: PathBuf,
     pub root: PathBuf,
     pub pod_logs: PathBuf,
@@ -26,6 +30,10 @@ pub struct Env {
 
 impl Env {
     pub async fn start() -> Option<Env> {
+        Self::start_as(NODE).await
+    }
+
+    pub async fn start_as(node: &str) -> Option<Env> {
         gantry_testkit::init_test_tracing();
         let ctd = Containerd::start_or_skip().await?;
         let dir = ctd.dir();
@@ -39,7 +47,7 @@ impl Env {
             pod_logs.display()
         );
         std::fs::write(&config, yaml).unwrap();
-        Some(Env { ctd, manifests, root, pod_logs, config })
+        Some(Env { ctd, node: node.to_string(), manifests, root, pod_logs, config })
     }
 
     /// The flags that point a node agent at this environment.
@@ -49,7 +57,7 @@ impl Env {
             format!("--container-runtime-endpoint={}", self.ctd.endpoint()),
             format!("--root-dir={}", self.root.display()),
             format!("--pod-manifest-path={}", self.manifests.display()),
-            format!("--hostname-override={NODE}"),
+            format!("--hostname-override={}", self.node),
             "-v=4".to_string(),
         ]
     }
@@ -74,7 +82,7 @@ impl Env {
     /// Containers Gantry created on this node, from the runtime itself.
     pub async fn containers(&self) -> Vec<RuntimeContainer> {
         let mut client = self.ctd.runtime_client().await;
-        let filter = ContainerFilter { label_selector: owned(), ..Default::default() };
+        let filter = ContainerFilter { label_selector: owned(&self.node), ..Default::default() };
         let list = client.list_containers(ListContainersRequest { filter: Some(filter) }).await.unwrap().into_inner();
         list.containers
             .into_iter()
@@ -92,7 +100,7 @@ impl Env {
     /// (sandbox id, pod name, ready) of Gantry's sandboxes on this node.
     pub async fn sandboxes(&self) -> Vec<(String, String, bool)> {
         let mut client = self.ctd.runtime_client().await;
-        let filter = PodSandboxFilter { label_selector: owned(), ..Default::default() };
+        let filter = PodSandboxFilter { label_selector: owned(&self.node), ..Default::default() };
         let list = client.list_pod_sandbox(ListPodSandboxRequest { filter: Some(filter) }).await.unwrap().into_inner();
         list.items
             .into_iter()
@@ -108,8 +116,8 @@ impl Env {
     }
 }
 
-fn owned() -> HashMap<String, String> {
-    HashMap::from([("gantry.dev/node".to_string(), NODE.to_string())])
+fn owned(node: &str) -> HashMap<String, String> {
+    HashMap::from([("gantry.dev/node".to_string(), node.to_string())])
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

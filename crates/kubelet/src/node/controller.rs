@@ -49,6 +49,16 @@ pub struct NodeRegistration {
     pub uid: Option<String>,
     /// Whether this agent created the Node (rather than finding it).
     pub created: bool,
+    /// The node's InternalIP addresses as reported at registration (the
+    /// pods' `hostIP`/`hostIPs`); empty when they could not be determined.
+    pub host_ips: Vec<String>,
+}
+
+fn internal_ips(addresses: &Result<Vec<NodeAddress>, String>) -> Vec<String> {
+    addresses
+        .as_ref()
+        .map(|a| a.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect())
+        .unwrap_or_default()
 }
 
 /// Why the node side cannot start.
@@ -252,6 +262,7 @@ impl NodeController {
             .await;
         self.update_runtime_up().await;
         if !self.settings.register_node {
+            let host_ips = internal_ips(&self.observe().await.addresses);
             let uid = match self.get_node().await {
                 Ok(node) => {
                     self.note_uid(&node);
@@ -262,7 +273,7 @@ impl NodeController {
                     None
                 }
             };
-            return Ok(NodeRegistration { name, uid, created: false });
+            return Ok(NodeRegistration { name, uid, created: false, host_ips });
         }
         let mut delay = BACKOFF_START;
         loop {
@@ -280,6 +291,7 @@ impl NodeController {
     async fn try_register(&self) -> Result<NodeRegistration, Option<NodeError>> {
         let name = self.node_name().to_string();
         let observed = self.observe().await;
+        let host_ips = internal_ips(&observed.addresses);
         let (node, events) = status::initial_node(&self.inputs(&observed));
         tracing::info!(node = %name, "attempting to register node");
         let created = self.with_timeout("create node", self.nodes.create(&PostParams::default(), &node)).await;
@@ -288,7 +300,7 @@ impl NodeController {
                 self.note_uid(&created);
                 tracing::info!(node = %name, uid = ?created.metadata.uid, "successfully registered node");
                 self.events.record_all(&events).await;
-                return Ok(NodeRegistration { name, uid: created.metadata.uid, created: true });
+                return Ok(NodeRegistration { name, uid: created.metadata.uid, created: true, host_ips });
             }
             // Upstream also looks at the existing Node on 403: NodeRestriction
             // may refuse the create of a Node that exists.
@@ -318,7 +330,7 @@ impl NodeController {
             }
         }
         self.note_uid(&existing);
-        Ok(NodeRegistration { name, uid: existing.metadata.uid, created: false })
+        Ok(NodeRegistration { name, uid: existing.metadata.uid, created: false, host_ips })
     }
 
     /// Runs the status, lease and runtime loops; never returns.

@@ -56,9 +56,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let shared = match &cluster {
-        Some(c) => {
-            shared.with_api(c.client.clone(), &settings.node_name, settings.node_ips.first().map(|ip| ip.to_string()))
-        }
+        Some(c) => shared.with_api(c.client.clone(), &settings.node_name, c.host_ip.clone()),
         None => shared,
     };
     if sources.kinds.is_empty() {
@@ -86,6 +84,8 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
 /// Cluster mode: the node side (registration, status, lease) and the API pod source.
 struct Cluster {
     client: kube::Client,
+    /// The node's first InternalIP, the pods' hostIP.
+    host_ip: Option<String>,
     node_uid: tokio::sync::watch::Receiver<Option<String>>,
     mirrors: tokio::sync::watch::Receiver<Vec<k8s_openapi::api::core::v1::Pod>>,
 }
@@ -96,7 +96,8 @@ async fn join_cluster(settings: &Settings, shared: &Shared, sources: &mut agent:
     let (mirrors_tx, mirrors) = tokio::sync::watch::channel(Vec::new());
     sources.kinds.push(SourceKind::Api);
     tokio::spawn(pod_source::run(client.clone(), settings.node_name.clone(), sources.tx.clone(), mirrors_tx));
-    Ok(Cluster { client, node_uid: node.node_uid, mirrors })
+    let host_ip = node.registration.host_ips.first().cloned();
+    Ok(Cluster { client, host_ip, node_uid: node.node_uid, mirrors })
 }
 
 impl Cluster {

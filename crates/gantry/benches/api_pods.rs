@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gantry_test_apiserver::{TestApiServer, User};
-use gantry_testkit::{BUSYBOX_IMAGE, Containerd, raw_start_pods, remove_all_pods};
+use gantry_testkit::{BUSYBOX_IMAGE, Containerd, raw_start_pods};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};

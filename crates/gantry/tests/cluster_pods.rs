@@ -150,8 +150,11 @@ async fn restarting_the_agent_keeps_api_pods_running_unchanged() {
     let gantry = start_cluster_node(&env, &cluster);
     eventually("the new agent reports the pod Running", &gantry, || async { gantry.pod_in_phase("steady", "Running") })
         .await;
-    assert_eq!(env.running("steady").await, vec![before], "same container, nothing duplicated");
-    let status = pods.get("steady").await.unwrap().status.unwrap();
-    assert_eq!(status.phase.as_deref(), Some("Running"));
+    assert_eq!(env.running("steady").await, vec![before.clone()], "same container, nothing duplicated");
+    eventually("the API status says Running", &gantry, || async {
+        (pods.get("steady").await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    assert_eq!(env.running("steady").await, vec![before], "still the same container");
     cluster.cleanup(&env.node).await;
 }

@@ -193,15 +193,21 @@ impl TestApiServer {
         kubeconfig::write(dir, &format!("{stem}-tokenfile.kubeconfig"), &contents)
     }
 
-    /// A kube-rs client for `user`.
+    /// A kube-rs client for `user`, with kube's defaults (note: kube 5 clients retry 429,
+    /// 503 and 504 with backoff for minutes; use [`config`](Self::config) with
+    /// `default_retry = false` to see a 429 from an eviction at once).
     pub async fn client(&self, user: &User) -> kube::Client {
+        kube::Client::try_from(self.config(user).await).expect("client builds")
+    }
+
+    /// The kube-rs configuration for `user`, to adjust before building a client.
+    pub async fn config(&self, user: &User) -> kube::Config {
         let (label, creds) = self.credentials(user);
         let yaml = kubeconfig::render(&self.url(), self.ca_pem(), &label, &creds);
         let kc = kube::config::Kubeconfig::from_yaml(&yaml).expect("valid kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
-            .expect("kubeconfig loads");
-        kube::Client::try_from(config).expect("client builds")
+            .expect("kubeconfig loads")
     }
 
     fn credentials(&self, user: &User) -> (String, Credentials) {

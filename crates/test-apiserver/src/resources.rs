@@ -251,7 +251,7 @@ impl Registry {
     pub fn versions(&self, group: &str) -> Vec<String> {
         let mut versions: Vec<String> =
             self.types.values().filter(|t| t.group == group).map(|t| t.version.clone()).collect();
-        versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         versions.dedup();
         versions
     }
@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn version_order() {
         let mut v = vec!["v1alpha1", "v2", "v1beta2", "v1", "v1beta1"];
-        v.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        v.sort_by_key(|x| std::cmp::Reverse(version_priority(x)));
         assert_eq!(v, vec!["v2", "v1", "v1beta2", "v1beta1", "v1alpha1"]);
     }
 

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{create_pod, pod_json, start, status};
+use common::{create_pod, pod_json, start_without_retries, status};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -41,7 +41,7 @@ async fn final_delete(pods: &Api<Pod>, name: &str) {
 
 #[tokio::test]
 async fn eviction_without_budget_deletes_gracefully() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let pods = ready_pods(&client, &["a"]).await;
     let s = pods.evict("a", &EvictParams::default()).await.unwrap();
     assert_eq!(s.code, 201);
@@ -50,21 +50,26 @@ async fn eviction_without_budget_deletes_gracefully() {
     // Evicting a terminating pod succeeds and changes nothing.
     pods.evict("a", &EvictParams::default()).await.unwrap();
     assert_eq!(pods.get("a").await.unwrap().metadata.resource_version, p.metadata.resource_version);
-    // The eviction's DeleteOptions apply.
+    // The eviction's DeleteOptions apply. (kube 5's EvictParams serialises them as
+    // `delete_options`, which real servers ignore too, so post a proper Eviction.)
     create_pod(&client, "default", "b", Some("node-1")).await;
     set_ready(&pods, "b", true).await;
-    let ep = EvictParams {
-        delete_options: Some(DeleteParams { grace_period_seconds: Some(5), ..Default::default() }),
-        ..Default::default()
-    };
-    pods.evict("b", &ep).await.unwrap();
+    let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "b"}, "deleteOptions": {"gracePeriodSeconds": 5}});
+    let s: kube::core::Status =
+        pods.create_subresource("eviction", "b", &PostParams::default(), &eviction).await.unwrap();
+    assert_eq!(s.code, 201);
     assert_eq!(pods.get("b").await.unwrap().metadata.deletion_grace_period_seconds, Some(5));
+    // policy/v1beta1 bodies are accepted as well.
+    create_pod(&client, "default", "c", Some("node-1")).await;
+    set_ready(&pods, "c", true).await;
+    let old = json!({"apiVersion": "policy/v1beta1", "kind": "Eviction", "metadata": {"name": "c"}});
+    let _: kube::core::Status = pods.create_subresource("eviction", "c", &PostParams::default(), &old).await.unwrap();
     assert_eq!(status(pods.evict("missing", &EvictParams::default()).await.unwrap_err()).code, 404);
 }
 
 #[tokio::test]
 async fn budget_blocks_with_429_and_recovers_when_pods_are_ready() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let pods = ready_pods(&client, &["a", "b"]).await;
     let pdbs = pdb(&client, "web", json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}})).await;
     let st = pdbs.get("web").await.unwrap().status.unwrap();
@@ -88,7 +93,7 @@ async fn budget_blocks_with_429_and_recovers_when_pods_are_ready() {
 
 #[tokio::test]
 async fn pdb_status_changes_are_watchable() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let pods = ready_pods(&client, &["a"]).await;
     let pdbs = pdb(&client, "one", json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}})).await;
     let current = pdbs.get("one").await.unwrap();
@@ -98,10 +103,12 @@ async fn pdb_status_changes_are_watchable() {
     set_ready(&pods, "b", true).await;
     let allowed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            if let Some(Ok(WatchEvent::Modified(p))) = w.next().await
-                && p.status.unwrap().disruptions_allowed == 1
-            {
-                return true;
+            match w.next().await {
+                Some(Ok(WatchEvent::Modified(p))) if p.status.as_ref().unwrap().disruptions_allowed == 1 => {
+                    return true;
+                }
+                Some(_) => {}
+                None => return false,
             }
         }
     })
@@ -112,7 +119,7 @@ async fn pdb_status_changes_are_watchable() {
 
 #[tokio::test]
 async fn max_unavailable_over_a_replicaset_allows_one_at_a_time() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let rss: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
     let rs: ReplicaSet = serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"replicas": 3,
         "selector": {"matchLabels": {"app": "web"}},
@@ -151,7 +158,7 @@ async fn max_unavailable_over_a_replicaset_allows_one_at_a_time() {
 
 #[tokio::test]
 async fn unhealthy_pods_and_policies() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let pods = ready_pods(&client, &["a", "b", "c"]).await;
     pdb(&client, "web", json!({"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}})).await;
     // The budget is met (3 >= 2): an unready pod may be evicted without taking a disruption.
@@ -178,7 +185,7 @@ async fn unhealthy_pods_and_policies() {
 
 #[tokio::test]
 async fn more_than_one_budget_is_an_error() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let pods = ready_pods(&client, &["a", "b"]).await;
     pdb(&client, "one", json!({"minAvailable": 0, "selector": {"matchLabels": {"app": "web"}}})).await;
     pdb(
@@ -197,7 +204,7 @@ async fn more_than_one_budget_is_an_error() {
 
 #[tokio::test]
 async fn pending_pods_ignore_budgets() {
-    let (_server, client) = start().await;
+    let (_server, client) = start_without_retries().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     create_pod(&client, "default", "p", Some("node-1")).await;
     pdb(&client, "strict", json!({"minAvailable": 5, "selector": {"matchLabels": {"app": "web"}}})).await;

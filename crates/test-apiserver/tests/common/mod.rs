@@ -14,6 +14,20 @@ pub async fn start() -> (TestApiServer, Client) {
     (server, client)
 }
 
+/// A client that reports 429s at once instead of retrying them for minutes.
+pub async fn client_without_retries(server: &TestApiServer, user: &User) -> Client {
+    let mut config = server.config(user).await;
+    config.default_retry = false;
+    Client::try_from(config).unwrap()
+}
+
+/// Like `start`, with an admin client that does not retry 429s.
+pub async fn start_without_retries() -> (TestApiServer, Client) {
+    let server = TestApiServer::start().await;
+    let client = client_without_retries(&server, &User::Admin).await;
+    (server, client)
+}
+
 /// The Status of a failed API call.
 pub fn status(e: Error) -> Box<Status> {
     match e {

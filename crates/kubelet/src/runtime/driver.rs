@@ -142,10 +142,7 @@ impl Driver {
     /// Stops one container with the given grace period; a container that is already gone is
     /// not an error.
     pub async fn kill_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
-        match self.cri.runtime.stop_container(id, grace).await {
-            Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
-        }
+        already_gone_is_ok(self.cri.runtime.stop_container(id, grace).await)
     }
 
     /// Stops every running container of the pod at once, then its sandboxes.
@@ -154,27 +151,19 @@ impl Driver {
         join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         for s in observed.sandboxes.iter().filter(|s| s.ready) {
             let request = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
-            match self.cri.runtime.stop_pod_sandbox(request).await {
-                Err(e) if !e.is_not_found() => return Err(e),
-                _ => {}
-            }
+            already_gone_is_ok(self.cri.runtime.stop_pod_sandbox(request).await)?;
         }
         Ok(())
     }
 
     pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
-        match self.cri.runtime.remove_container(api::RemoveContainerRequest { container_id: id.to_string() }).await {
-            Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
-        }
+        let request = api::RemoveContainerRequest { container_id: id.to_string() };
+        already_gone_is_ok(self.cri.runtime.remove_container(request).await)
     }
 
     pub async fn remove_sandbox(&self, id: &str) -> Result<(), CriError> {
-        match self.cri.runtime.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() }).await
-        {
-            Err(e) if !e.is_not_found() => Err(e),
-            _ => Ok(()),
-        }
+        let request = api::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() };
+        already_gone_is_ok(self.cri.runtime.remove_pod_sandbox(request).await)
     }
 
     /// Removes everything of a pod that is gone for good, including its directory.
@@ -192,5 +181,13 @@ impl Driver {
     /// The grace period for stopping `pod` now.
     pub fn grace(pod: &Pod) -> Duration {
         Duration::from_secs(spec::termination_grace_seconds(pod) as u64)
+    }
+}
+
+/// Stopping or removing something that no longer exists has done its job.
+fn already_gone_is_ok<T>(result: Result<T, CriError>) -> Result<(), CriError> {
+    match result {
+        Err(e) if !e.is_not_found() => Err(e),
+        _ => Ok(()),
     }
 }

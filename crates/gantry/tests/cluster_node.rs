@@ -1,11 +1,15 @@
 //! End-to-end tests of the node side of cluster mode: registration, node status, lease,
 //! and start-up errors, against the in-process test API server (with the Node authorizer and
-//! NodeRestriction) and a private containerd. The node side runs in-process through
-//! `gantry_kubelet::node::start`, the entry point the binary calls with `--kubeconfig`.
+//! NodeRestriction) or a real cluster (`GANTRY_E2E_KUBECONFIG`), and a private containerd.
+//! The node side runs in-process through `gantry_kubelet::node::start`, the entry point the
+//! binary calls with `--kubeconfig`.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::cluster::Cluster;
 use gantry_kubelet::api::{self, ApiError};
 use gantry_kubelet::config::{self, Flags, Settings};
 use gantry_kubelet::node::{self, KUBELET_VERSION, NodeAgent};
@@ -24,23 +28,28 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// a heartbeat that moves proves a forced report; lease of 4 s, renewed every second.
 const FAST: &str = "nodeStatusUpdateFrequency: 1s\nnodeStatusReportFrequency: 5m\nnodeLeaseDurationSeconds: 4\n";
 
-struct Cluster {
-    server: TestApiServer,
+struct Harness {
+    cluster: Cluster,
     ctd: Containerd,
     dir: tempfile::TempDir,
 }
 
-impl Cluster {
-    async fn start() -> Option<Cluster> {
+impl Harness {
+    async fn start() -> Option<Harness> {
         gantry_testkit::init_test_tracing();
         let ctd = Containerd::start_or_skip().await?;
-        let server = TestApiServer::start().await;
-        Some(Cluster { server, ctd, dir: tempfile::tempdir().unwrap() })
+        let cluster = Cluster::start().await;
+        Some(Harness { cluster, ctd, dir: tempfile::tempdir().unwrap() })
+    }
+
+    /// The node name for a test: `name` on the test server, a unique one on a real cluster.
+    fn node(&self, name: &str) -> String {
+        self.cluster.unique_node_name(name)
     }
 
     /// Settings as `gantry kubelet` would resolve them from these flags and config body.
     fn settings(&self, node: &str, extra: &[&str], config_body: &str) -> Settings {
-        let kubeconfig = self.server.kubeconfig(self.dir.path(), &User::Node(node.into()));
+        let kubeconfig = self.cluster.node_kubeconfig(self.dir.path(), node);
         settings_for(&kubeconfig, &self.ctd.endpoint(), &self.dir.path().join(node), node, extra, config_body)
     }
 
@@ -52,7 +61,13 @@ impl Cluster {
     }
 
     async fn admin(&self) -> kube::Client {
-        self.server.client(&User::Admin).await
+        self.cluster.admin().await
+    }
+
+    /// Stops the node side and removes what the test left on a real cluster.
+    async fn finish(&self, agent: NodeAgent, node: &str) {
+        agent.task.abort();
+        self.cluster.cleanup(node).await;
     }
 }
 
@@ -113,22 +128,23 @@ fn renew_time(l: &Lease) -> Timestamp {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn registers_the_node_with_node_info_and_a_renewed_lease() {
-    let Some(c) = Cluster::start().await else { return };
+    let Some(c) = Harness::start().await else { return };
+    let name = c.node("n-register");
     let settings = c.settings(
-        "n-register",
+        &name,
         &["--node-labels=node.kubernetes.io/pool=blue", "--register-with-taints=dedicated=infra:NoSchedule"],
         FAST,
     );
     let agent = c.start_node(&settings).await;
     assert!(agent.registration.created);
     let admin = c.admin().await;
-    let node = wait_ready(&admin, "n-register").await;
+    let node = wait_ready(&admin, &name).await;
     let uid = node.metadata.uid.clone().unwrap();
     assert_eq!(agent.registration.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(agent.node_uid.borrow().as_deref(), Some(uid.as_str()));
 
     let labels = node.metadata.labels.as_ref().unwrap();
-    assert_eq!(labels["kubernetes.io/hostname"], "n-register");
+    assert_eq!(labels["kubernetes.io/hostname"], name);
     assert_eq!(labels["kubernetes.io/os"], "linux");
     assert_eq!(labels["node.kubernetes.io/pool"], "blue");
     assert!(!labels["kubernetes.io/arch"].is_empty());
@@ -154,7 +170,7 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
         assert!(capacity.contains_key(r) && status.allocatable.as_ref().unwrap().contains_key(r), "{r}");
     }
     let addresses = status.addresses.as_ref().unwrap();
-    assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == "n-register"), "{addresses:?}");
+    assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == name), "{addresses:?}");
     let internal: Vec<String> =
         addresses.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect();
     assert_eq!(agent.registration.host_ips, internal);
@@ -164,16 +180,16 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     assert_eq!(condition(&node, "Ready").unwrap().reason.as_deref(), Some("KubeletReady"));
 
     // The lease: owned by the Node, renewed about every second.
-    let first = wait_for("the lease", || lease(&admin, "n-register")).await;
+    let first = wait_for("the lease", || lease(&admin, &name)).await;
     let owner = &first.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!((owner.api_version.as_str(), owner.kind.as_str(), owner.name.as_str()), ("v1", "Node", "n-register"));
+    assert_eq!((owner.api_version.as_str(), owner.kind.as_str(), owner.name.as_str()), ("v1", "Node", name.as_str()));
     assert_eq!(owner.uid, uid);
     let spec = first.spec.as_ref().unwrap();
-    assert_eq!(spec.holder_identity.as_deref(), Some("n-register"));
+    assert_eq!(spec.holder_identity.as_deref(), Some(name.as_str()));
     assert_eq!(spec.lease_duration_seconds, Some(4));
     let t0 = renew_time(&first);
     let renewed = wait_for("the lease to be renewed", || async {
-        lease(&admin, "n-register").await.filter(|l| renew_time(l) > t0)
+        lease(&admin, &name).await.filter(|l| renew_time(l) > t0)
     })
     .await;
     let gap = renew_time(&renewed).duration_since(t0);
@@ -186,35 +202,37 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
         let reasons: Vec<String> = list
             .items
             .iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some("n-register"))
+            .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
             .filter_map(|e| e.reason.clone())
             .collect();
         reasons.iter().any(|r| r == "NodeHasSufficientMemory").then_some(reasons)
     })
     .await;
     assert!(reasons.iter().any(|r| r == "Starting"), "{reasons:?}");
-    agent.task.abort();
+    c.finish(agent, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kube_proxy_version_with_the_gate_disabled() {
-    let Some(c) = Cluster::start().await else { return };
-    let settings = c.settings("n-kpv", &["--feature-gates=DisableNodeKubeProxyVersion=false"], FAST);
+    let Some(c) = Harness::start().await else { return };
+    let name = c.node("n-kpv");
+    let settings = c.settings(&name, &["--feature-gates=DisableNodeKubeProxyVersion=false"], FAST);
     let agent = c.start_node(&settings).await;
-    let node = wait_ready(&c.admin().await, "n-kpv").await;
+    let node = wait_ready(&c.admin().await, &name).await;
     assert_eq!(node.status.unwrap().node_info.unwrap().kube_proxy_version, KUBELET_VERSION);
-    agent.task.abort();
+    c.finish(agent, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn clears_a_kube_proxy_version_an_older_kubelet_set() {
-    let Some(c) = Cluster::start().await else { return };
+    let Some(c) = Harness::start().await else { return };
+    let name = c.node("n-old");
     let admin = c.admin().await;
     let nodes = Api::<Node>::all(admin.clone());
     // A Node left by an older kubelet: registered, with kubeProxyVersion set and a label
     // value the agent owns that is stale.
     let old: Node = serde_json::from_value(json!({
-        "metadata": {"name": "n-old", "labels": {"kubernetes.io/hostname": "stale", "team": "a"}},
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": "stale", "team": "a"}},
     }))
     .unwrap();
     nodes.create(&PostParams::default(), &old).await.unwrap();
@@ -223,12 +241,12 @@ async fn clears_a_kube_proxy_version_an_older_kubelet_set() {
         "containerRuntimeVersion": "containerd://1.5.0", "kubeletVersion": "v1.28.3", "kubeProxyVersion": "v1.28.3",
         "operatingSystem": "linux", "architecture": "amd64"
     }}});
-    nodes.patch_status("n-old", &PatchParams::default(), &Patch::Merge(&info)).await.unwrap();
+    nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&info)).await.unwrap();
 
-    let agent = c.start_node(&c.settings("n-old", &[], FAST)).await;
+    let agent = c.start_node(&c.settings(&name, &[], FAST)).await;
     assert!(!agent.registration.created);
     let node = wait_for("kubeProxyVersion to be cleared", || async {
-        get_node(&admin, "n-old").await.filter(|n| {
+        get_node(&admin, &name).await.filter(|n| {
             n.status.as_ref().and_then(|s| s.node_info.as_ref()).is_some_and(|i| i.kube_proxy_version.is_empty())
         })
     })
@@ -236,36 +254,41 @@ async fn clears_a_kube_proxy_version_an_older_kubelet_set() {
     let info = node.status.as_ref().unwrap().node_info.as_ref().unwrap();
     assert_eq!(info.kubelet_version, KUBELET_VERSION);
     let labels = node.metadata.labels.as_ref().unwrap();
-    assert_eq!(labels["kubernetes.io/hostname"], "n-old", "owned labels are reconciled");
+    assert_eq!(labels["kubernetes.io/hostname"], name, "owned labels are reconciled");
     assert_eq!(labels["team"], "a", "other labels are left alone");
-    agent.task.abort();
+    c.finish(agent, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_and_lease_catch_up_after_the_api_server_was_down() {
-    let Some(mut c) = Cluster::start().await else { return };
-    let agent = c.start_node(&c.settings("n-outage", &[], FAST)).await;
+    let Some(mut c) = Harness::start().await else { return };
+    if c.cluster.test_server("status_and_lease_catch_up_after_the_api_server_was_down").is_none() {
+        return;
+    }
+    let name = c.node("n-outage");
+    let agent = c.start_node(&c.settings(&name, &[], FAST)).await;
     let admin = c.admin().await;
-    wait_ready(&admin, "n-outage").await;
+    wait_ready(&admin, &name).await;
     // Let the first report of the status loop go out, then check that heartbeat-only
     // changes are not reported (the report frequency is 5 minutes).
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let before = get_node(&admin, "n-outage").await.unwrap();
+    let before = get_node(&admin, &name).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let still = get_node(&admin, "n-outage").await.unwrap();
+    let still = get_node(&admin, &name).await.unwrap();
     assert_eq!(heartbeat(&still), heartbeat(&before), "heartbeat-only changes wait for nodeStatusReportFrequency");
-    let lease_before = wait_for("the lease", || lease(&admin, "n-outage")).await;
+    let lease_before = wait_for("the lease", || lease(&admin, &name)).await;
 
-    c.server.stop().await;
+    let server = c.cluster.test_server("outage").expect("checked above");
+    server.stop().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!agent.task.is_finished(), "the loops survive the outage");
-    c.server.restart().await;
+    server.restart().await;
 
     let admin = c.admin().await;
     // Nothing changed: only the catch-up report owed after the failed passes can move the
     // heartbeat.
     let after = wait_for("a status report after the outage", || async {
-        get_node(&admin, "n-outage").await.filter(|n| heartbeat(n) > heartbeat(&before))
+        get_node(&admin, &name).await.filter(|n| heartbeat(n) > heartbeat(&before))
     })
     .await;
     assert_eq!(condition(&after, "Ready").unwrap().status, "True");
@@ -274,19 +297,20 @@ async fn status_and_lease_catch_up_after_the_api_server_was_down() {
         condition(&before, "Ready").unwrap().last_transition_time
     );
     wait_for("the lease to be renewed after the outage", || async {
-        lease(&admin, "n-outage").await.filter(|l| renew_time(l) > renew_time(&lease_before) + Duration::from_secs(3))
+        lease(&admin, &name).await.filter(|l| renew_time(l) > renew_time(&lease_before) + Duration::from_secs(3))
     })
     .await;
-    agent.task.abort();
+    c.finish(agent, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn foreign_conditions_survive_status_updates() {
-    let Some(c) = Cluster::start().await else { return };
+    let Some(c) = Harness::start().await else { return };
+    let name = c.node("n-maint");
     // Report every pass, so many patches go out while the foreign condition is there.
-    let agent = c.start_node(&c.settings("n-maint", &[], "nodeStatusUpdateFrequency: 1s\n")).await;
+    let agent = c.start_node(&c.settings(&name, &[], "nodeStatusUpdateFrequency: 1s\n")).await;
     let admin = c.admin().await;
-    let before = wait_ready(&admin, "n-maint").await;
+    let before = wait_ready(&admin, &name).await;
     let maintenance = json!({"status": {"conditions": [
         {"type": "MaintenanceInProgress", "status": "True", "reason": "Scheduled", "message": "kernel upgrade",
          "lastHeartbeatTime": "2024-01-01T00:00:00Z", "lastTransitionTime": "2024-01-01T00:00:00Z"},
@@ -294,12 +318,12 @@ async fn foreign_conditions_survive_status_updates() {
          "lastHeartbeatTime": "2024-01-01T00:00:00Z", "lastTransitionTime": "2024-01-01T00:00:00Z"}
     ]}});
     Api::<Node>::all(admin.clone())
-        .patch_status("n-maint", &PatchParams::default(), &Patch::Strategic(&maintenance))
+        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&maintenance))
         .await
         .unwrap();
     // Several reports later...
     let later = wait_for("three more status reports", || async {
-        get_node(&admin, "n-maint").await.filter(|n| heartbeat(n) >= heartbeat(&before) + Duration::from_secs(3))
+        get_node(&admin, &name).await.filter(|n| heartbeat(n) >= heartbeat(&before) + Duration::from_secs(3))
     })
     .await;
     let m = condition(&later, "MaintenanceInProgress").expect("foreign condition kept");
@@ -310,33 +334,36 @@ async fn foreign_conditions_survive_status_updates() {
     assert_eq!(m.last_heartbeat_time.as_ref().unwrap().0.to_string(), "2024-01-01T00:00:00Z");
     assert!(condition(&later, "Drained").is_some());
     assert_eq!(condition(&later, "Ready").unwrap().status, "True");
-    agent.task.abort();
+    c.finish(agent, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn register_node_false_does_not_create_the_node() {
-    let Some(c) = Cluster::start().await else { return };
-    let agent = c.start_node(&c.settings("n-manual", &["--register-node=false"], FAST)).await;
+    let Some(c) = Harness::start().await else { return };
+    let name = c.node("n-manual");
+    let agent = c.start_node(&c.settings(&name, &["--register-node=false"], FAST)).await;
     assert_eq!(agent.registration.uid, None);
     assert!(!agent.registration.created);
     let admin = c.admin().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(get_node(&admin, "n-manual").await.is_none(), "the Node must not be created");
-    assert!(lease(&admin, "n-manual").await.is_none(), "no lease without a Node to own it");
+    assert!(get_node(&admin, &name).await.is_none(), "the Node must not be created");
+    assert!(lease(&admin, &name).await.is_none(), "no lease without a Node to own it");
 
     // Once an administrator creates the Node, the agent reports its status and takes the lease.
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n-manual"}})).unwrap();
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     let created = Api::<Node>::all(admin.clone()).create(&PostParams::default(), &node).await.unwrap();
     let uid = created.metadata.uid.unwrap();
-    wait_ready(&admin, "n-manual").await;
+    wait_ready(&admin, &name).await;
     let mut uids = agent.node_uid.clone();
     tokio::time::timeout(DEADLINE, uids.wait_for(|u| u.as_deref() == Some(uid.as_str()))).await.unwrap().unwrap();
-    let l = wait_for("the lease", || lease(&admin, "n-manual")).await;
+    let l = wait_for("the lease", || lease(&admin, &name)).await;
     assert_eq!(l.metadata.owner_references.as_ref().unwrap()[0].uid, uid);
-    agent.task.abort();
+    c.finish(agent, &name).await;
 }
 
 // ---- start-up errors (no runtime needed) ------------------------------------------------------
+// These stage broken credentials and a stopped server, which only the test API server can do,
+// so they use it even when `GANTRY_E2E_KUBECONFIG` points the other tests at a real cluster.
 
 fn settings_without_runtime(kubeconfig: &Path, node: &str) -> Settings {
     settings_for(kubeconfig, "unix:///nonexistent.sock", Path::new("/tmp/gantry-unused"), node, &[], "")

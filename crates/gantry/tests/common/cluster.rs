@@ -25,10 +25,27 @@ impl Cluster {
 
     /// A node name no other test (or test run) uses on this API server.
     pub fn node_name(&self) -> String {
+        self.unique_node_name(super::NODE)
+    }
+
+    /// `name` on the private test server; a name unique to this test run on a real cluster.
+    pub fn unique_node_name(&self, name: &str) -> String {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         match self {
-            Cluster::Test(_) => super::NODE.to_string(),
+            Cluster::Test(_) => name.to_string(),
             Cluster::Real(_) => format!("gantry-e2e-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)),
+        }
+    }
+
+    /// The test server, for cases only it can stage (stopping it, say); `None`, with a
+    /// SKIPPED line naming the case, on a real cluster.
+    pub fn test_server(&mut self, case: &str) -> Option<&mut TestApiServer> {
+        match self {
+            Cluster::Test(server) => Some(server),
+            Cluster::Real(_) => {
+                eprintln!("SKIPPED {case}: needs the test API server (it stops and restarts it)");
+                None
+            }
         }
     }
 

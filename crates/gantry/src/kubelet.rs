@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use gantry_kubelet::agent::{self, Agent, AgentError, Shared, runonce};
 use gantry_kubelet::cluster::{mirror, pod_source, status_sync};
 use gantry_kubelet::config::{self, ConfigError, RUNONCE_DEPRECATION, Settings};
-use gantry_kubelet::node;
+use gantry_kubelet::node::{self, Startup};
 use gantry_kubelet::source::SourceKind;
 
 use crate::logging;
@@ -91,12 +91,14 @@ struct Cluster {
 }
 
 async fn join_cluster(settings: &Settings, shared: &Shared, sources: &mut agent::Sources) -> anyhow::Result<Cluster> {
-    let node = node::start(settings, shared.driver.cri().clone()).await?;
+    // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
+    let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
+    let node = node::start(settings, shared.driver.cri().clone(), startup).await?;
     let client = node.clients.client.clone();
     let (mirrors_tx, mirrors) = tokio::sync::watch::channel(Vec::new());
     sources.kinds.push(SourceKind::Api);
     tokio::spawn(pod_source::run(client.clone(), settings.node_name.clone(), sources.tx.clone(), mirrors_tx));
-    let host_ip = node.registration.host_ips.first().cloned();
+    let host_ip = node.host_ips.first().cloned();
     Ok(Cluster { client, host_ip, node_uid: node.node_uid, mirrors })
 }
 

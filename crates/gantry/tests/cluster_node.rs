@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use gantry_kubelet::api::{self, ApiError};
 use gantry_kubelet::config::{self, Flags, Settings};
-use gantry_kubelet::node::{self, KUBELET_VERSION, NodeAgent};
+use gantry_kubelet::node::{self, KUBELET_VERSION, NodeAgent, Startup};
 use gantry_test_apiserver::{TestApiServer, User};
 use gantry_testkit::Containerd;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -57,7 +57,7 @@ impl Harness {
         let cri = gantry_cri::connect(&settings.container_runtime_endpoint, None, settings.runtime_request_timeout)
             .await
             .expect("CRI connects");
-        node::start(settings, cri).await.unwrap_or_else(|e| panic!("node side starts: {e}"))
+        node::start(settings, cri, Startup::RequireServer).await.unwrap_or_else(|e| panic!("node side starts: {e}"))
     }
 
     async fn admin(&self) -> kube::Client {
@@ -135,12 +135,13 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
         &["--node-labels=node.kubernetes.io/pool=blue", "--register-with-taints=dedicated=infra:NoSchedule"],
         FAST,
     );
-    let agent = c.start_node(&settings).await;
-    assert!(agent.registration.created);
+    let mut agent = c.start_node(&settings).await;
+    let registration = agent.registered().await;
+    assert!(registration.created);
     let admin = c.admin().await;
     let node = wait_ready(&admin, &name).await;
     let uid = node.metadata.uid.clone().unwrap();
-    assert_eq!(agent.registration.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(registration.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(agent.node_uid.borrow().as_deref(), Some(uid.as_str()));
 
     let labels = node.metadata.labels.as_ref().unwrap();
@@ -173,7 +174,8 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == name), "{addresses:?}");
     let internal: Vec<String> =
         addresses.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect();
-    assert_eq!(agent.registration.host_ips, internal);
+    assert_eq!(registration.host_ips, internal);
+    assert_eq!(agent.host_ips, internal);
     for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
         assert!(condition(&node, t).is_some(), "{t}");
     }
@@ -243,8 +245,8 @@ async fn clears_a_kube_proxy_version_an_older_kubelet_set() {
     }}});
     nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&info)).await.unwrap();
 
-    let agent = c.start_node(&c.settings(&name, &[], FAST)).await;
-    assert!(!agent.registration.created);
+    let mut agent = c.start_node(&c.settings(&name, &[], FAST)).await;
+    assert!(!agent.registered().await.created);
     let node = wait_for("kubeProxyVersion to be cleared", || async {
         get_node(&admin, &name).await.filter(|n| {
             n.status.as_ref().and_then(|s| s.node_info.as_ref()).is_some_and(|i| i.kube_proxy_version.is_empty())
@@ -341,9 +343,10 @@ async fn foreign_conditions_survive_status_updates() {
 async fn register_node_false_does_not_create_the_node() {
     let Some(c) = Harness::start().await else { return };
     let name = c.node("n-manual");
-    let agent = c.start_node(&c.settings(&name, &["--register-node=false"], FAST)).await;
-    assert_eq!(agent.registration.uid, None);
-    assert!(!agent.registration.created);
+    let mut agent = c.start_node(&c.settings(&name, &["--register-node=false"], FAST)).await;
+    let registration = agent.registered().await;
+    assert_eq!(registration.uid, None);
+    assert!(!registration.created);
     let admin = c.admin().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(get_node(&admin, &name).await.is_none(), "the Node must not be created");

@@ -215,6 +215,13 @@ impl NodeController {
         }
     }
 
+    /// The node's InternalIP addresses, from `--node-ip` or detection.
+    pub async fn host_ips(&self) -> Vec<String> {
+        let s = &self.settings;
+        let addresses = self.detector.lock().await.detect(&s.node_ips, &s.node_name, &s.hostname).await;
+        internal_ips(&addresses)
+    }
+
     async fn observe(&self) -> Observed {
         let runtime_version = match self.cri.runtime.version(VersionRequest::default()).await {
             Ok(v) => Some(v.runtime_version),

@@ -50,26 +50,72 @@ pub struct NodeAgent {
     /// The API clients (`client` is rate-limited and meant for everything
     /// else the agent does in cluster mode: pods, mirror pods, events).
     pub clients: ApiClients,
-    pub registration: NodeRegistration,
+    /// The node's InternalIP addresses (the pods' `hostIP`/`hostIPs`), detected
+    /// locally so that pods have them before the Node is registered; empty when
+    /// they could not be determined.
+    pub host_ips: Vec<String>,
+    /// `Some` once the Node is registered (with `--register-node=false`: once
+    /// it has been looked up).
+    pub registration: watch::Receiver<Option<NodeRegistration>>,
     /// The Node's UID as last seen (changes if the Node is re-created).
     pub node_uid: watch::Receiver<Option<String>>,
-    /// The status, lease and runtime loops; they run until aborted.
+    /// Registration, then the status, lease and runtime loops; they run until
+    /// aborted.
     pub task: JoinHandle<()>,
 }
 
+impl NodeAgent {
+    /// Waits until the Node is registered.
+    pub async fn registered(&mut self) -> NodeRegistration {
+        match self.registration.wait_for(Option::is_some).await {
+            Ok(r) => r.clone().expect("waited for Some"),
+            Err(_) => std::future::pending().await, // registration failed for good; logged by the task
+        }
+    }
+}
+
+/// What an API server that cannot be reached at start-up means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Startup {
+    /// A start-up error: without the API server the agent has nothing to run.
+    RequireServer,
+    /// Keep going and register once it answers: static pods run meanwhile. This
+    /// is how a kubeadm control plane boots, its API server being one of them.
+    TolerateUnreachable,
+}
+
 /// Connects to the API server (failing with one clear [`api::ApiError`] for a
-/// bad kubeconfig, unreachable server, rejected or forbidden credentials),
-/// registers the Node (retrying until the API server accepts it), and spawns
-/// the status and lease loops.
-pub async fn start(settings: &Settings, cri: Cri) -> Result<NodeAgent, NodeError> {
-    let clients = api::connect_clients(settings).await?;
-    tracing::info!(
-        server = %clients.server, user = %clients.user, kubeconfig = %clients.kubeconfig.display(),
-        node = %settings.node_name, "connected to the API server"
-    );
+/// bad kubeconfig, rejected or forbidden credentials, and an unreachable
+/// server unless `startup` tolerates it), then spawns the task that registers
+/// the Node (retrying until the API server accepts it) and runs the status
+/// and lease loops.
+pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<NodeAgent, NodeError> {
+    let clients = api::build(settings).await?;
+    let node = &settings.node_name;
+    match api::check(&clients, node).await {
+        Ok(()) => tracing::info!(
+            server = %clients.server, user = %clients.user, kubeconfig = %clients.kubeconfig.display(), node = %node,
+            "connected to the API server"
+        ),
+        Err(e) if startup == Startup::TolerateUnreachable && e.is_transient() => tracing::warn!(
+            node = %node, error = %e,
+            "cannot reach the API server yet; static pods run meanwhile and the node registers once it answers"
+        ),
+        Err(e) => return Err(e.into()),
+    }
     let controller = NodeController::new(clients.heartbeat.clone(), settings, cri);
     let node_uid = controller.node_uid();
-    let registration = controller.register().await?;
-    let task = tokio::spawn(controller.run());
-    Ok(NodeAgent { clients, registration, node_uid, task })
+    let host_ips = controller.host_ips().await;
+    let (registered, registration) = watch::channel(None);
+    let node = node.clone();
+    let task = tokio::spawn(async move {
+        match controller.register().await {
+            Ok(r) => {
+                registered.send_replace(Some(r));
+                controller.run().await;
+            }
+            Err(e) => tracing::error!(node = %node, error = %e, "cannot register the node; pods keep running"),
+        }
+    });
+    Ok(NodeAgent { clients, host_ips, registration, node_uid, task })
 }

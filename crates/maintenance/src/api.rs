@@ -279,6 +279,12 @@ mod tests {
     }
 
     #[test]
+    fn deploy_manifest_matches_the_types() {
+        let shipped = include_str!("../../../deploy/crd.yaml");
+        assert_eq!(shipped, crd_yaml().unwrap(), "regenerate with `gantry crd > deploy/crd.yaml`");
+    }
+
+    #[test]
     fn spec_round_trips_the_keps_yaml() {
         let yaml = r#"
 nodeSelector:

@@ -12,6 +12,8 @@ use super::projection::File;
 const DATA_DIR_NAME: &str = "..data";
 const NEW_DATA_DIR_NAME: &str = "..data_tmp";
 
+static WRITER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// What an update has to do, decided from the desired and the current files.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Plan {
@@ -42,6 +44,8 @@ pub fn plan(desired: &[File], current: &[File], entries: &[String]) -> Plan {
 /// Makes `dir` hold exactly `files`; returns whether anything changed. `group` (an fsGroup)
 /// owns the files and widens their modes as upstream does for read-only volumes.
 pub fn write(dir: &Path, files: &[File], group: Option<u32>) -> std::io::Result<bool> {
+    // Containers of one pod start concurrently and each sets up the pod's volumes.
+    let _one_writer = WRITER.lock().unwrap_or_else(|e| e.into_inner());
     std::fs::create_dir_all(dir)?;
     let files: Vec<File> = match group {
         Some(_) => files

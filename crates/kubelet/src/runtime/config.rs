@@ -152,7 +152,7 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{ContainerPort, EnvVarSource, ObjectFieldSelector, PodSpec};
+    use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;

@@ -147,10 +147,10 @@ async fn secret_items_modes_and_downward_api() {
   - name: s
     secret:
       secretName: creds
-      defaultMode: 0440
+      defaultMode: 288 # 0440
       items:
       - {key: user, path: user}
-      - {key: pw, path: nested/pw, mode: 0400}
+      - {key: pw, path: nested/pw, mode: 256}
   - name: info
     downwardAPI:
       items:

@@ -1,0 +1,7 @@
+//! The node's image lifecycle through the CRI image service.
+//!
+//! * [`gc`]: which images garbage collection removes (pure).
+//! * [`collector`]: the periodic garbage collection pass against CRI (edge).
+
+pub mod collector;
+pub mod gc;

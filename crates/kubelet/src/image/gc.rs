@@ -244,7 +244,7 @@ mod tests {
     fn least_recently_used_goes_first_until_the_low_threshold() {
         let images = vec![image("old", 6 * GB), image("recent", 6 * GB), image("never", 6 * GB), image("spare", GB)];
         let mut records = ImageRecords::default();
-        records.observe(&images, &used(&["old", "recent"]), 0, true);
+        records.observe(&images, &used(&["old", "recent"]), MINUTE, true);
         records.observe(&images, &used(&["recent"]), 5 * MINUTE, false);
         let plan = records.plan(&images, &used(&[]), "", full_disk(), &policy(), 10 * MINUTE);
         // "never" and "spare" were never used (same age, id order), then "old"; that frees 13 GB >= 10.

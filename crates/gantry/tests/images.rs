@@ -59,7 +59,7 @@ async fn image_gc_removes_unused_images_but_never_pinned_in_use_or_sandbox_image
     // A running pod, started before GC is configured, keeps busybox in use.
     env.write_manifest("busy.yaml", &pod_yaml("busy", "sleep 3600", ""));
     let mut first = env.kubelet(&[]);
-    eventually("busy running", &first, || async { env.running("busy").await.first().cloned() }).await;
+    eventually("busy running", &first, || async { env.running(&static_name("busy")).await.first().cloned() }).await;
     first.kill();
 
     // Any usage is over a 1 % high threshold, and a 0 % low threshold cannot be reached.
@@ -86,5 +86,5 @@ async fn image_gc_removes_unused_images_but_never_pinned_in_use_or_sandbox_image
         );
         assert_eq!(image_id(&env, reference).await.as_ref(), Some(id), "{reference} is still there");
     }
-    assert!(!env.running("busy").await.is_empty(), "the pod kept running");
+    assert!(!env.running(&static_name("busy")).await.is_empty(), "the pod kept running");
 }

@@ -39,9 +39,13 @@ impl Default for ImageSettings {
 
 type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
 
-fn percent(field: &str, value: i32, invalid: Invalid) -> Result<u8, ConfigError> {
+/// Upstream names a setting as `field (--flag)` in its validation messages.
+const HIGH: &str = "imageGCHighThresholdPercent (--image-gc-high-threshold)";
+const LOW: &str = "imageGCLowThresholdPercent (--image-gc-low-threshold)";
+
+fn percent(field: &str, label: &str, value: i32, invalid: Invalid) -> Result<u8, ConfigError> {
     u8::try_from(value).ok().filter(|p| *p <= 100).ok_or_else(|| {
-        invalid(field, format!("invalid configuration: {field} ({value}) must be between 0 and 100, inclusive"))
+        invalid(field, format!("invalid configuration: {label} {value} must be between 0 and 100, inclusive"))
     })
 }
 
@@ -52,10 +56,10 @@ fn duration(field: &str, value: GoDuration, invalid: Invalid) -> Result<Duration
 impl ImageSettings {
     pub(super) fn apply_file(&mut self, c: &KubeletConfiguration, invalid: Invalid) -> Result<(), ConfigError> {
         if let Some(p) = c.image_gc_high_threshold_percent {
-            self.gc_high_threshold_percent = percent("imageGCHighThresholdPercent", p, invalid)?;
+            self.gc_high_threshold_percent = percent("imageGCHighThresholdPercent", HIGH, p, invalid)?;
         }
         if let Some(p) = c.image_gc_low_threshold_percent {
-            self.gc_low_threshold_percent = percent("imageGCLowThresholdPercent", p, invalid)?;
+            self.gc_low_threshold_percent = percent("imageGCLowThresholdPercent", LOW, p, invalid)?;
         }
         // Zero means "default" for the minimum age, as upstream's defaulting does.
         if let Some(d) = c.image_minimum_gc_age.filter(|d| !d.is_zero()) {
@@ -64,15 +68,15 @@ impl ImageSettings {
         if let Some(d) = c.image_maximum_gc_age {
             self.maximum_gc_age = duration("imageMaximumGCAge", d, invalid)?;
         }
-        self.check("imageGCLowThresholdPercent", "imageMaximumGCAge", invalid)
+        Ok(())
     }
 
     pub(super) fn apply_flags(&mut self, f: &Flags, invalid: Invalid) -> Result<(), ConfigError> {
         if let Some(p) = f.image_gc_high_threshold {
-            self.gc_high_threshold_percent = percent("--image-gc-high-threshold", p, invalid)?;
+            self.gc_high_threshold_percent = percent("--image-gc-high-threshold", HIGH, p, invalid)?;
         }
         if let Some(p) = f.image_gc_low_threshold {
-            self.gc_low_threshold_percent = percent("--image-gc-low-threshold", p, invalid)?;
+            self.gc_low_threshold_percent = percent("--image-gc-low-threshold", LOW, p, invalid)?;
         }
         if let Some(d) = f.minimum_image_ttl_duration {
             self.minimum_gc_age = duration("--minimum-image-ttl-duration", d, invalid)?;
@@ -80,22 +84,23 @@ impl ImageSettings {
         if let Some(image) = f.pod_infra_container_image.as_deref() {
             self.pod_infra_container_image = (!image.is_empty()).then(|| image.to_string());
         }
-        self.check("--image-gc-low-threshold", "--minimum-image-ttl-duration", invalid)
+        // Checked once both the file and the flags are applied, as upstream validates the result.
+        self.check(invalid)
     }
 
-    fn check(&self, low_field: &str, age_field: &str, invalid: Invalid) -> Result<(), ConfigError> {
-        if self.gc_low_threshold_percent >= self.gc_high_threshold_percent && self.gc_high_threshold_percent < 100 {
+    fn check(&self, invalid: Invalid) -> Result<(), ConfigError> {
+        if self.gc_low_threshold_percent >= self.gc_high_threshold_percent {
             return Err(invalid(
-                low_field,
+                "imageGCLowThresholdPercent",
                 format!(
-                    "invalid configuration: imageGCLowThresholdPercent ({}) must be less than imageGCHighThresholdPercent ({})",
+                    "invalid configuration: {LOW} {} must be less than {HIGH} {}",
                     self.gc_low_threshold_percent, self.gc_high_threshold_percent
                 ),
             ));
         }
         if !self.maximum_gc_age.is_zero() && self.maximum_gc_age < self.minimum_gc_age {
             return Err(invalid(
-                age_field,
+                "imageMaximumGCAge",
                 format!(
                     "invalid configuration: imageMaximumGCAge {:?} must be greater than imageMinimumGCAge {:?}",
                     self.maximum_gc_age, self.minimum_gc_age
@@ -127,8 +132,13 @@ mod tests {
             image_gc_low_threshold_percent: Some(60),
             ..Default::default()
         };
-        let err = ImageSettings::default().apply_file(&c, &invalid).unwrap_err().to_string();
-        assert!(err.contains("must be less than imageGCHighThresholdPercent (50)"), "{err}");
+        let mut s = ImageSettings::default();
+        s.apply_file(&c, &invalid).unwrap();
+        let err = s.apply_flags(&Flags::default(), &invalid).unwrap_err().to_string();
+        assert!(
+            err.contains("imageGCLowThresholdPercent (--image-gc-low-threshold) 60 must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) 50"),
+            "{err}"
+        );
     }
 
     #[test]

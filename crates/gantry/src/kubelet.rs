@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use gantry_kubelet::agent::{self, Agent, AgentError, Shared, runonce};
 use gantry_kubelet::cluster::{mirror, pod_source, status_sync};
 use gantry_kubelet::config::{self, ConfigError, RUNONCE_DEPRECATION, Settings};
+use gantry_kubelet::image::collector::ImageCollector;
 use gantry_kubelet::node::{self, Startup};
 use gantry_kubelet::source::SourceKind;
 
@@ -67,6 +68,10 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();
     tokio::spawn(async move { statuses.write_file_forever(root_dir).await });
+    let gc_events = cluster.as_ref().map(|c| node::events::EventRecorder::new(c.client.clone(), &settings.node_name));
+    let collector =
+        ImageCollector::new(shared.driver.cri().clone(), settings.images.clone(), gc_events, &settings.node_name);
+    tokio::spawn(collector.run());
     let agent = Agent::new(shared.clone(), sources.kinds.clone());
     if let Some(c) = cluster {
         c.spawn_pod_side(&settings, &shared, agent.static_pods());

@@ -34,6 +34,8 @@ enum Command {
         #[arg(long, short = 'o', value_parser = ["table", "json"], default_value = "table")]
         output: String,
     },
+    /// Print the NodeMaintenance CustomResourceDefinition (maintenance.gantry.dev) as YAML.
+    Crd,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +50,20 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Kubelet { args } => kubelet::main(&args),
         Command::Pods { root_dir, output } => pods::main(&root_dir, &output),
+        Command::Crd => print_crd(),
+    }
+}
+
+fn print_crd() -> ExitCode {
+    match gantry_maintenance::api::crd_yaml() {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gantry crd: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod api;
 pub mod cluster;
 pub mod config;
+pub mod image;
 pub mod node;
 pub mod pod;
 pub mod runtime;

@@ -118,6 +118,13 @@ impl Containerd {
         self.wait_images_visible().await
     }
 
+    /// Build and import a tiny throwaway image named `reference` (see
+    /// [`images::build_scratch_image`]).
+    pub async fn import_scratch_image(&self, reference: &str, marker: &str) -> Result<()> {
+        let path = images::build_scratch_image(reference, marker, &self.dir())?;
+        images::import_tarball(&self.socket_path(), self.snapshotter.name(), &path).await
+    }
+
     /// CRI endpoint URL, e.g. `unix:///tmp/gantry-ctd-xyz/containerd.sock`.
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket_path().display())

@@ -154,6 +154,17 @@ pub fn ensure_image(image: TestImage, cache_dir: &Path) -> Result<BuiltImage> {
     Ok(BuiltImage { image, path })
 }
 
+/// Writes a tiny throwaway image named `reference` (its content differs by `marker`, so each
+/// gets its own image ID) as a layout tarball into `dir`, for garbage collection tests.
+pub fn build_scratch_image(reference: &str, marker: &str, dir: &Path) -> Result<PathBuf> {
+    let mut entries = base_dirs();
+    entries.push(Entry::File { path: "marker".into(), mode: 0o644, data: marker.as_bytes().to_vec() });
+    let recipe = Recipe { entries, entrypoint: vec![], cmd: vec!["/marker".into()] };
+    let path = dir.join(format!("scratch-{marker}.oci.tar"));
+    std::fs::write(&path, build_layout(reference, &recipe)?).ctx(|| format!("write {}", path.display()))?;
+    Ok(path)
+}
+
 /// Architecture in Go/OCI naming, as containerd matches platforms with it.
 pub fn go_arch() -> &'static str {
     match std::env::consts::ARCH {
@@ -370,15 +381,21 @@ fn json_file(path: &str, value: &Value) -> Entry {
 /// lock and back off for hundreds of milliseconds.
 pub async fn import_images(socket: &Path, snapshotter: &str, images: &[BuiltImage]) -> Result<()> {
     for built in images {
-        let mut ctr = Command::new("ctr");
-        ctr.arg("--address")
-            .arg(socket)
-            .args(["--namespace", "k8s.io", "images", "import"])
-            .arg(format!("--snapshotter={snapshotter}"))
-            .arg(&built.path);
-        cmd::run_async(ctr).await?;
+        import_tarball(socket, snapshotter, &built.path).await?;
         tracing::debug!(image = built.image.reference(), "imported image");
     }
+    Ok(())
+}
+
+/// Import one layout tarball, as [`import_images`] does.
+pub async fn import_tarball(socket: &Path, snapshotter: &str, path: &Path) -> Result<()> {
+    let mut ctr = Command::new("ctr");
+    ctr.arg("--address")
+        .arg(socket)
+        .args(["--namespace", "k8s.io", "images", "import"])
+        .arg(format!("--snapshotter={snapshotter}"))
+        .arg(path);
+    cmd::run_async(ctr).await?;
     Ok(())
 }
 

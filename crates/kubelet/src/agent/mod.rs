@@ -86,6 +86,7 @@ impl Shared {
     pub fn with_api(self: Arc<Self>, client: kube::Client, node: &str, host_ip: Option<String>) -> Arc<Self> {
         let mut shared = Arc::into_inner(self).expect("with_api is called before workers start");
         shared.events = events::Recorder::to_api(client.clone(), node);
+        shared.driver = shared.driver.with_objects(crate::cluster::objects::ObjectSource::new(client.clone()));
         shared.api = Some(ApiLink { client });
         shared.host_ip = host_ip;
         Arc::new(shared)

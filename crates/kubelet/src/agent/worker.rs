@@ -106,6 +106,9 @@ impl Worker {
                 && actions.create_sandbox.is_none()
                 && !actions.kill_pod
             {
+                if let Some(sandbox) = observed.current_sandbox() {
+                    self.shared.driver.refresh_volumes(&self.pod, sandbox.ip.as_deref()).await;
+                }
                 self.publish(&observed, now);
                 self.error_delay = None;
                 return self.next_wait(&observed, &actions);
@@ -242,6 +245,11 @@ impl Worker {
                 tracing::debug!(container_id = %started.id, container = %s.name, "container started");
                 self.waiting.remove(&s.name);
                 true
+            }
+            Err(e) if e.reason == "ContainerCreating" => {
+                self.shared.events.record(&self.pod, None, EventType::Warning, "FailedMount", &e.message);
+                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                false
             }
             Err(e) => {
                 let message = match e.reason {

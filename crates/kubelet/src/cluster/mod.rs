@@ -2,6 +2,7 @@
 //! for static pods, pod status reporting and final deletion, and events.
 
 pub mod mirror;
+pub mod objects;
 pub mod pod_source;
 pub mod status_sync;
 

@@ -51,6 +51,10 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "evictionHard",
     "port",
     "podsPerCore",
+    "imageGCHighThresholdPercent",
+    "imageGCLowThresholdPercent",
+    "imageMinimumGCAge",
+    "imageMaximumGCAge",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

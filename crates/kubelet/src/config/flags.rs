@@ -150,6 +150,22 @@ pub struct Flags {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
     pub pods_per_core: Option<i32>,
 
+    /// Percent of image filesystem usage at which image garbage collection always runs; 100 disables it. (imageGCHighThresholdPercent) [default: 85]
+    #[arg(long, value_name = "PERCENT", allow_negative_numbers = true, value_parser = go_int32)]
+    pub image_gc_high_threshold: Option<i32>,
+
+    /// Percent of image filesystem usage that image garbage collection frees down to. (imageGCLowThresholdPercent) [default: 80]
+    #[arg(long, value_name = "PERCENT", allow_negative_numbers = true, value_parser = go_int32)]
+    pub image_gc_low_threshold: Option<i32>,
+
+    /// Minimum age of an unused image before it may be garbage collected, e.g. 2m. (imageMinimumGCAge)
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub minimum_image_ttl_duration: Option<GoDuration>,
+
+    /// The sandbox image; image garbage collection never removes it. Defaults to the one the runtime reports.
+    #[arg(long, value_name = "IMAGE")]
+    pub pod_infra_container_image: Option<String>,
+
     #[command(flatten)]
     pub compat: CompatFlags,
 }
@@ -304,8 +320,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "healthz-port",
     "image-credential-provider-bin-dir",
     "image-credential-provider-config",
-    "image-gc-high-threshold",
-    "image-gc-low-threshold",
     "iptables-drop-bit",
     "iptables-masquerade-bit",
     "kube-api-content-type",
@@ -321,11 +335,9 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "maximum-dead-containers-per-container",
     "memory-manager-policy",
     "minimum-container-ttl-duration",
-    "minimum-image-ttl-duration",
     "node-status-max-images",
     "oom-score-adj",
     "pod-cidr",
-    "pod-infra-container-image",
     "pod-max-pids",
     "provider-id",
     "qos-reserved",

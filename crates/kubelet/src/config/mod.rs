@@ -19,6 +19,7 @@ mod error;
 mod file;
 mod flags;
 mod gates;
+mod images;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,6 +36,7 @@ pub use error::{ConfigError, Input};
 pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
 pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
+pub use images::ImageSettings;
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
@@ -137,6 +139,8 @@ pub struct Settings {
     pub port: u16,
     /// `--pods-per-core` / `podsPerCore`, default 0 (no per-core limit).
     pub pods_per_core: u32,
+    /// Image garbage collection.
+    pub images: ImageSettings,
 }
 
 /// The default `evictionHard` map.
@@ -181,6 +185,7 @@ impl Default for Settings {
             eviction_hard: default_eviction_hard(),
             port: DEFAULT_PORT,
             pods_per_core: 0,
+            images: ImageSettings::default(),
         }
     }
 }
@@ -312,6 +317,7 @@ impl fmt::Debug for Settings {
             .field("eviction_hard", &self.eviction_hard)
             .field("port", &self.port)
             .field("pods_per_core", &self.pods_per_core)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -519,6 +525,7 @@ fn apply_file(
         s.verbosity = u8::try_from(v)
             .map_err(|_| invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255")))?;
     }
+    s.images.apply_file(c, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
 
@@ -729,6 +736,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     if let Some(v) = f.verbosity {
         s.verbosity = v;
     }
+    s.images.apply_flags(f, &invalid)?;
     apply_flags_cluster(s, f, &invalid)
 }
 

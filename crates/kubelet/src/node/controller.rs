@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use gantry_cri::Cri;
-use gantry_cri::api::{StatusRequest, VersionRequest};
+use gantry_cri::api::{ListImagesRequest, StatusRequest, VersionRequest};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
 use k8s_openapi::jiff::Timestamp;
@@ -28,6 +28,7 @@ use super::runtime_state::RuntimeState;
 use super::status::{self, EventType, NodeEvent, NodeInputs, Pressure};
 use crate::api::ApiError;
 use crate::config::Settings;
+use crate::image::node_images::{MAX_IMAGES, node_images};
 
 /// Backoff of registration, lease and failed status reports.
 pub const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -95,6 +96,7 @@ struct Observed {
     runtime_errors: Vec<String>,
     pressure: Pressure,
     addresses: Result<Vec<NodeAddress>, String>,
+    images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     now: Timestamp,
 }
 
@@ -237,7 +239,14 @@ impl NodeController {
         let pressure = self.pressure.lock().unwrap_or_else(|e| e.into_inner()).update(observed, now);
         let s = &self.settings;
         let addresses = self.detector.lock().await.detect(&s.node_ips, &s.node_name, &s.hostname).await;
-        Observed { runtime_version, runtime_errors, pressure, addresses, now }
+        let images = match self.cri.images.list_images(ListImagesRequest::default()).await {
+            Ok(list) => Some(node_images(&list.images, MAX_IMAGES)),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot list images for the node status");
+                None
+            }
+        };
+        Observed { runtime_version, runtime_errors, pressure, addresses, images, now }
     }
 
     fn inputs<'a>(&'a self, o: &'a Observed) -> NodeInputs<'a> {
@@ -249,6 +258,7 @@ impl NodeController {
             runtime_errors: o.runtime_errors.clone(),
             pressure: o.pressure,
             addresses: o.addresses.clone(),
+            images: o.images.clone(),
             now: o.now,
         }
     }

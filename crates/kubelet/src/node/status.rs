@@ -105,6 +105,8 @@ pub struct NodeInputs<'a> {
     /// The addresses, or why they could not be determined (then the previous
     /// ones are kept).
     pub addresses: Result<Vec<NodeAddress>, String>,
+    /// `status.images`; `None` when the images could not be listed (the previous ones are kept).
+    pub images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     pub now: Timestamp,
 }
 
@@ -422,6 +424,9 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
 
     if let Ok(addresses) = &inputs.addresses {
         status.addresses = Some(addresses.clone());
+    }
+    if let Some(images) = &inputs.images {
+        status.images = Some(images.clone());
     }
 
     let cap = capacity(inputs.settings, inputs.facts);

@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use gantry_cri::api;
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::labels;
+use super::env::{self, EnvObjects};
+use super::{downward, labels};
 use crate::pod::spec;
 
 /// Where a pod's container logs go: `<podLogsDir>/<namespace>_<name>_<uid>`.
@@ -103,6 +104,10 @@ pub struct ContainerContext<'a> {
     pub pod_ip: Option<&'a str>,
     pub host_ip: Option<&'a str>,
     pub mounts: Vec<api::Mount>,
+    /// The ConfigMaps and Secrets the environment refers to.
+    pub env_objects: EnvObjects,
+    /// Node allocatable (CPU milli, memory bytes): the default for `resourceFieldRef` limits.
+    pub node_allocatable: (i128, i128),
 }
 
 pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Result<api::ContainerConfig, String> {
@@ -112,13 +117,21 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
         (labels::RESTART_COUNT.to_string(), ctx.attempt.to_string()),
         (labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string()),
     ]);
+    let fields = downward::Fields {
+        node: ctx.node.to_string(),
+        pod_ip: ctx.pod_ip.map(str::to_string),
+        host_ip: ctx.host_ip.map(str::to_string),
+        node_cpu_milli: ctx.node_allocatable.0,
+        node_memory_bytes: ctx.node_allocatable.1,
+    };
+    let resolved = env::resolve(pod, c, &fields, &ctx.env_objects)?;
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
         image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
-        command: c.command.clone().unwrap_or_default(),
-        args: c.args.clone().unwrap_or_default(),
+        command: resolved.command,
+        args: resolved.args,
         working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs: envs(pod, c, &ctx)?,
+        envs: resolved.envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect(),
         mounts: ctx.mounts,
         labels: labels::container(ctx.node, name, namespace, uid, &c.name),
         annotations,
@@ -137,34 +150,9 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
     })
 }
 
-fn envs(pod: &Pod, c: &Container, ctx: &ContainerContext) -> Result<Vec<api::KeyValue>, String> {
-    c.env.iter().flatten().map(|e| Ok(api::KeyValue { key: e.name.clone(), value: env_value(pod, e, ctx)? })).collect()
-}
-
-/// Literal values and the downward-API fields that need no API server.
-fn env_value(pod: &Pod, e: &EnvVar, ctx: &ContainerContext) -> Result<String, String> {
-    let Some(from) = &e.value_from else {
-        return Ok(e.value.clone().unwrap_or_default());
-    };
-    let Some(field) = &from.field_ref else {
-        return Err(format!("env {:?}: only value and valueFrom.fieldRef are supported yet", e.name));
-    };
-    let value = match field.field_path.as_str() {
-        "metadata.name" => spec::name(pod).to_string(),
-        "metadata.namespace" => spec::namespace(pod).to_string(),
-        "metadata.uid" => spec::uid(pod).to_string(),
-        "spec.nodeName" => ctx.node.to_string(),
-        "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
-        "status.podIP" => ctx.pod_ip.unwrap_or_default().to_string(),
-        "status.hostIP" => ctx.host_ip.unwrap_or_default().to_string(),
-        other => return Err(format!("env {:?}: fieldRef {other:?} is not supported yet", e.name)),
-    };
-    Ok(value)
-}
-
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{ContainerPort, EnvVarSource, ObjectFieldSelector, PodSpec};
+    use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
@@ -225,7 +213,15 @@ mod tests {
     fn container_config_resolves_env_and_log_path() {
         let p = pod();
         let c = &p.spec.as_ref().unwrap().containers[0];
-        let ctx = ContainerContext { node: "node1", attempt: 3, pod_ip: None, host_ip: None, mounts: vec![] };
+        let ctx = ContainerContext {
+            node: "node1",
+            attempt: 3,
+            pod_ip: None,
+            host_ip: None,
+            mounts: vec![],
+            env_objects: EnvObjects::default(),
+            node_allocatable: (0, 0),
+        };
         let cfg = container_config(&p, c, ctx).unwrap();
         assert_eq!(cfg.log_path, "web/3.log");
         let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();

@@ -8,7 +8,9 @@ use gantry_cri::{Cri, CriError, api};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::config::{self, ContainerContext};
-use super::volumes;
+use super::env::{self, EnvObjects};
+use super::{downward, volumes};
+use crate::cluster::objects::ObjectSource;
 use crate::pod::ObservedPod;
 use crate::pod::spec::{self, PullPolicy};
 
@@ -21,7 +23,7 @@ pub struct StartError {
 }
 
 impl StartError {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(reason: &'static str, message: impl Into<String>) -> Self {
         StartError { reason, message: message.into() }
     }
 }
@@ -40,11 +42,66 @@ pub struct Driver {
     node: String,
     pod_logs_dir: PathBuf,
     root_dir: PathBuf,
+    /// ConfigMaps, Secrets and tokens for volumes and env (cluster mode only).
+    objects: Option<ObjectSource>,
 }
 
 impl Driver {
     pub fn new(cri: Cri, node: &str, pod_logs_dir: PathBuf, root_dir: PathBuf) -> Self {
-        Driver { cri, node: node.to_string(), pod_logs_dir, root_dir }
+        Driver { cri, node: node.to_string(), pod_logs_dir, root_dir, objects: None }
+    }
+
+    pub fn with_objects(self, objects: ObjectSource) -> Self {
+        Driver { objects: Some(objects), ..self }
+    }
+
+    fn fields(&self, pod_ip: Option<&str>) -> downward::Fields {
+        let (node_cpu_milli, node_memory_bytes) = node_allocatable();
+        downward::Fields {
+            node: self.node.clone(),
+            pod_ip: pod_ip.map(str::to_string),
+            host_ip: None,
+            node_cpu_milli,
+            node_memory_bytes,
+        }
+    }
+
+    /// Rewrites the pod's API-backed volumes whose sources changed (called on each pod sync).
+    pub async fn refresh_volumes(&self, pod: &Pod, pod_ip: Option<&str>) {
+        if !volumes::has_projections(pod) {
+            return;
+        }
+        if let Err(e) = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &self.fields(pod_ip)).await {
+            tracing::warn!(pod = %spec::full_name(pod), error = %e.message, "cannot refresh volumes");
+        }
+    }
+
+    /// The ConfigMaps and Secrets the container's environment refers to (missing ones absent).
+    async fn env_objects(&self, pod: &Pod, c: &Container) -> Result<EnvObjects, StartError> {
+        let (cms, secrets) = env::referenced(c);
+        let mut out = EnvObjects::default();
+        if cms.is_empty() && secrets.is_empty() {
+            return Ok(out);
+        }
+        let Some(source) = &self.objects else {
+            return Err(StartError::new(
+                "CreateContainerConfigError",
+                "env refers to API objects but there is no API server",
+            ));
+        };
+        let ns = spec::namespace(pod);
+        let failed = |m: String| StartError::new("CreateContainerConfigError", m);
+        for name in cms {
+            if let Some(cm) = source.config_map(ns, &name).await.map_err(failed)? {
+                out.config_maps.insert(name, cm);
+            }
+        }
+        for name in secrets {
+            if let Some(s) = source.secret(ns, &name).await.map_err(failed)? {
+                out.secrets.insert(name, s);
+            }
+        }
+        Ok(out)
     }
 
     pub fn runtime_name(&self) -> &str {
@@ -81,11 +138,20 @@ impl Driver {
         pod_ip: Option<&str>,
     ) -> Result<Started, StartError> {
         let pulled = self.ensure_image(c).await?;
-        let volumes = volumes::prepare(&self.root_dir, pod)
-            .await
-            .map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let fields = self.fields(pod_ip);
+        let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
         let mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
-        let ctx = ContainerContext { node: &self.node, attempt, pod_ip, host_ip: None, mounts };
+        let env_objects = self.env_objects(pod, c).await?;
+        let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
+        let ctx = ContainerContext {
+            node: &self.node,
+            attempt,
+            pod_ip,
+            host_ip: None,
+            mounts,
+            env_objects,
+            node_allocatable,
+        };
         let container_config =
             config::container_config(pod, c, ctx).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
         let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0);
@@ -175,6 +241,9 @@ impl Driver {
             self.remove_sandbox(&s.id).await?;
         }
         volumes::cleanup(&self.root_dir, uid).await;
+        if let Some(objects) = &self.objects {
+            objects.forget(uid);
+        }
         Ok(())
     }
 
@@ -182,6 +251,18 @@ impl Driver {
     pub fn grace(pod: &Pod) -> Duration {
         Duration::from_secs(spec::termination_grace_seconds(pod) as u64)
     }
+}
+
+/// The node's CPU (milli) and memory (bytes), the downward API's default for missing limits.
+fn node_allocatable() -> (i128, i128) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i128;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i128>().ok())
+        .unwrap_or(0);
+    (cpus * 1000, kib * 1024)
 }
 
 /// Stopping or removing something that no longer exists has done its job.

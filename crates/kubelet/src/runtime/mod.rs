@@ -1,10 +1,14 @@
 //! The edge to the container runtime: turns the core's decisions into CRI calls and the
 //! runtime's answers back into [`crate::pod::ObservedPod`]s.
 
+mod atomic_writer;
 pub mod config;
+mod downward;
 mod driver;
+mod env;
 pub mod labels;
 pub mod observe;
+pub mod projection;
 mod volumes;
 
 pub use driver::{Driver, StartError, Started};

@@ -46,6 +46,7 @@ fn inputs<'a>(s: &'a Settings, f: &'a MachineFacts, now: Timestamp) -> NodeInput
         runtime_errors: vec![],
         pressure: Pressure::default(),
         addresses: Ok(addresses()),
+        images: None,
         now,
     }
 }
@@ -485,4 +486,16 @@ fn daemon_endpoint_follows_the_port() {
     let (status, _) = compute_status(&NodeStatus::default(), &inputs(&s, &f, t(0)));
     let patch = status_patch(&NodeStatus::default(), &status);
     assert_eq!(patch["status"]["daemonEndpoints"], json!({"kubeletEndpoint": {"Port": 11250}}));
+}
+
+#[test]
+fn images_are_reported_and_kept_when_they_cannot_be_listed() {
+    let (s, f) = (settings(), facts());
+    let now = Timestamp::from_second(1_700_000_000).unwrap();
+    let image = k8s_openapi::api::core::v1::ContainerImage { names: Some(vec!["a:v1".into()]), size_bytes: Some(7) };
+    let listed = NodeInputs { images: Some(vec![image.clone()]), ..inputs(&s, &f, now) };
+    let (status, _) = compute_status(&NodeStatus::default(), &listed);
+    assert_eq!(status.images, Some(vec![image.clone()]));
+    let (again, _) = compute_status(&status, &inputs(&s, &f, now));
+    assert_eq!(again.images, Some(vec![image]));
 }

@@ -1,0 +1,190 @@
+//! End-to-end, cluster mode: API-backed volumes (projected service-account token, ConfigMap,
+//! Secret, downward API) and env from ConfigMaps, on the real containerd. Containers print what
+//! they see; the tests read it from the pod's container log.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::{Env, Gantry, eventually, pod_yaml};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+
+async fn setup() -> Option<(Env, Cluster)> {
+    let cluster = Cluster::start().await;
+    let env = Env::start_as(&cluster.node_name()).await?;
+    Some((env, cluster))
+}
+
+fn start_cluster_node(env: &Env, cluster: &Cluster) -> Gantry {
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display())])
+}
+
+/// A pod bound to the node; `extra_spec` is YAML under `spec:` (two-space indent), `container`
+/// YAML appended to the container (four-space indent).
+fn pod(node: &str, name: &str, command: &str, extra_spec: &str, container: &str) -> Pod {
+    let spec = format!("  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n{extra_spec}");
+    let yaml = format!("{}{container}", pod_yaml(name, command, &spec));
+    serde_yaml_ng::from_str(&yaml).unwrap()
+}
+
+/// What the pod's `main` container printed so far (all attempts), without the CRI prefixes.
+fn output(env: &Env, pod: &str) -> String {
+    let mut out = String::new();
+    for dir in std::fs::read_dir(&env.pod_logs).into_iter().flatten().flatten() {
+        if !dir.file_name().to_string_lossy().starts_with(&format!("default_{pod}_")) {
+            continue;
+        }
+        for log in std::fs::read_dir(dir.path().join("main")).into_iter().flatten().flatten() {
+            for line in std::fs::read_to_string(log.path()).unwrap_or_default().lines() {
+                out.push_str(line.splitn(4, ' ').nth(3).unwrap_or_default());
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn default_service_account_volume_gives_a_valid_token_and_ca() {
+    let Some((env, cluster)) = setup().await else { return };
+    let gantry = start_cluster_node(&env, &cluster);
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let command =
+        format!("echo TOKEN=$(cat {dir}/token); echo NS=$(cat {dir}/namespace); cat {dir}/ca.crt; sleep 3600");
+    let created = pods.create(&PostParams::default(), &pod(&env.node, "sa", &command, "", "")).await.unwrap();
+    let volumes = created.spec.unwrap().volumes.unwrap_or_default();
+    assert!(volumes.iter().any(|v| v.name.starts_with("kube-api-access-")), "admission injected the volume");
+
+    let out = eventually("the token and ca.crt in the container", &gantry, || async {
+        let out = output(&env, "sa");
+        out.contains("END CERTIFICATE").then_some(out)
+    })
+    .await;
+    let token = out.lines().find_map(|l| l.strip_prefix("TOKEN=")).unwrap().trim().to_string();
+    assert!(out.contains("NS=default"), "{out}");
+    let root_ca: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let ca = root_ca.get("kube-root-ca.crt").await.unwrap().data.unwrap()["ca.crt"].clone();
+    assert!(out.contains(ca.lines().nth(1).unwrap()), "ca.crt is the cluster's root CA");
+
+    let reviews: Api<TokenReview> = Api::all(admin);
+    let review = TokenReview { spec: TokenReviewSpec { token: Some(token), audiences: None }, ..Default::default() };
+    let status = reviews.create(&PostParams::default(), &review).await.unwrap().status.unwrap();
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    assert_eq!(status.user.unwrap().username.as_deref(), Some("system:serviceaccount:default:default"));
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn config_map_change_appears_in_the_mounted_file() {
+    let Some((env, cluster)) = setup().await else { return };
+    let gantry = start_cluster_node(&env, &cluster);
+    let admin = cluster.admin().await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let cm: ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "live"}, "data": {"greeting": "hello-v1"}}))
+            .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let spec = "  automountServiceAccountToken: false\n  volumes:\n  - name: cfg\n    configMap:\n      name: live\n";
+    let mounts = "    volumeMounts:\n    - name: cfg\n      mountPath: /cfg\n";
+    let command = "while true; do echo SEEN=$(cat /cfg/greeting); sleep 1; done";
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    pods.create(&PostParams::default(), &pod(&env.node, "cfgpod", command, spec, mounts)).await.unwrap();
+    eventually("the first value", &gantry, || async { output(&env, "cfgpod").contains("SEEN=hello-v1").then_some(()) })
+        .await;
+
+    let patch = serde_json::json!({"data": {"greeting": "hello-v2"}});
+    cms.patch("live", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    eventually("the updated value", &gantry, || async {
+        output(&env, "cfgpod").contains("SEEN=hello-v2").then_some(())
+    })
+    .await;
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn env_from_a_missing_key_is_a_create_container_config_error() {
+    let Some((env, cluster)) = setup().await else { return };
+    let gantry = start_cluster_node(&env, &cluster);
+    let admin = cluster.admin().await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let cm: ConfigMap =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "settings"}, "data": {"present": "1"}}))
+            .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let container = "    env:\n    - name: X\n      valueFrom:\n        configMapKeyRef:\n          name: settings\n          key: K\n";
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let spec = "  automountServiceAccountToken: false\n";
+    pods.create(&PostParams::default(), &pod(&env.node, "badenv", "sleep 3600", spec, container)).await.unwrap();
+    let waiting = eventually("CreateContainerConfigError", &gantry, || async {
+        let status = pods.get("badenv").await.ok()?.status?;
+        let waiting = status.container_statuses?.pop()?.state?.waiting?;
+        (waiting.reason.as_deref() == Some("CreateContainerConfigError")).then_some(waiting)
+    })
+    .await;
+    assert_eq!(waiting.message.as_deref(), Some("couldn't find key K in ConfigMap default/settings"));
+    assert!(env.running("badenv").await.is_empty());
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn secret_items_modes_and_downward_api() {
+    let Some((env, cluster)) = setup().await else { return };
+    let gantry = start_cluster_node(&env, &cluster);
+    let admin = cluster.admin().await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "creds"}, "stringData": {"user": "alice", "pw": "s3cret", "unused": "x"}
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let spec = r#"  automountServiceAccountToken: false
+  volumes:
+  - name: s
+    secret:
+      secretName: creds
+      defaultMode: 288 # 0440
+      items:
+      - {key: user, path: user}
+      - {key: pw, path: nested/pw, mode: 256}
+  - name: info
+    downwardAPI:
+      items:
+      - path: labels
+        fieldRef: {fieldPath: metadata.labels}
+      - path: name
+        fieldRef: {fieldPath: metadata.name}
+"#;
+    let container = r#"    volumeMounts:
+    - {name: s, mountPath: /s}
+    - {name: info, mountPath: /info}
+    env:
+    - name: POD_NS
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+    - name: GREETING
+      value: "hi-$(POD_NS)"
+"#;
+    let command = "stat -L -c 'MODE %a %n' /s/user /s/nested/pw; ls /s; echo PW=$(cat /s/nested/pw); \
+                   echo NAME=$(cat /info/name); cat /info/labels; echo; echo GREETING=$GREETING; sleep 3600";
+    let mut p = pod(&env.node, "files", command, spec, container);
+    p.metadata.labels = Some([("app".to_string(), "files".to_string())].into());
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let out = eventually("the container's report", &gantry, || async {
+        let out = output(&env, "files");
+        out.contains("GREETING=").then_some(out)
+    })
+    .await;
+    assert!(out.contains("MODE 440 /s/user"), "{out}");
+    assert!(out.contains("MODE 400 /s/nested/pw"), "{out}");
+    assert!(!out.contains("unused"), "only the listed items: {out}");
+    assert!(out.contains("PW=s3cret"), "{out}");
+    assert!(out.contains("NAME=files"), "{out}");
+    assert!(out.contains("app=\"files\""), "{out}");
+    assert!(out.contains("GREETING=hi-default"), "{out}");
+    cluster.cleanup(&env.node).await;
+}

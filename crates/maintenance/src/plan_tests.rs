@@ -1,0 +1,355 @@
+use k8s_openapi::api::core::v1::{NodeSpec, PodSpec, PodStatus, Taint, Toleration};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as K8sSelector, ObjectMeta, OwnerReference, Time};
+use serde_json::json;
+
+use super::*;
+use crate::api::{NodeMaintenanceSpec, NodeMaintenanceStatus, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+
+const NOW: &str = "2026-11-22T06:00:00Z";
+
+fn now() -> Timestamp {
+    NOW.parse().unwrap()
+}
+
+fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn cordoned(mut n: Node) -> Node {
+    n.spec = Some(NodeSpec { unschedulable: Some(true), ..Default::default() });
+    n
+}
+
+fn tainted(mut n: Node) -> Node {
+    let taint = Taint { key: DRAIN_TAINT_KEY.into(), effect: "NoSchedule".into(), ..Default::default() };
+    n.spec.get_or_insert_default().taints = Some(vec![taint]);
+    n
+}
+
+fn pod(name: &str, node: &str, priority: i32, app: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            labels: Some([("app".to_string(), app.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec { node_name: Some(node.into()), priority: Some(priority), ..Default::default() }),
+        status: Some(PodStatus { phase: Some("Running".into()), ..Default::default() }),
+    }
+}
+
+fn owned_by(mut p: Pod, kind: &str, name: &str) -> Pod {
+    p.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: "owner".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    p
+}
+
+fn mirror(mut p: Pod) -> Pod {
+    p.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "hash".to_string())].into());
+    p
+}
+
+fn pdb(name: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta { namespace: Some("default".into()), name: Some(name.into()), ..Default::default() },
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(K8sSelector {
+                match_labels: Some([("app".to_string(), app.to_string())].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: Some(PodDisruptionBudgetStatus { disruptions_allowed: allowed, ..Default::default() }),
+    }
+}
+
+fn maintenance(name: &str, nodes: &[&str], stage: Stage, plan: Vec<DrainPlanEntry>) -> NodeMaintenance {
+    let term = NodeSelectorTerm {
+        match_fields: vec![NodeSelectorRequirement {
+            key: "metadata.name".into(),
+            operator: "In".into(),
+            values: nodes.iter().map(|n| n.to_string()).collect(),
+        }],
+        ..Default::default()
+    };
+    let spec = NodeMaintenanceSpec {
+        node_selector: NodeSelector { node_selector_terms: vec![term] },
+        stage,
+        drain_plan: plan,
+        reason: String::new(),
+    };
+    NodeMaintenance::new(name, spec)
+}
+
+fn with_reached(mut m: NodeMaintenance, reached: usize) -> NodeMaintenance {
+    let targets = effective_drain_plan(&m)[..reached].to_vec();
+    m.status.get_or_insert_default().drain_status.reached_drain_targets = targets;
+    m
+}
+
+fn entry(pod_type: PodType, pod_priority: i32, app: Option<&str>) -> DrainPlanEntry {
+    let pod_selector = app.map(|a| serde_json::from_value(json!({"matchLabels": {"app": a}})).unwrap());
+    DrainPlanEntry { pod_selector, pod_priority, pod_type }
+}
+
+fn names(step: &DrainStep) -> Vec<&str> {
+    step.evict.iter().map(|p| p.name.as_str()).collect()
+}
+
+fn step(
+    m: &NodeMaintenance,
+    nodes: &[Node],
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+    all: &[NodeMaintenance],
+) -> DrainStep {
+    plan_drain(m, Cluster { nodes, pods, pdbs, maintenances: all }, now())
+}
+
+#[test]
+fn pod_types_from_owners_and_mirror_annotation() {
+    assert_eq!(pod_type(&pod("a", "n1", 0, "x")), PodType::Default);
+    assert_eq!(pod_type(&owned_by(pod("a", "n1", 0, "x"), "ReplicaSet", "rs")), PodType::Default);
+    assert_eq!(pod_type(&owned_by(pod("a", "n1", 0, "x"), "DaemonSet", "ds")), PodType::DaemonSet);
+    assert_eq!(pod_type(&mirror(pod("a", "n1", 0, "x"))), PodType::Static);
+    assert_eq!(pod_type(&owned_by(pod("a", "n1", 0, "x"), "Node", "n1")), PodType::Static);
+}
+
+#[test]
+fn evicts_only_the_first_entry_and_only_on_selected_nodes() {
+    let nodes = [node("n1", &[]), node("n2", &[])];
+    let pods = [pod("low", "n1", 0, "a"), pod("critical", "n1", 2_000_000_000, "b"), pod("other-node", "n2", 0, "a")];
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(s.reached, 1);
+    assert_eq!(names(&s), ["low"]);
+    assert_eq!(s.evict[0].uid, "uid-low");
+    assert_eq!(s.drain_status.reached_drain_targets, default_drain_plan()[..1]);
+    assert_eq!(s.node_statuses.len(), 1);
+    assert_eq!(s.node_statuses[0].pods_remaining, 1);
+    assert!(!s.drained);
+}
+
+#[test]
+fn advances_through_empty_entries_and_targets_are_cumulative() {
+    let nodes = [node("n1", &[])];
+    let pods = [pod("critical", "n1", 2_000_000_000, "b")];
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(s.reached, 2, "entry 1 has no pods left, so the drain moves to entry 2");
+    assert_eq!(names(&s), ["critical"]);
+
+    // A low-priority pod appearing later matches an earlier entry and is evicted too.
+    let pods = [pod("critical", "n1", 2_000_000_000, "b"), pod("late", "n1", 0, "a")];
+    let m = with_reached(m, 2);
+    assert_eq!(names(&step(&m, &nodes, &pods, &[], std::slice::from_ref(&m))), ["critical", "late"]);
+}
+
+#[test]
+fn never_goes_back() {
+    let plan = default_drain_plan();
+    let pods = [pod("low", "n1", 0, "a")];
+    let live: Vec<&Pod> = pods.iter().collect();
+    assert_eq!(advance(&plan, 3, &live), 3);
+    assert_eq!(advance(&plan, 0, &live), 1);
+}
+
+#[test]
+fn selector_entries_go_first_within_a_priority() {
+    let plan = vec![entry(PodType::Default, 1000, Some("db")), entry(PodType::Default, 1000, None)];
+    let nodes = [node("n1", &[])];
+    let pods = [pod("web", "n1", 0, "web"), pod("db", "n1", 0, "db")];
+    let m = maintenance("m", &["n1"], Stage::Drain, plan);
+    assert_eq!(names(&step(&m, &nodes, &pods, &[], std::slice::from_ref(&m))), ["db"]);
+    let pods = [pod("web", "n1", 0, "web")];
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!((s.reached, names(&s)), (2, vec!["web"]));
+}
+
+#[test]
+fn pdb_budget_is_shared_across_pods_and_blocks_with_its_name() {
+    let nodes = [node("n1", &[])];
+    let pods =
+        [pod("r1", "n1", 0, "web"), pod("r2", "n1", 0, "web"), pod("r3", "n1", 0, "web"), pod("free", "n1", 0, "x")];
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let s = step(&m, &nodes, &pods, &[pdb("web-pdb", "web", 1)], std::slice::from_ref(&m));
+    assert_eq!(names(&s), ["r1", "free"]);
+    let blocking = &s.node_statuses[0].blocking_pods;
+    assert_eq!(blocking.len(), 2);
+    assert_eq!(blocking[0].name, "r2");
+    assert_eq!(blocking[0].reason, "PodDisruptionBudget default/web-pdb allows no more disruptions");
+    assert_eq!(s.drain_status.pods_pending_eviction, 4);
+
+    let s = step(&m, &nodes, &pods, &[pdb("web-pdb", "web", 0)], std::slice::from_ref(&m));
+    assert_eq!(names(&s), ["free"]);
+}
+
+#[test]
+fn two_pdbs_on_one_pod_are_reported_not_attempted() {
+    let nodes = [node("n1", &[])];
+    let pods = [pod("r1", "n1", 0, "web")];
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let s = step(&m, &nodes, &pods, &[pdb("a", "web", 5), pdb("b", "web", 5)], std::slice::from_ref(&m));
+    assert!(s.evict.is_empty());
+    assert!(s.node_statuses[0].blocking_pods[0].reason.contains("more than one PodDisruptionBudget"));
+}
+
+#[test]
+fn terminating_pods_are_active_and_stuck_ones_are_reported() {
+    let nodes = [node("n1", &[])];
+    let mut going = pod("going", "n1", 0, "a");
+    going.metadata.deletion_timestamp = Some(Time("2026-11-22T06:00:30Z".parse().unwrap()));
+    let mut stuck = pod("stuck", "n1", 0, "a");
+    stuck.metadata.deletion_timestamp = Some(Time("2026-11-22T05:00:00Z".parse().unwrap()));
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let s = step(&m, &nodes, &[going, stuck], &[], std::slice::from_ref(&m));
+    assert!(s.evict.is_empty(), "terminating pods are not evicted again");
+    assert_eq!(s.drain_status.active_evictions, 2);
+    let reasons: Vec<&str> = s.node_statuses[0].blocking_pods.iter().map(|b| b.reason.as_str()).collect();
+    assert_eq!(reasons, ["terminating", "stuck terminating since 2026-11-22T05:00:00Z"]);
+}
+
+#[test]
+fn daemonset_pods_need_the_taint_first_and_tolerating_ones_block() {
+    let plan = vec![entry(PodType::Default, i32::MAX, None), entry(PodType::DaemonSet, i32::MAX, None)];
+    let ds = owned_by(pod("ds-pod", "n1", 0, "ds"), "DaemonSet", "agent");
+    let mut tolerant = owned_by(pod("tolerant", "n1", 0, "ds2"), "DaemonSet", "everywhere");
+    tolerant.spec.as_mut().unwrap().tolerations =
+        Some(vec![Toleration { operator: Some("Exists".into()), ..Default::default() }]);
+    let pods = [ds.clone(), tolerant];
+    let m = maintenance("m", &["n1"], Stage::Drain, plan);
+
+    let s = step(&m, &[node("n1", &[])], &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(s.reached, 2);
+    assert_eq!(s.taint, ["n1"]);
+    assert!(s.evict.is_empty(), "no DaemonSet eviction before the taint is on the node");
+
+    let s = step(&m, &[tainted(node("n1", &[]))], &pods, &[], std::slice::from_ref(&m));
+    assert!(s.taint.is_empty());
+    assert_eq!(names(&s), ["ds-pod"]);
+    let block = &s.node_statuses[0].blocking_pods[0];
+    assert_eq!(block.name, "tolerant");
+    assert!(
+        block.reason.starts_with("DaemonSet default/everywhere tolerates the maintenance taint"),
+        "{}",
+        block.reason
+    );
+}
+
+#[test]
+fn static_pods_wait_for_the_node_agent_and_drained_when_all_gone() {
+    let nodes = [node("n1", &[])];
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let pods = [mirror(pod("etcd-n1", "n1", 2_000_001_000, "etcd"))];
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(s.reached, 11);
+    assert!(s.evict.is_empty());
+    assert!(s.node_statuses[0].blocking_pods[0].reason.starts_with("static pod"));
+    assert!(!s.drained);
+
+    let mut done = pods[0].clone();
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let s = step(&m, &nodes, &[done], &[], std::slice::from_ref(&m));
+    assert_eq!(s.reached, 12);
+    assert!(s.drained);
+    assert_eq!(s.node_statuses[0].drain_message, "Drained");
+    assert!(s.node_statuses[0].drain_targets_reached);
+}
+
+#[test]
+fn overlapping_maintenances_least_advanced_wins() {
+    let nodes = [node("n1", &[]), node("n2", &[])];
+    let pods = [pod("critical", "n1", 2_000_000_000, "a"), pod("critical2", "n2", 2_000_000_000, "a")];
+    let ahead = with_reached(maintenance("ahead", &["n1", "n2"], Stage::Drain, vec![]), 2);
+    let behind = with_reached(
+        maintenance(
+            "behind",
+            &["n1"],
+            Stage::Drain,
+            vec![entry(PodType::Default, 0, None), entry(PodType::Default, i32::MAX, None)],
+        ),
+        1,
+    );
+    let all = [ahead.clone(), behind.clone()];
+    let s = step(&ahead, &nodes, &pods, &[], &all);
+    assert_eq!(names(&s), ["critical2"], "n1 is limited by the less advanced maintenance");
+    assert_eq!(s.node_statuses[0].drain_message, "Draining (limited by behind)");
+    assert_eq!(s.node_statuses[0].blocking_pods[0].reason, "waiting for maintenance behind");
+    assert_eq!(s.node_statuses[1].drain_message, "Draining");
+
+    // A maintenance in Cordon does not limit anything.
+    let idle_behind = maintenance("behind", &["n1"], Stage::Cordon, vec![]);
+    let s = step(&ahead, &nodes, &pods, &[], &[ahead.clone(), idle_behind]);
+    assert_eq!(names(&s), ["critical", "critical2"]);
+}
+
+#[test]
+fn preview_lists_affected_pods_per_node() {
+    let nodes = [node("n1", &[]), node("n2", &[])];
+    let pods = [pod("a", "n1", 0, "a"), pod("b", "n1", 0, "a"), pod("c", "n2", 0, "a")];
+    let m = maintenance("m", &["n1"], Stage::Idle, vec![]);
+    let p = preview(&m, Cluster { nodes: &nodes, pods: &pods, pdbs: &[], maintenances: &[] });
+    assert_eq!(p.len(), 1);
+    assert_eq!((p[0].node_name.as_str(), p[0].pods_remaining), ("n1", 2));
+}
+
+#[test]
+fn cordon_memory_and_restore() {
+    let nodes = [cordoned(node("n1", &[])), node("n2", &[])];
+    let mut first = maintenance("first", &["n1", "n2"], Stage::Cordon, vec![]);
+    assert!(cordon_memory(&first, &nodes[0], &[]));
+    assert!(!cordon_memory(&first, &nodes[1], &[]));
+
+    let status = NodeMaintenanceStatus {
+        node_statuses: vec![
+            NodeStatus { node_name: "n1".into(), was_unschedulable: Some(true), ..Default::default() },
+            NodeStatus { node_name: "n2".into(), was_unschedulable: Some(false), ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    first.status = Some(status);
+    // n2 is cordoned now by `first`; a second maintenance inherits first's memory.
+    let second = maintenance("second", &["n2"], Stage::Cordon, vec![]);
+    let nodes_now = [cordoned(node("n1", &[])), cordoned(node("n2", &[]))];
+    assert!(!cordon_memory(&second, &nodes_now[1], &[first.clone(), second.clone()]));
+
+    let all = [first.clone(), second.clone()];
+    let cluster = Cluster { nodes: &nodes_now, pods: &[], pdbs: &[], maintenances: &all };
+    assert!(!should_uncordon(&first, "n1", cluster), "n1 was cordoned before: stays cordoned");
+    assert!(!should_uncordon(&first, "n2", cluster), "second still covers n2");
+    let cluster = Cluster { maintenances: std::slice::from_ref(&first), ..cluster };
+    assert!(should_uncordon(&first, "n2", cluster));
+    assert!(should_untaint(&first, "n2", cluster));
+}
+
+#[test]
+fn safety_refuses_all_control_plane_or_all_schedulable_nodes() {
+    let nodes = [node("cp", &[(CONTROL_PLANE_LABEL, "")]), node("w1", &[]), cordoned(node("w2", &[]))];
+    let cp = maintenance("m", &["cp"], Stage::Drain, vec![]);
+    assert!(safety_violation(&cp, &nodes).unwrap().starts_with("the node selector covers every control-plane node"));
+    let workers = maintenance("m", &["w1"], Stage::Drain, vec![]);
+    assert_eq!(safety_violation(&workers, &nodes), None);
+    let schedulable = maintenance("m", &["w1", "w2"], Stage::Drain, vec![]);
+    assert_eq!(safety_violation(&schedulable, &nodes), None);
+    let everything = maintenance("m", &["w1", "cp"], Stage::Drain, vec![]);
+    assert!(safety_violation(&everything, &nodes).is_some());
+    let mut allowed = everything.clone();
+    allowed.metadata.annotations = Some([(ALLOW_ALL_NODES_ANNOTATION.to_string(), "true".to_string())].into());
+    assert_eq!(safety_violation(&allowed, &nodes), None);
+}

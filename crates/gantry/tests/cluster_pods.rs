@@ -5,26 +5,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::{Env, Gantry, eventually, pod_yaml};
+use common::cluster;
+use common::{eventually, pod_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-/// A containerd, an API server (the test server, or a real one) and the node name to use.
-async fn setup() -> Option<(Env, Cluster)> {
-    let cluster = Cluster::start().await;
-    let env = Env::start_as(&cluster.node_name()).await?;
-    Some((env, cluster))
-}
-
-fn start_cluster_node(env: &Env, cluster: &Cluster) -> Gantry {
-    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
-    env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display())])
-}
-
-/// A pod already bound to the node. No service-account token volume: projected volumes are
-/// not supported yet (issue 4), and the API server injects one unless told not to.
+/// A pod already bound to the node. No service-account token volume (the API server injects one
+/// unless told not to): these tests are about the pod lifecycle, `pod_volumes.rs` covers volumes.
 fn bound_pod(node: &str, name: &str, command: &str) -> Pod {
     let spec =
         format!("  nodeName: {node}\n  terminationGracePeriodSeconds: 2\n  automountServiceAccountToken: false\n");
@@ -34,8 +22,8 @@ fn bound_pod(node: &str, name: &str, command: &str) -> Pod {
 
 #[tokio::test]
 async fn api_pod_runs_reports_status_and_is_deleted_gracefully() {
-    let Some((env, cluster)) = setup().await else { return };
-    let gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     // The process ignores SIGTERM, so deletion must wait the full grace period.
@@ -69,9 +57,9 @@ async fn api_pod_runs_reports_status_and_is_deleted_gracefully() {
 
 #[tokio::test]
 async fn static_pods_get_mirror_pods_that_come_back_when_deleted() {
-    let Some((env, cluster)) = setup().await else { return };
+    let Some((env, cluster)) = cluster::setup().await else { return };
     env.write_manifest("static.yaml", &pod_yaml("static", "sleep 3600", ""));
-    let gantry = start_cluster_node(&env, &cluster);
+    let gantry = cluster::start_node(&env, &cluster);
     let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
     let name = format!("static-{}", env.node);
 
@@ -102,8 +90,8 @@ async fn static_pods_get_mirror_pods_that_come_back_when_deleted() {
 
 #[tokio::test]
 async fn a_pod_with_an_unsupported_volume_says_why_and_others_still_run() {
-    let Some((env, cluster)) = setup().await else { return };
-    let gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let mut unsupported = bound_pod(&env.node, "needs-nfs", "sleep 3600");
@@ -140,14 +128,14 @@ async fn a_pod_with_an_unsupported_volume_says_why_and_others_still_run() {
 
 #[tokio::test]
 async fn restarting_the_agent_keeps_api_pods_running_unchanged() {
-    let Some((env, cluster)) = setup().await else { return };
-    let mut gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let mut gantry = cluster::start_node(&env, &cluster);
     let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
     pods.create(&PostParams::default(), &bound_pod(&env.node, "steady", "sleep 3600")).await.unwrap();
     let before = eventually("steady running", &gantry, || async { env.running("steady").await.pop() }).await;
 
     gantry.kill();
-    let gantry = start_cluster_node(&env, &cluster);
+    let gantry = cluster::start_node(&env, &cluster);
     eventually("the new agent reports the pod Running", &gantry, || async { gantry.pod_in_phase("steady", "Running") })
         .await;
     assert_eq!(env.running("steady").await, vec![before.clone()], "same container, nothing duplicated");

@@ -4,23 +4,12 @@
 
 mod common;
 
-use common::cluster::Cluster;
-use common::{Env, Gantry, eventually, pod_yaml};
+use common::cluster;
+use common::{Env, eventually, pod_yaml};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-
-async fn setup() -> Option<(Env, Cluster)> {
-    let cluster = Cluster::start().await;
-    let env = Env::start_as(&cluster.node_name()).await?;
-    Some((env, cluster))
-}
-
-fn start_cluster_node(env: &Env, cluster: &Cluster) -> Gantry {
-    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
-    env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display())])
-}
 
 /// A pod bound to the node; `extra_spec` is YAML under `spec:` (two-space indent), `container`
 /// YAML appended to the container (four-space indent).
@@ -49,8 +38,8 @@ fn output(env: &Env, pod: &str) -> String {
 
 #[tokio::test]
 async fn default_service_account_volume_gives_a_valid_token_and_ca() {
-    let Some((env, cluster)) = setup().await else { return };
-    let gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -81,8 +70,8 @@ async fn default_service_account_volume_gives_a_valid_token_and_ca() {
 
 #[tokio::test]
 async fn config_map_change_appears_in_the_mounted_file() {
-    let Some((env, cluster)) = setup().await else { return };
-    let gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
     let admin = cluster.admin().await;
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let cm: ConfigMap =
@@ -108,8 +97,8 @@ async fn config_map_change_appears_in_the_mounted_file() {
 
 #[tokio::test]
 async fn env_from_a_missing_key_is_a_create_container_config_error() {
-    let Some((env, cluster)) = setup().await else { return };
-    let gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
     let admin = cluster.admin().await;
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let cm: ConfigMap =
@@ -133,8 +122,8 @@ async fn env_from_a_missing_key_is_a_create_container_config_error() {
 
 #[tokio::test]
 async fn secret_items_modes_and_downward_api() {
-    let Some((env, cluster)) = setup().await else { return };
-    let gantry = start_cluster_node(&env, &cluster);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
     let admin = cluster.admin().await;
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
     let secret: Secret = serde_json::from_value(serde_json::json!({

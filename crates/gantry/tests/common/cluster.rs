@@ -88,3 +88,16 @@ impl Cluster {
         let _ = nodes.delete(node, &Default::default()).await;
     }
 }
+
+/// A containerd, an API server (the test server, or a real one) and the node name to use.
+pub async fn setup() -> Option<(super::Env, Cluster)> {
+    let cluster = Cluster::start().await;
+    let env = super::Env::start_as(&cluster.node_name()).await?;
+    Some((env, cluster))
+}
+
+/// `gantry kubelet` joining the cluster as the environment's node.
+pub fn start_node(env: &super::Env, cluster: &Cluster) -> super::Gantry {
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display())])
+}

@@ -3,6 +3,7 @@
 
 mod kubelet;
 mod logging;
+mod maintenance;
 mod pods;
 
 use std::path::{Path, PathBuf};
@@ -36,6 +37,12 @@ enum Command {
     },
     /// Print the NodeMaintenance CustomResourceDefinition (maintenance.gantry.dev) as YAML.
     Crd,
+    /// Run the NodeMaintenance controller (cordon, drain in plan order, restore).
+    MaintenanceController {
+        /// Kubeconfig to use; without it, the in-cluster service account.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +58,7 @@ fn main() -> ExitCode {
         Command::Kubelet { args } => kubelet::main(&args),
         Command::Pods { root_dir, output } => pods::main(&root_dir, &output),
         Command::Crd => print_crd(),
+        Command::MaintenanceController { kubeconfig } => maintenance::controller(kubeconfig.as_deref()),
     }
 }
 

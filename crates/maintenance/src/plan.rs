@@ -32,6 +32,7 @@ pub struct PodRef {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    pub node: String,
 }
 
 /// What one maintenance's drain does next and reports.
@@ -154,6 +155,7 @@ fn pod_ref(pod: &Pod) -> PodRef {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
+        node: node_of(pod).unwrap_or_default().to_string(),
     }
 }
 

@@ -35,12 +35,12 @@ pub async fn run(client: Client, node: String, tx: mpsc::Sender<SourceUpdate>, m
             Ok(Event::Init) => initial = Some(BTreeMap::new()),
             Ok(Event::InitApply(pod)) => {
                 if let Some(buffer) = initial.as_mut() {
-                    buffer.insert(spec::uid(&pod).to_string(), pod);
+                    buffer.insert(spec::uid(&pod).to_string(), slim(pod));
                 }
             }
             Ok(Event::InitDone) => pods = initial.take().unwrap_or_default(),
             Ok(Event::Apply(pod)) => {
-                pods.insert(spec::uid(&pod).to_string(), pod);
+                pods.insert(spec::uid(&pod).to_string(), slim(pod));
             }
             Ok(Event::Delete(pod)) => {
                 pods.remove(spec::uid(&pod));
@@ -60,6 +60,13 @@ pub async fn run(client: Client, node: String, tx: mpsc::Sender<SourceUpdate>, m
             return;
         }
     }
+}
+
+/// Drops what the agent never reads but would keep (and copy on every change) for each pod:
+/// server-side-apply bookkeeping is often as large as the spec itself.
+fn slim(mut pod: Pod) -> Pod {
+    pod.metadata.managed_fields = None;
+    pod
 }
 
 fn mark_api_source(mut pod: Pod) -> Pod {

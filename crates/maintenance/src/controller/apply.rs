@@ -1,0 +1,207 @@
+//! Applies a [`Decision`] to the cluster, in an order that keeps restarts safe: the status
+//! (with each node's cordon memory) is written before any node is cordoned, and the
+//! finalizer is removed only after every node is restored.
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::{Context, ControllerError};
+use crate::api::{
+    BlockingPod, CONDITION_DRAINED, CONDITION_INVALID, CONDITION_UNSAFE, DRAIN_TAINT_KEY, FINALIZER, NodeMaintenance,
+    NodeMaintenanceStatus,
+};
+use crate::decide::Decision;
+use crate::plan::PodRef;
+
+pub(super) async fn apply(
+    ctx: &Context,
+    m: &NodeMaintenance,
+    nodes: &[Node],
+    mut d: Decision,
+) -> Result<(), ControllerError> {
+    let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
+    let name = m.name_any();
+    let old = m.status.clone().unwrap_or_default();
+    if d.status != old {
+        patch_status(&api, &name, &d.status).await?;
+        announce_conditions(ctx, m, &old, &d.status).await;
+    }
+    if let Some(plan) = &d.write_back_plan {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "drainPlan": plan } }))).await?;
+    }
+    if d.add_finalizer {
+        set_finalizer(&api, m, true).await?;
+    }
+    for node in &d.cordon {
+        set_unschedulable(ctx, node, true).await?;
+        event(ctx, m, EventType::Normal, "Cordoned", format!("Cordoned node {node}")).await;
+    }
+    for node in &d.taint {
+        set_drain_taint(ctx, nodes, node, true).await?;
+        event(ctx, m, EventType::Normal, "Tainted", format!("Tainted node {node} with {DRAIN_TAINT_KEY}:NoSchedule"))
+            .await;
+    }
+    let held = evict_all(ctx, m, &d.evict).await;
+    if !held.is_empty() {
+        report_held(&mut d.status, held);
+        patch_status(&api, &name, &d.status).await?;
+    }
+    for node in &d.untaint {
+        set_drain_taint(ctx, nodes, node, false).await?;
+    }
+    for node in &d.uncordon {
+        set_unschedulable(ctx, node, false).await?;
+        event(ctx, m, EventType::Normal, "Uncordoned", format!("Uncordoned node {node}")).await;
+    }
+    if d.remove_finalizer {
+        set_finalizer(&api, m, false).await?;
+        event(ctx, m, EventType::Normal, "Completed", "Maintenance complete; nodes restored".to_string()).await;
+    }
+    Ok(())
+}
+
+async fn patch_status(
+    api: &Api<NodeMaintenance>,
+    name: &str,
+    status: &NodeMaintenanceStatus,
+) -> Result<(), ControllerError> {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
+    Ok(())
+}
+
+/// Adds or removes our finalizer with a JSON patch that tests the current list, so a
+/// concurrent change by someone else makes this attempt fail (and retry) instead of
+/// overwriting theirs.
+async fn set_finalizer(api: &Api<NodeMaintenance>, m: &NodeMaintenance, present: bool) -> Result<(), ControllerError> {
+    let current = m.finalizers().to_vec();
+    let mut wanted: Vec<String> = current.iter().filter(|f| *f != FINALIZER).cloned().collect();
+    if present {
+        wanted.push(FINALIZER.to_string());
+    }
+    let ops = if m.metadata.finalizers.is_some() {
+        json!([
+            { "op": "test", "path": "/metadata/finalizers", "value": current },
+            { "op": "replace", "path": "/metadata/finalizers", "value": wanted },
+        ])
+    } else {
+        json!([{ "op": "add", "path": "/metadata/finalizers", "value": wanted }])
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    match api.patch(&m.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+        Ok(_) => Ok(()),
+        // Removing the last finalizer of a deleted object deletes it: nothing left to patch.
+        Err(kube::Error::Api(e)) if e.code == 404 && !present => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn set_unschedulable(ctx: &Context, node: &str, cordoned: bool) -> Result<(), ControllerError> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    // Like `kubectl uncordon`, leave the field unset rather than false.
+    let value = if cordoned { json!(true) } else { serde_json::Value::Null };
+    api.patch(node, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "unschedulable": value } }))).await?;
+    tracing::info!(node, cordoned, "node schedulability changed");
+    Ok(())
+}
+
+/// Adds or removes the maintenance NoSchedule taint, testing the taints seen in the snapshot
+/// so another writer's taint is never lost.
+async fn set_drain_taint(ctx: &Context, nodes: &[Node], node: &str, present: bool) -> Result<(), ControllerError> {
+    let current =
+        nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node)).and_then(|n| n.spec.as_ref()?.taints.clone());
+    let mut wanted: Vec<Taint> = current.iter().flatten().filter(|t| t.key != DRAIN_TAINT_KEY).cloned().collect();
+    if present {
+        wanted.push(Taint { key: DRAIN_TAINT_KEY.to_string(), effect: "NoSchedule".to_string(), ..Default::default() });
+    }
+    let ops = match current {
+        Some(current) => json!([
+            { "op": "test", "path": "/spec/taints", "value": current },
+            { "op": "replace", "path": "/spec/taints", "value": wanted },
+        ]),
+        None => json!([{ "op": "add", "path": "/spec/taints", "value": wanted }]),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    Api::<Node>::all(ctx.client.clone()).patch(node, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+    Ok(())
+}
+
+/// Evicts each pod through the policy/v1 eviction subresource (so PDBs hold); returns the
+/// pods that stay, with the reason to show in the status.
+async fn evict_all(ctx: &Context, m: &NodeMaintenance, pods: &[PodRef]) -> Vec<(PodRef, String)> {
+    let mut held = Vec::new();
+    for pod in pods {
+        match evict(ctx, pod).await {
+            Ok(()) => {
+                let message = format!("Evicted pod {}/{} from node {}", pod.namespace, pod.name, pod.node);
+                event(ctx, m, EventType::Normal, "Evicted", message).await;
+            }
+            Err(reason) => {
+                let message = format!("Eviction of pod {}/{} refused: {reason}", pod.namespace, pod.name);
+                event(ctx, m, EventType::Warning, "EvictionRefused", message).await;
+                held.push((pod.clone(), reason));
+            }
+        }
+    }
+    held
+}
+
+async fn evict(ctx: &Context, pod: &PodRef) -> Result<(), String> {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+    let body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": { "name": pod.name, "namespace": pod.namespace },
+        "deleteOptions": { "preconditions": { "uid": pod.uid } },
+    });
+    let result: Result<serde_json::Value, kube::Error> =
+        api.create_subresource("eviction", &pod.name, &PostParams::default(), &body).await;
+    match result {
+        Ok(_) => Ok(()),
+        // Gone already, or replaced by a namesake (UID precondition): nothing to evict.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 429 => Err(format!("eviction refused: {}", e.message)),
+        Err(e) => Err(format!("eviction failed: {e}")),
+    }
+}
+
+fn report_held(status: &mut NodeMaintenanceStatus, held: Vec<(PodRef, String)>) {
+    for (pod, reason) in held {
+        let Some(node) = status.node_statuses.iter_mut().find(|s| s.node_name == pod.node) else { continue };
+        node.blocking_pods.retain(|b| !(b.namespace == pod.namespace && b.name == pod.name));
+        node.blocking_pods.push(BlockingPod { namespace: pod.namespace, name: pod.name, reason });
+    }
+}
+
+/// Events for conditions that just became true.
+async fn announce_conditions(
+    ctx: &Context,
+    m: &NodeMaintenance,
+    old: &NodeMaintenanceStatus,
+    new: &NodeMaintenanceStatus,
+) {
+    let was_true = |s: &NodeMaintenanceStatus, t: &str| s.conditions.iter().any(|c| c.type_ == t && c.status == "True");
+    for (type_, kind) in [
+        (CONDITION_DRAINED, EventType::Normal),
+        (CONDITION_INVALID, EventType::Warning),
+        (CONDITION_UNSAFE, EventType::Warning),
+    ] {
+        if was_true(new, type_) && !was_true(old, type_) {
+            let message =
+                new.conditions.iter().find(|c| c.type_ == type_).map(|c| c.message.clone()).unwrap_or_default();
+            event(ctx, m, kind, type_, message).await;
+        }
+    }
+}
+
+/// Events are best effort: a failure to publish one never fails the reconcile.
+async fn event(ctx: &Context, m: &NodeMaintenance, type_: EventType, reason: &str, note: String) {
+    tracing::info!(maintenance = %m.name_any(), reason, "{note}");
+    let event =
+        Event { type_, reason: reason.to_string(), note: Some(note), action: reason.to_string(), secondary: None };
+    if let Err(e) = ctx.recorder.publish(&event, &m.object_ref(&())).await {
+        tracing::debug!(error = %e, "cannot publish event");
+    }
+}

@@ -124,7 +124,9 @@ impl ImagePuller {
             }
             Err(error) => {
                 event(EventType::Warning, "Failed", &format!("Failed to pull image {image:?}: {error}"));
-                self.backoff.lock().unwrap_or_else(|p| p.into_inner()).failed(&key, now(), &error);
+                let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+                backoff.collect(now());
+                backoff.failed(&key, now(), &error);
                 Err(PullFailure::new("ErrImagePull", error))
             }
         }

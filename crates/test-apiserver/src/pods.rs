@@ -147,8 +147,9 @@ fn add_default_tolerations(spec: &mut Map<String, Value>) {
     }
 }
 
-/// The ServiceAccount admission plugin: default the account, require that it exists, and
-/// mount its token through a projected volume unless automounting is off.
+/// The ServiceAccount admission plugin: default the account, require that it exists, give the
+/// pod the account's image pull secrets when it names none itself, and mount its token through
+/// a projected volume unless automounting is off.
 fn admit_service_account(
     inner: &StoreInner,
     ns: &str,
@@ -173,6 +174,10 @@ fn admit_service_account(
             &format!("error looking up service account {ns}/{sa_name}: serviceaccount \"{sa_name}\" not found"),
         ));
     };
+    let pod_pull_secrets = spec.get("imagePullSecrets").and_then(Value::as_array).is_some_and(|l| !l.is_empty());
+    if let Some(secrets) = sa.get("imagePullSecrets").filter(|_| !pod_pull_secrets) {
+        spec.insert("imagePullSecrets".into(), secrets.clone());
+    }
     let automount = spec
         .get("automountServiceAccountToken")
         .and_then(Value::as_bool)

@@ -31,7 +31,7 @@ pub mod raw;
 pub use containerd::{Containerd, ContainerdOptions};
 pub use error::{Result, TestkitError};
 pub use images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
-pub use pinning_images::PinningImageService;
+pub use pinning_images::{PinningImageService, PullRecord};
 pub use raw::{raw_start_pods, remove_all_pods};
 
 /// Send this crate's (and the caller's) `tracing` output to the test writer,

@@ -1,9 +1,12 @@
-//! A CRI image service stand-in for image garbage collection tests: it forwards every call to
-//! the private containerd's real image service, but reports one configured image as
-//! `pinned: true` (containerd 1.6 never does) and records every `RemoveImage` call.
+//! A CRI image service stand-in for image tests: it forwards calls to the private containerd's
+//! real image service, but reports one configured image as `pinned: true` (containerd 1.6
+//! never does), records every `RemoveImage` and `PullImage` call (image, credentials, timing),
+//! can hold pulls for a while (to observe concurrency), and answers pulls of images containerd
+//! already has itself, so tests never reach a registry.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
@@ -18,8 +21,30 @@ use crate::error::IoContext;
 /// The running stand-in; stops serving when dropped.
 pub struct PinningImageService {
     socket: PathBuf,
-    removed: Arc<Mutex<Vec<String>>>,
+    state: Arc<Mutex<State>>,
     server: tokio::task::JoinHandle<()>,
+}
+
+/// One `PullImage` call as the stand-in saw it.
+#[derive(Clone, Debug)]
+pub struct PullRecord {
+    pub image: String,
+    pub auth: Option<AuthConfig>,
+    pub started: Instant,
+    pub finished: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    removed: Vec<String>,
+    pulls: Vec<PullRecord>,
+    in_flight: usize,
+    max_in_flight: usize,
+    pull_delay: Duration,
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PinningImageService {
@@ -27,8 +52,8 @@ impl PinningImageService {
     /// named `pinned` (any of its tags or digests) as pinned.
     pub async fn start(socket: &Path, upstream: &Path, pinned: &str) -> crate::Result<Self> {
         let client = cri::image_client(upstream).await?;
-        let removed = Arc::new(Mutex::new(Vec::new()));
-        let service = Forwarder { client, pinned: pinned.to_string(), removed: removed.clone() };
+        let state = Arc::new(Mutex::new(State::default()));
+        let service = Forwarder { client, pinned: pinned.to_string(), state: state.clone() };
         let _ = std::fs::remove_file(socket);
         let listener = UnixListener::bind(socket).ctx(|| format!("bind {}", socket.display()))?;
         let incoming = futures::stream::unfold(listener, |l| async move {
@@ -44,7 +69,7 @@ impl PinningImageService {
                 tracing::error!(error = %e, "pinning image service stopped");
             }
         });
-        Ok(PinningImageService { socket: socket.to_path_buf(), removed, server })
+        Ok(PinningImageService { socket: socket.to_path_buf(), state, server })
     }
 
     /// `unix://` endpoint for `--image-service-endpoint`.
@@ -54,7 +79,22 @@ impl PinningImageService {
 
     /// The image of every `RemoveImage` call so far, in order.
     pub fn removed(&self) -> Vec<String> {
-        self.removed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.state).removed.clone()
+    }
+
+    /// Every finished `PullImage` call so far, in the order they finished.
+    pub fn pulls(&self) -> Vec<PullRecord> {
+        lock(&self.state).pulls.clone()
+    }
+
+    /// The most `PullImage` calls that were in progress at the same time.
+    pub fn max_concurrent_pulls(&self) -> usize {
+        lock(&self.state).max_in_flight
+    }
+
+    /// Holds every following pull this long before answering it.
+    pub fn set_pull_delay(&self, delay: Duration) {
+        lock(&self.state).pull_delay = delay;
     }
 }
 
@@ -67,7 +107,7 @@ impl Drop for PinningImageService {
 struct Forwarder {
     client: ImageServiceClient<Channel>,
     pinned: String,
-    removed: Arc<Mutex<Vec<String>>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl Forwarder {
@@ -75,6 +115,17 @@ impl Forwarder {
         let pinned = &self.pinned;
         image.pinned = image.repo_tags.iter().chain(&image.repo_digests).any(|n| n == pinned) || &image.id == pinned;
         image
+    }
+}
+
+impl Forwarder {
+    /// An image containerd already has is "pulled" without asking a registry.
+    async fn pull(&self, request: PullImageRequest) -> Result<Response<PullImageResponse>, Status> {
+        let status = ImageStatusRequest { image: request.image.clone(), verbose: false };
+        if let Some(image) = self.client.clone().image_status(status).await?.into_inner().image {
+            return Ok(Response::new(PullImageResponse { image_ref: image.id }));
+        }
+        self.client.clone().pull_image(request).await
     }
 }
 
@@ -96,7 +147,21 @@ impl ImageService for Forwarder {
     }
 
     async fn pull_image(&self, request: Request<PullImageRequest>) -> Result<Response<PullImageResponse>, Status> {
-        self.client.clone().pull_image(request.into_inner()).await
+        let request = request.into_inner();
+        let started = Instant::now();
+        let delay = {
+            let mut state = lock(&self.state);
+            state.in_flight += 1;
+            state.max_in_flight = state.max_in_flight.max(state.in_flight);
+            state.pull_delay
+        };
+        tokio::time::sleep(delay).await;
+        let result = self.pull(request.clone()).await;
+        let mut state = lock(&self.state);
+        state.in_flight -= 1;
+        let image = request.image.map(|i| i.image).unwrap_or_default();
+        state.pulls.push(PullRecord { image, auth: request.auth, started, finished: Instant::now() });
+        result
     }
 
     async fn remove_image(
@@ -105,7 +170,7 @@ impl ImageService for Forwarder {
     ) -> Result<Response<RemoveImageResponse>, Status> {
         let request = request.into_inner();
         let image = request.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
-        self.removed.lock().unwrap_or_else(|p| p.into_inner()).push(image);
+        lock(&self.state).removed.push(image);
         self.client.clone().remove_image(request).await
     }
 

@@ -58,6 +58,9 @@ struct Worker {
     /// Why containers are not running, from the last attempt to start them.
     waiting: HashMap<String, Waiting>,
     error_delay: Option<Duration>,
+    /// Set when the last start attempt failed only because image pulls are backed off: how
+    /// long until the first of them may be tried again.
+    image_retry: Option<Duration>,
     start_time: Option<Nanos>,
 }
 
@@ -69,6 +72,7 @@ impl Worker {
             backoff: Backoff::default(),
             waiting: HashMap::new(),
             error_delay: None,
+            image_retry: None,
             start_time: None,
         }
     }
@@ -117,7 +121,8 @@ impl Worker {
                 if let Ok(observed) = self.shared.observer.pod(spec::uid(&self.pod)).await {
                     self.publish(&observed, now);
                 }
-                return self.failed();
+                // Image pull backoff has its own schedule; looking earlier only repeats BackOff.
+                return self.image_retry.take().unwrap_or_else(|| self.failed());
             }
         }
         // Still not converged: something undoes our actions (e.g. a container that never
@@ -223,23 +228,27 @@ impl Worker {
         }))
         .await;
         let mut ok = true;
+        let mut image_retry = None::<Duration>;
+        let mut other_failure = false;
         for (s, image, result) in results.into_iter().flatten() {
-            ok &= self.record_start(s, &image, result);
+            if result.as_ref().is_err_and(|e| e.reason == "ImagePullBackOff") {
+                let remaining = self.shared.driver.images().backoff_remaining(&self.pod, &image).unwrap_or_default();
+                image_retry = Some(image_retry.map_or(remaining, |r| r.min(remaining)));
+            } else {
+                other_failure |= result.is_err();
+            }
+            ok &= self.record_start(s, result);
         }
+        self.image_retry = image_retry.filter(|_| !other_failure);
         ok
     }
 
-    fn record_start(&mut self, s: &Start, image: &str, result: Result<Started, StartError>) -> bool {
+    fn record_start(&mut self, s: &Start, result: Result<Started, StartError>) -> bool {
         let event = |reason: &str, message: &str| {
             self.shared.events.record(&self.pod, Some(&s.name), EventType::Normal, reason, message)
         };
         match result {
             Ok(started) => {
-                if started.pulled {
-                    event("Pulled", &format!("Successfully pulled image {image:?}"));
-                } else {
-                    event("Pulled", &format!("Container image {image:?} already present on machine"));
-                }
                 event("Created", &format!("Created container {}", s.name));
                 event("Started", &format!("Started container {}", s.name));
                 tracing::debug!(container_id = %started.id, container = %s.name, "container started");
@@ -252,8 +261,9 @@ impl Worker {
                 false
             }
             Err(e) => {
+                // The image puller already reported the details of image failures.
                 let message = match e.reason {
-                    "ErrImageNeverPull" | "ErrImagePull" => e.message.clone(),
+                    r if IMAGE_PULL_REASONS.contains(&r) => format!("Error: {r}"),
                     _ => format!("Error: {}", e.message),
                 };
                 self.shared.events.record(&self.pod, Some(&s.name), EventType::Warning, "Failed", &message);
@@ -341,6 +351,10 @@ impl Worker {
         Ok(())
     }
 }
+
+/// Container start failures caused by the image (upstream's image manager errors).
+const IMAGE_PULL_REASONS: &[&str] =
+    &["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "ImageInspectError"];
 
 fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name)

@@ -55,6 +55,8 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "imageGCLowThresholdPercent",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
+    "serializeImagePulls",
+    "maxParallelImagePulls",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

@@ -166,6 +166,10 @@ pub struct Flags {
     #[arg(long, value_name = "IMAGE")]
     pub pod_infra_container_image: Option<String>,
 
+    /// Pull images one at a time. (serializeImagePulls) [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub serialize_image_pulls: Option<bool>,
+
     #[command(flatten)]
     pub compat: CompatFlags,
 }
@@ -387,7 +391,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "rotate-certificates",
     "rotate-server-certificates",
     "seccomp-default",
-    "serialize-image-pulls",
 ];
 
 /// Hidden compatibility flags; see the module documentation.

@@ -1,5 +1,6 @@
-//! Image garbage collection settings (`imageGC*`, `imageMinimumGCAge`, `imageMaximumGCAge`,
-//! `--pod-infra-container-image`), with upstream defaults and validation.
+//! Image settings: garbage collection (`imageGC*`, `imageMinimumGCAge`, `imageMaximumGCAge`,
+//! `--pod-infra-container-image`) and pulls (`serializeImagePulls`, `maxParallelImagePulls`),
+//! with upstream defaults and validation.
 
 use std::time::Duration;
 
@@ -23,6 +24,11 @@ pub struct ImageSettings {
     pub maximum_gc_age: Duration,
     /// `--pod-infra-container-image`: the sandbox image GC must keep; None = ask the runtime.
     pub pod_infra_container_image: Option<String>,
+    /// `serializeImagePulls` / `--serialize-image-pulls`; unset means upstream's default (true
+    /// unless `maxParallelImagePulls` is 2 or more).
+    pub serialize_pulls: Option<bool>,
+    /// `maxParallelImagePulls`, default unset (no limit when pulls are not serialized).
+    pub max_parallel_pulls: Option<u32>,
 }
 
 impl Default for ImageSettings {
@@ -33,6 +39,8 @@ impl Default for ImageSettings {
             minimum_gc_age: DEFAULT_IMAGE_MINIMUM_GC_AGE,
             maximum_gc_age: Duration::ZERO,
             pod_infra_container_image: None,
+            serialize_pulls: None,
+            max_parallel_pulls: None,
         }
     }
 }
@@ -68,6 +76,18 @@ impl ImageSettings {
         if let Some(d) = c.image_maximum_gc_age {
             self.maximum_gc_age = duration("imageMaximumGCAge", d, invalid)?;
         }
+        if let Some(serialize) = c.serialize_image_pulls {
+            self.serialize_pulls = Some(serialize);
+        }
+        if let Some(n) = c.max_parallel_image_pulls {
+            let positive = u32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+                invalid(
+                    "maxParallelImagePulls",
+                    format!("invalid configuration: maxParallelImagePulls {n} must be a positive number"),
+                )
+            })?;
+            self.max_parallel_pulls = Some(positive);
+        }
         Ok(())
     }
 
@@ -84,11 +104,30 @@ impl ImageSettings {
         if let Some(image) = f.pod_infra_container_image.as_deref() {
             self.pod_infra_container_image = (!image.is_empty()).then(|| image.to_string());
         }
+        if let Some(serialize) = f.serialize_image_pulls {
+            self.serialize_pulls = Some(serialize);
+        }
         // Checked once both the file and the flags are applied, as upstream validates the result.
         self.check(invalid)
     }
 
+    /// Whether image pulls are serialized, with upstream's defaulting.
+    pub fn serialize_pulls(&self) -> bool {
+        self.serialize_pulls.unwrap_or(self.max_parallel_pulls.is_none_or(|n| n < 2))
+    }
+
+    /// How many image pulls may run at once across all pods; `None` means no limit.
+    pub fn parallel_pull_limit(&self) -> Option<usize> {
+        if self.serialize_pulls() { Some(1) } else { self.max_parallel_pulls.map(|n| n as usize) }
+    }
+
     fn check(&self, invalid: Invalid) -> Result<(), ConfigError> {
+        if self.serialize_pulls() && self.max_parallel_pulls.is_some_and(|n| n > 1) {
+            return Err(invalid(
+                "maxParallelImagePulls",
+                "invalid configuration: maxParallelImagePulls cannot be larger than 1 unless SerializeImagePulls (--serialize-image-pulls) is set to false".into(),
+            ));
+        }
         if self.gc_low_threshold_percent >= self.gc_high_threshold_percent {
             return Err(invalid(
                 "imageGCLowThresholdPercent",
@@ -139,6 +178,39 @@ mod tests {
             err.contains("imageGCLowThresholdPercent (--image-gc-low-threshold) 60 must be less than imageGCHighThresholdPercent (--image-gc-high-threshold) 50"),
             "{err}"
         );
+    }
+
+    fn pulls(file: &str, flags: &[&str]) -> Result<ImageSettings, String> {
+        let c: KubeletConfiguration = serde_yaml_ng::from_str(file).unwrap();
+        let f = Flags::parse_args(flags).unwrap();
+        let mut s = ImageSettings::default();
+        s.apply_file(&c, &invalid).map_err(|e| e.to_string())?;
+        s.apply_flags(&f, &invalid).map_err(|e| e.to_string())?;
+        Ok(s)
+    }
+
+    #[test]
+    fn pulls_are_serialized_by_default_and_unless_parallel_pulls_are_asked_for() {
+        let limit = |file, flags| pulls(file, flags).unwrap().parallel_pull_limit();
+        assert_eq!(limit("{}", &[]), Some(1));
+        assert_eq!(limit("serializeImagePulls: false", &[]), None);
+        assert_eq!(limit("serializeImagePulls: false\nmaxParallelImagePulls: 3", &[]), Some(3));
+        // Without serializeImagePulls, maxParallelImagePulls >= 2 turns serialization off.
+        assert_eq!(limit("maxParallelImagePulls: 2", &[]), Some(2));
+        assert_eq!(limit("maxParallelImagePulls: 1", &[]), Some(1));
+        assert_eq!(limit("{}", &["--serialize-image-pulls=false"]), None);
+        assert_eq!(limit("serializeImagePulls: false", &["--serialize-image-pulls"]), Some(1));
+    }
+
+    #[test]
+    fn parallel_pulls_are_validated_as_upstream() {
+        let err = pulls("maxParallelImagePulls: 0", &[]).unwrap_err();
+        assert!(err.contains("maxParallelImagePulls 0 must be a positive number"), "{err}");
+        let err = pulls("serializeImagePulls: true\nmaxParallelImagePulls: 2", &[]).unwrap_err();
+        assert!(err.contains("maxParallelImagePulls cannot be larger than 1 unless SerializeImagePulls"), "{err}");
+        let err = pulls("maxParallelImagePulls: 2", &["--serialize-image-pulls=true"]).unwrap_err();
+        assert!(err.contains("cannot be larger than 1"), "{err}");
+        assert!(pulls("serializeImagePulls: true\nmaxParallelImagePulls: 1", &[]).is_ok());
     }
 
     #[test]

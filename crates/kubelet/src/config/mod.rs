@@ -31,7 +31,7 @@ pub use cluster::{
     DEFAULT_EVICTION_HARD, KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, Taint, is_kubelet_label, is_kubernetes_label,
 };
 
-pub use duration::{DurationError, GoDuration};
+pub use duration::{DurationError, GoDuration, format_std};
 pub use error::{ConfigError, Input};
 pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
 pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};

@@ -10,9 +10,11 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::config::{self, ContainerContext};
 use super::env::{self, EnvObjects};
 use super::{downward, volumes};
+use crate::agent::events::Recorder;
 use crate::cluster::objects::ObjectSource;
+use crate::image::puller::ImagePuller;
 use crate::pod::ObservedPod;
-use crate::pod::spec::{self, PullPolicy};
+use crate::pod::spec;
 
 /// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,8 +34,6 @@ impl StartError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Started {
     pub id: String,
-    /// Whether the image had to be pulled first.
-    pub pulled: bool,
 }
 
 #[derive(Clone)]
@@ -44,15 +44,28 @@ pub struct Driver {
     root_dir: PathBuf,
     /// ConfigMaps, Secrets and tokens for volumes and env (cluster mode only).
     objects: Option<ObjectSource>,
+    images: ImagePuller,
 }
 
 impl Driver {
-    pub fn new(cri: Cri, node: &str, pod_logs_dir: PathBuf, root_dir: PathBuf) -> Self {
-        Driver { cri, node: node.to_string(), pod_logs_dir, root_dir, objects: None }
+    /// `parallel_pulls`: how many image pulls may run at once node-wide (`None`: no limit).
+    pub fn new(cri: Cri, node: &str, pod_logs_dir: PathBuf, root_dir: PathBuf, parallel_pulls: Option<usize>) -> Self {
+        let images = ImagePuller::new(cri.images.clone(), parallel_pulls);
+        Driver { cri, node: node.to_string(), pod_logs_dir, root_dir, objects: None, images }
     }
 
     pub fn with_objects(self, objects: ObjectSource) -> Self {
-        Driver { objects: Some(objects), ..self }
+        let images = self.images.clone().with_secrets(objects.clone());
+        Driver { objects: Some(objects), images, ..self }
+    }
+
+    /// Image events (Pulling, Pulled, …) go to `events`.
+    pub fn with_events(self, events: Recorder) -> Self {
+        Driver { images: self.images.clone().with_events(events), ..self }
+    }
+
+    pub fn images(&self) -> &ImagePuller {
+        &self.images
     }
 
     fn fields(&self, pod_ip: Option<&str>) -> downward::Fields {
@@ -128,7 +141,7 @@ impl Driver {
         Ok(response.pod_sandbox_id)
     }
 
-    /// Pulls the image if the policy says so, then creates and starts the container.
+    /// Makes the image present (see [`ImagePuller`]), then creates and starts the container.
     pub async fn start_container(
         &self,
         pod: &Pod,
@@ -137,7 +150,7 @@ impl Driver {
         attempt: u32,
         pod_ip: Option<&str>,
     ) -> Result<Started, StartError> {
-        let pulled = self.ensure_image(c).await?;
+        self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
         let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
         let mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
@@ -172,37 +185,7 @@ impl Driver {
             .start_container(api::StartContainerRequest { container_id: id.clone() })
             .await
             .map_err(|e| StartError::new("RunContainerError", e.to_string()))?;
-        Ok(Started { id, pulled })
-    }
-
-    /// Returns whether the image was pulled.
-    async fn ensure_image(&self, c: &Container) -> Result<bool, StartError> {
-        let image = c.image.clone().unwrap_or_default();
-        let spec = api::ImageSpec { image: image.clone(), ..Default::default() };
-        let policy = PullPolicy::of(c);
-        let present = if policy == PullPolicy::Always {
-            false
-        } else {
-            let status =
-                self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec.clone()), verbose: false });
-            status.await.map_err(|e| StartError::new("ImageInspectError", e.to_string()))?.image.is_some()
-        };
-        match (present, policy) {
-            (true, _) => Ok(false),
-            (false, PullPolicy::Never) => Err(StartError::new(
-                "ErrImageNeverPull",
-                format!("Container image {image:?} is not present with pull policy of Never"),
-            )),
-            (false, _) => {
-                let request = api::PullImageRequest { image: Some(spec), auth: None, sandbox_config: None };
-                self.cri
-                    .images
-                    .pull_image(request)
-                    .await
-                    .map_err(|e| StartError::new("ErrImagePull", e.to_string()))?;
-                Ok(true)
-            }
-        }
+        Ok(Started { id })
     }
 
     /// Stops one container with the given grace period; a container that is already gone is

@@ -70,7 +70,8 @@ impl Shared {
             api = %cri.version.runtime_api_version, node = %settings.node_name, "connected to container runtime"
         );
         let observer = Observer::new(cri.runtime.clone(), &settings.node_name);
-        let driver = Driver::new(cri, &settings.node_name, settings.pod_logs_dir.clone(), settings.root_dir.clone());
+        let driver = Driver::new(cri, &settings.node_name, settings.pod_logs_dir.clone(), settings.root_dir.clone())
+            .with_pod_settings(settings.pods.clone());
         Ok(Arc::new(Shared {
             driver,
             observer,
@@ -86,7 +87,10 @@ impl Shared {
     pub fn with_api(self: Arc<Self>, client: kube::Client, node: &str, host_ip: Option<String>) -> Arc<Self> {
         let mut shared = Arc::into_inner(self).expect("with_api is called before workers start");
         shared.events = events::Recorder::to_api(client.clone(), node);
-        shared.driver = shared.driver.with_objects(crate::cluster::objects::ObjectSource::new(client.clone()));
+        shared.driver = shared
+            .driver
+            .with_objects(crate::cluster::objects::ObjectSource::new(client.clone()))
+            .with_events(shared.events.clone());
         shared.api = Some(ApiLink { client });
         shared.host_ip = host_ip;
         Arc::new(shared)

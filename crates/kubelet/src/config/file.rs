@@ -55,6 +55,14 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "imageGCLowThresholdPercent",
     "imageMinimumGCAge",
     "imageMaximumGCAge",
+    "cgroupsPerQOS",
+    "cgroupDriver",
+    "cgroupRoot",
+    "clusterDNS",
+    "clusterDomain",
+    "resolvConf",
+    "allowedUnsafeSysctls",
+    "seccompDefault",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field
@@ -747,9 +755,6 @@ volumeStatsAggPeriod: 0s
             vec![
                 "authentication",
                 "authorization",
-                "cgroupDriver",
-                "clusterDNS",
-                "clusterDomain",
                 "healthzBindAddress",
                 "healthzPort",
                 "rotateCertificates"

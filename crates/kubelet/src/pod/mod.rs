@@ -7,7 +7,10 @@ pub mod backoff;
 pub mod gc;
 pub mod observed;
 pub mod plan;
+pub mod qos;
+pub mod resources;
 pub mod spec;
+pub mod sysctl;
 pub mod status;
 
 pub use observed::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};

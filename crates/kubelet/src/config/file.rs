@@ -752,13 +752,7 @@ volumeStatsAggPeriod: 0s
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(0));
         assert_eq!(
             f.unimplemented,
-            vec![
-                "authentication",
-                "authorization",
-                "healthzBindAddress",
-                "healthzPort",
-                "rotateCertificates"
-            ]
+            vec!["authentication", "authorization", "healthzBindAddress", "healthzPort", "rotateCertificates"]
         );
     }
 

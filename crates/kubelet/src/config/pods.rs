@@ -163,7 +163,10 @@ impl PodSettings {
         {
             return Err(invalid(
                 "cgroupRoot",
-                format!("{:?} is not a systemd slice name (like \"kubelet.slice\"), as the systemd cgroup driver needs", self.cgroup_root),
+                format!(
+                    "{:?} is not a systemd slice name (like \"kubelet.slice\"), as the systemd cgroup driver needs",
+                    self.cgroup_root
+                ),
             ));
         }
         Ok(())

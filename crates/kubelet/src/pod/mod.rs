@@ -10,8 +10,8 @@ pub mod plan;
 pub mod qos;
 pub mod resources;
 pub mod spec;
-pub mod sysctl;
 pub mod status;
+pub mod sysctl;
 
 pub use observed::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
 

@@ -52,9 +52,8 @@ const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 fn is_critical(pod: &Pod) -> bool {
     let annotations = pod.metadata.annotations.as_ref();
     let has = |key: &str| annotations.is_some_and(|a| a.contains_key(key));
-    let source_is_static = annotations
-        .and_then(|a| a.get("kubernetes.io/config.source"))
-        .is_some_and(|s| s != "api" && !s.is_empty());
+    let source_is_static =
+        annotations.and_then(|a| a.get("kubernetes.io/config.source")).is_some_and(|s| s != "api" && !s.is_empty());
     let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     source_is_static || has("kubernetes.io/config.mirror") || priority >= SYSTEM_CRITICAL_PRIORITY
 }
@@ -101,7 +100,11 @@ pub(crate) mod tests {
     pub(crate) fn container(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
         Container {
             name: "c".into(),
-            resources: Some(ResourceRequirements { requests: list(requests), limits: list(limits), ..Default::default() }),
+            resources: Some(ResourceRequirements {
+                requests: list(requests),
+                limits: list(limits),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }

@@ -65,7 +65,9 @@ pub fn memory(c: &Container) -> Memory {
 /// Every request and limit of the container is a valid quantity.
 pub fn check(c: &Container) -> Result<(), String> {
     let r = c.resources.as_ref();
-    for (field, list) in [("requests", r.and_then(|r| r.requests.as_ref())), ("limits", r.and_then(|r| r.limits.as_ref()))] {
+    for (field, list) in
+        [("requests", r.and_then(|r| r.requests.as_ref())), ("limits", r.and_then(|r| r.limits.as_ref()))]
+    {
         for (name, q) in list.into_iter().flatten() {
             quantity::parse_milli(&q.0)
                 .map_err(|e| format!("container {:?}: resources.{field}.{name}: {e}", c.name))?;
@@ -162,10 +164,16 @@ mod tests {
     fn container_values() {
         let c = res(&[("cpu", "250m"), ("memory", "64Mi")], &[("cpu", "500m"), ("memory", "128Mi")]);
         let v = container(&c);
-        assert_eq!(v, CgroupValues { cpu_shares: 256, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 128 << 20 });
+        assert_eq!(
+            v,
+            CgroupValues { cpu_shares: 256, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 128 << 20 }
+        );
         let limit_only = container(&res(&[], &[("cpu", "1")]));
         assert_eq!((limit_only.cpu_shares, limit_only.cpu_quota), (1024, 100_000), "request defaults to limit");
-        assert_eq!(container(&res(&[], &[])), CgroupValues { cpu_shares: 2, cpu_period: 100_000, ..Default::default() });
+        assert_eq!(
+            container(&res(&[], &[])),
+            CgroupValues { cpu_shares: 2, cpu_period: 100_000, ..Default::default() }
+        );
     }
 
     #[test]
@@ -180,7 +188,11 @@ mod tests {
 
         let b = pod_of(vec![], vec![res(&[("cpu", "100m")], &[("memory", "64Mi")]), res(&[("memory", "1Mi")], &[])]);
         let v = pod(&b);
-        assert_eq!(v, CgroupValues { cpu_shares: 102, ..Default::default() }, "limits only when all containers set them");
+        assert_eq!(
+            v,
+            CgroupValues { cpu_shares: 102, ..Default::default() },
+            "limits only when all containers set them"
+        );
         let b2 = pod_of(vec![], vec![res(&[("cpu", "100m")], &[("memory", "64Mi")])]);
         assert_eq!(pod(&b2).memory_limit, 64 << 20);
 

@@ -44,9 +44,18 @@ fn namespace_of(name: &str) -> Option<Namespace> {
 /// compares them in dotted form, swapping the two.
 fn normalize(name: &str) -> String {
     match name.find(['.', '/']) {
-        Some(i) if name.as_bytes()[i] == b'/' => {
-            name.chars().map(|c| if c == '/' { '.' } else if c == '.' { '/' } else { c }).collect()
-        }
+        Some(i) if name.as_bytes()[i] == b'/' => name
+            .chars()
+            .map(|c| {
+                if c == '/' {
+                    '.'
+                } else if c == '.' {
+                    '/'
+                } else {
+                    c
+                }
+            })
+            .collect(),
         _ => name.to_string(),
     }
 }
@@ -106,7 +115,10 @@ mod tests {
     #[test]
     fn unsafe_sysctls_need_the_allow_list() {
         let p = pod(&["net.core.somaxconn"], false);
-        assert_eq!(admit(&p, &[]).unwrap_err(), "Pod was rejected: forbidden sysctl: \"net.core.somaxconn\" not allowlisted");
+        assert_eq!(
+            admit(&p, &[]).unwrap_err(),
+            "Pod was rejected: forbidden sysctl: \"net.core.somaxconn\" not allowlisted"
+        );
         assert!(admit(&p, &["net.core.*".to_string()]).is_ok());
         assert!(admit(&p, &["net.core.somaxconn".to_string()]).is_ok());
         assert!(admit(&p, &["net.core.other".to_string()]).is_err());

@@ -225,7 +225,12 @@ impl Driver {
     }
 
     /// The managed `/etc/hosts` mount, unless a volume is mounted there or the pod has no IP yet.
-    async fn hosts_mount(&self, pod: &Pod, c: &Container, pod_ip: Option<&str>) -> Result<Option<api::Mount>, StartError> {
+    async fn hosts_mount(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        pod_ip: Option<&str>,
+    ) -> Result<Option<api::Mount>, StartError> {
         let user_mounted = c.volume_mounts.iter().flatten().any(|m| m.mount_path.trim_end_matches('/') == "/etc/hosts");
         if user_mounted || (pod_ip.is_none() && !spec::host_network(pod)) {
             return Ok(None);

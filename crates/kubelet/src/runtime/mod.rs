@@ -4,9 +4,9 @@
 mod atomic_writer;
 pub mod cgroups;
 pub mod config;
+mod dns;
 mod downward;
 mod driver;
-mod dns;
 mod env;
 mod hosts;
 pub mod labels;

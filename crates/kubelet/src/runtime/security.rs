@@ -112,7 +112,8 @@ pub fn seccomp(
     node: &NodeSecurity,
 ) -> Result<api::SecurityProfile, String> {
     use api::security_profile::ProfileType;
-    let profile = |t: ProfileType, localhost_ref: String| api::SecurityProfile { profile_type: t as i32, localhost_ref };
+    let profile =
+        |t: ProfileType, localhost_ref: String| api::SecurityProfile { profile_type: t as i32, localhost_ref };
     let Some(p) = container.or(pod) else {
         let t = if node.seccomp_default { ProfileType::RuntimeDefault } else { ProfileType::Unconfined };
         return Ok(profile(t, String::new()));
@@ -218,7 +219,11 @@ mod tests {
     use super::*;
 
     fn node() -> NodeSecurity<'static> {
-        NodeSecurity { seccomp_default: false, allow_privileged: true, seccomp_root: Path::new("/var/lib/kubelet/seccomp") }
+        NodeSecurity {
+            seccomp_default: false,
+            allow_privileged: true,
+            seccomp_root: Path::new("/var/lib/kubelet/seccomp"),
+        }
     }
     const ROOT: ImageUser = ImageUser { uid: Some(0), username: String::new() };
 
@@ -330,10 +335,8 @@ mod tests {
     #[test]
     fn seccomp_resolution() {
         use api::security_profile::ProfileType;
-        let sp = |t: &str, l: Option<&str>| SeccompProfile {
-            type_: t.into(),
-            localhost_profile: l.map(str::to_string),
-        };
+        let sp =
+            |t: &str, l: Option<&str>| SeccompProfile { type_: t.into(), localhost_profile: l.map(str::to_string) };
         let kind = |p: api::SecurityProfile| ProfileType::try_from(p.profile_type).unwrap();
         assert_eq!(kind(seccomp(None, None, &node()).unwrap()), ProfileType::Unconfined);
         let defaulted = NodeSecurity { seccomp_default: true, ..node() };

@@ -1,0 +1,160 @@
+//! End-to-end, cluster mode: what the sandbox and the containers get from the pod spec on the
+//! real containerd: resources and pod cgroups, security contexts, DNS, the managed hosts file
+//! and secret volumes on tmpfs. Containers print what they see; the tests read their logs.
+
+mod common;
+
+use std::path::Path;
+
+use common::cluster;
+use common::{Env, eventually, pod_yaml};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+
+/// A pod bound to the node; `extra_spec` is YAML under `spec:` (two-space indent), `container`
+/// YAML appended to the container (four-space indent).
+fn pod(node: &str, name: &str, command: &str, extra_spec: &str, container: &str) -> Pod {
+    let spec = format!(
+        "  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n{extra_spec}"
+    );
+    let yaml = format!("{}{container}", pod_yaml(name, command, &spec));
+    serde_yaml_ng::from_str(&yaml).unwrap()
+}
+
+/// What the pod's `main` container printed so far, without the CRI prefixes.
+fn output(env: &Env, pod: &str) -> String {
+    let mut out = String::new();
+    for dir in std::fs::read_dir(&env.pod_logs).into_iter().flatten().flatten() {
+        if !dir.file_name().to_string_lossy().starts_with(&format!("default_{pod}_")) {
+            continue;
+        }
+        for log in std::fs::read_dir(dir.path().join("main")).into_iter().flatten().flatten() {
+            for line in std::fs::read_to_string(log.path()).unwrap_or_default().lines() {
+                out.push_str(line.splitn(4, ' ').nth(3).unwrap_or_default());
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Runs the container's command until it printed `END`, and returns the output.
+async fn report(env: &Env, gantry: &common::Gantry, name: &str) -> String {
+    eventually(&format!("the report of {name}"), gantry, || async {
+        let out = output(env, name);
+        out.contains("END").then_some(out)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn memory_limit_reaches_the_container_and_the_pod_cgroup() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let container = "    resources:\n      requests: {memory: 32Mi, cpu: 100m}\n      limits: {memory: 64Mi}\n";
+    let command = "echo LIMIT=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes); echo END; sleep 3600";
+    let created =
+        pods.create(&PostParams::default(), &pod(&env.node, "limited", command, "", container)).await.unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let out = report(&env, &gantry, "limited").await;
+    assert!(out.contains(&format!("LIMIT={}", 64 << 20)), "{out}");
+
+    let pod_cgroup = Path::new("/sys/fs/cgroup/memory/kubepods/burstable").join(format!("pod{uid}"));
+    let pod_limit = std::fs::read_to_string(pod_cgroup.join("memory.limit_in_bytes")).unwrap();
+    assert_eq!(pod_limit.trim(), (64 << 20).to_string(), "every container limits memory, so the pod does");
+    let shares = std::fs::read_to_string(
+        Path::new("/sys/fs/cgroup/cpu/kubepods/burstable").join(format!("pod{uid}/cpu.shares")),
+    );
+    assert_eq!(shares.unwrap().trim(), "102", "100m CPU");
+    let status = pods.get("limited").await.unwrap().status.unwrap();
+    assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
+
+    pods.delete("limited", &DeleteParams::default()).await.unwrap();
+    eventually("the pod cgroup removed", &gantry, || async { (!pod_cgroup.exists()).then_some(()) }).await;
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn run_as_non_root_and_run_as_user() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let non_root = "  securityContext:\n    runAsNonRoot: true\n";
+    let created =
+        pods.create(&PostParams::default(), &pod(&env.node, "nonroot", "sleep 3600", non_root, "")).await.unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let as_user = "  securityContext:\n    runAsUser: 1000\n    fsGroup: 2000\n    supplementalGroups: [3000]\n";
+    let command = "echo UID=$(id -u) GROUPS=$(id -G); echo END; sleep 3600";
+    pods.create(&PostParams::default(), &pod(&env.node, "asuser", command, as_user, "")).await.unwrap();
+
+    let waiting = eventually("CreateContainerConfigError", &gantry, || async {
+        let status = pods.get("nonroot").await.ok()?.status?;
+        let waiting = status.container_statuses?.pop()?.state?.waiting?;
+        (waiting.reason.as_deref() == Some("CreateContainerConfigError")).then_some(waiting)
+    })
+    .await;
+    let expected = format!(
+        "container has runAsNonRoot and image will run as root (pod: \"nonroot_default({uid})\", container: main)"
+    );
+    assert_eq!(waiting.message.as_deref(), Some(expected.as_str()));
+    assert!(env.running("nonroot").await.is_empty());
+
+    let out = report(&env, &gantry, "asuser").await;
+    assert!(out.contains("UID=1000"), "{out}");
+    let groups = out.lines().find_map(|l| l.split_once("GROUPS=")).map(|(_, g)| g.to_string()).unwrap();
+    assert!(groups.split_whitespace().any(|g| g == "2000"), "fsGroup is a supplemental group: {out}");
+    assert!(groups.split_whitespace().any(|g| g == "3000"), "{out}");
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn cluster_dns_hosts_file_and_secret_tmpfs() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let gantry = env.kubelet(&[
+        &format!("--kubeconfig={}", kubeconfig.display()),
+        "--cluster-dns=10.96.0.10",
+        "--cluster-domain=cluster.local",
+    ]);
+    let admin = cluster.admin().await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    let secret: Secret =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "tmpfs-creds"}, "stringData": {"k": "v"}}))
+            .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let spec = r#"  hostAliases:
+  - ip: 10.1.2.3
+    hostnames: [foo.local, bar.local]
+  volumes:
+  - name: s
+    secret: {secretName: tmpfs-creds}
+"#;
+    let container = "    volumeMounts:\n    - {name: s, mountPath: /s}\n";
+    let command = "cat /etc/resolv.conf /etc/hosts; grep ' /s ' /proc/mounts; echo HOSTNAME=$(hostname); echo END; \
+                   sleep 3600";
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let created = pods.create(&PostParams::default(), &pod(&env.node, "dns", command, spec, container)).await.unwrap();
+    let uid = created.metadata.uid.unwrap();
+    let out = report(&env, &gantry, "dns").await;
+
+    assert!(out.contains("nameserver 10.96.0.10"), "{out}");
+    let search = out.lines().find(|l| l.starts_with("search ")).unwrap_or_default();
+    assert!(search.starts_with("search default.svc.cluster.local svc.cluster.local cluster.local"), "{out}");
+    assert!(out.contains("options ndots:5"), "{out}");
+    assert!(out.contains("# Kubernetes-managed hosts file."), "{out}");
+    assert!(out.contains("10.1.2.3\tfoo.local\tbar.local"), "{out}");
+    assert!(out.contains("\tdns\n"), "the pod IP with its hostname: {out}");
+    assert!(out.contains("HOSTNAME=dns"), "{out}");
+    let secret_mount = out.lines().find(|l| l.contains(" /s ")).unwrap_or_default();
+    assert!(secret_mount.starts_with("tmpfs /s tmpfs"), "{out}");
+
+    pods.delete("dns", &DeleteParams::default()).await.unwrap();
+    eventually("the secret tmpfs unmounted on the host", &gantry, || async {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        (!mounts.contains(&uid)).then_some(())
+    })
+    .await;
+    cluster.cleanup(&env.node).await;
+}

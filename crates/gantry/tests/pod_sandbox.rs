@@ -158,3 +158,35 @@ async fn cluster_dns_hosts_file_and_secret_tmpfs() {
     .await;
     cluster.cleanup(&env.node).await;
 }
+
+#[tokio::test]
+async fn unsafe_sysctl_rejects_the_pod_unless_allowed() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let gantry =
+        env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display()), "--allowed-unsafe-sysctls=kernel.msg*"]);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let sysctls = |name: &str| format!("  securityContext:\n    sysctls:\n    - {{name: {name}, value: \"1024\"}}\n");
+    let command = "echo MSGMNI=$(cat /proc/sys/kernel/msgmni); echo END; sleep 3600";
+    pods.create(&PostParams::default(), &pod(&env.node, "forbidden", "sleep 3600", &sysctls("net.core.somaxconn"), ""))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod(&env.node, "allowed", command, &sysctls("kernel.msgmni"), ""))
+        .await
+        .unwrap();
+
+    let status = eventually("the pod rejected", &gantry, || async {
+        let status = pods.get("forbidden").await.ok()?.status?;
+        (status.phase.as_deref() == Some("Failed")).then_some(status)
+    })
+    .await;
+    assert_eq!(status.reason.as_deref(), Some("SysctlForbidden"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Pod was rejected: forbidden sysctl: \"net.core.somaxconn\" not allowlisted")
+    );
+    assert!(env.running("forbidden").await.is_empty());
+    let out = report(&env, &gantry, "allowed").await;
+    assert!(out.contains("MSGMNI=1024"), "the allowed sysctl is set in the sandbox: {out}");
+    cluster.cleanup(&env.node).await;
+}

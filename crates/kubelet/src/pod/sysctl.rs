@@ -68,8 +68,8 @@ fn allowed(name: &str, unsafe_allowed: &[String]) -> bool {
         })
 }
 
-/// `Err(message)` when the pod must be rejected; the message is the upstream one, prefixed as
-/// the pod status shows it.
+/// `Err(message)` when the pod must be rejected, with upstream's message (the pod status shows
+/// it prefixed with "Pod was rejected: ").
 pub fn admit(pod: &Pod, unsafe_allowed: &[String]) -> Result<(), String> {
     let spec = pod.spec.as_ref();
     let sysctls = spec.and_then(|s| s.security_context.as_ref()).and_then(|s| s.sysctls.as_deref()).unwrap_or_default();
@@ -83,7 +83,7 @@ pub fn admit(pod: &Pod, unsafe_allowed: &[String]) -> Result<(), String> {
             _ if !allowed(&name, unsafe_allowed) => format!("{:?} not allowlisted", s.name),
             _ => continue,
         };
-        return Err(format!("Pod was rejected: forbidden sysctl: {reason}"));
+        return Err(format!("forbidden sysctl: {reason}"));
     }
     Ok(())
 }

@@ -158,6 +158,12 @@ impl Driver {
         &self.cri
     }
 
+    /// Whether this node can run the pod at all (sysctl admission); `Err((reason, message))`.
+    pub fn admit(&self, pod: &Pod) -> Result<(), (&'static str, String)> {
+        crate::pod::sysctl::admit(pod, &self.pods.allowed_unsafe_sysctls)
+            .map_err(|m| (crate::pod::sysctl::FORBIDDEN_REASON, m))
+    }
+
     /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
     /// DNS events (once per sandbox, not on every container start).
     async fn sandbox_context(&self, pod: &Pod, record: bool) -> Result<SandboxContext, StartError> {

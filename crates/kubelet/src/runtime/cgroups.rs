@@ -281,7 +281,6 @@ mod tests {
         // A real cgroup directory has only kernel files, which rmdir ignores; the test's
         // plain directory must be emptied first.
         for h in ["cpu,cpuacct", "memory", "cpuset"] {
-            #[allow(clippy::unnecessary_to_owned)]
             for f in std::fs::read_dir(dir.path().join(h).join("kubepods/podx")).unwrap() {
                 std::fs::remove_file(f.unwrap().path()).unwrap();
             }

@@ -111,6 +111,17 @@ fn pod_total(pod: &Pod, amount: impl Fn(&Container) -> Option<i128>) -> i128 {
     apps.max(init)
 }
 
+/// The whole pod's values for the sandbox config (upstream `calculateSandboxResources`), for
+/// runtimes that size a VM or a pod-level cgroup themselves; independent of the QoS class.
+pub fn sandbox(pod: &Pod) -> CgroupValues {
+    CgroupValues {
+        cpu_shares: shares(pod_total(pod, |c| cpu(c).request)),
+        cpu_quota: quota(pod_total(pod, |c| cpu(c).limit), CPU_PERIOD_US),
+        cpu_period: CPU_PERIOD_US,
+        memory_limit: pod_total(pod, |c| memory(c).limit) as i64,
+    }
+}
+
 /// The pod cgroup's values (upstream `ResourceConfigForPod`): Guaranteed pods get shares, quota
 /// and memory limit; Burstable pods get shares, and a quota or memory limit only when every
 /// container sets that limit; BestEffort pods get the minimum shares.
@@ -197,6 +208,8 @@ mod tests {
         assert_eq!(pod(&b2).memory_limit, 64 << 20);
 
         assert_eq!(pod(&pod_of(vec![], vec![res(&[], &[])])), CgroupValues { cpu_shares: 2, ..Default::default() });
+        assert_eq!(sandbox(&b).cpu_shares, 102);
+        assert_eq!(sandbox(&b).memory_limit, 64 << 20, "the sandbox gets the sum regardless of QoS");
     }
 
     #[test]

@@ -65,8 +65,20 @@ pub fn sandbox_config(
                 ..ctx.security
             }),
             sysctls: sysctls(pod),
+            resources: Some(linux_resources(resources::sandbox(pod), 0)),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+fn linux_resources(v: resources::CgroupValues, oom_score_adj: i64) -> api::LinuxContainerResources {
+    api::LinuxContainerResources {
+        cpu_period: v.cpu_period,
+        cpu_quota: v.cpu_quota,
+        cpu_shares: v.cpu_shares,
+        memory_limit_in_bytes: v.memory_limit,
+        oom_score_adj,
         ..Default::default()
     }
 }
@@ -164,14 +176,7 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
-            resources: Some(api::LinuxContainerResources {
-                cpu_period: limits.cpu_period,
-                cpu_quota: limits.cpu_quota,
-                cpu_shares: limits.cpu_shares,
-                memory_limit_in_bytes: limits.memory_limit,
-                oom_score_adj: qos::oom_score_adj(pod, c, ctx.node_allocatable.1),
-                ..Default::default()
-            }),
+            resources: Some(linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1))),
             security_context: Some(api::LinuxContainerSecurityContext {
                 namespace_options: Some(namespace_options(pod)),
                 ..security

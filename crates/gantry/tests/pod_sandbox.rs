@@ -61,12 +61,17 @@ async fn memory_limit_reaches_the_container_and_the_pod_cgroup() {
     let out = report(&env, &gantry, "limited").await;
     assert!(out.contains(&format!("LIMIT={}", 64 << 20)), "{out}");
 
-    let pod_cgroup = Path::new("/sys/fs/cgroup/memory/kubepods/burstable").join(format!("pod{uid}"));
+    // The test environment gives each node agent its own cgroup root.
+    let kubepods = |controller: &str| {
+        Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(env.ctd.cgroup_root().trim_start_matches('/'))
+            .join("kubepods")
+    };
+    let pod_cgroup = kubepods("memory").join(format!("burstable/pod{uid}"));
     let pod_limit = std::fs::read_to_string(pod_cgroup.join("memory.limit_in_bytes")).unwrap();
     assert_eq!(pod_limit.trim(), (64 << 20).to_string(), "every container limits memory, so the pod does");
-    let shares = std::fs::read_to_string(
-        Path::new("/sys/fs/cgroup/cpu/kubepods/burstable").join(format!("pod{uid}/cpu.shares")),
-    );
+    let shares = std::fs::read_to_string(kubepods("cpu").join(format!("burstable/pod{uid}/cpu.shares")));
     assert_eq!(shares.unwrap().trim(), "102", "100m CPU");
     let status = pods.get("limited").await.unwrap().status.unwrap();
     assert_eq!(status.qos_class.as_deref(), Some("Burstable"));

@@ -160,7 +160,12 @@ impl CgroupFs for CgroupV1 {
             let name = h.file_name().unwrap_or_default().to_string_lossy().into_owned();
             let controllers: Vec<&str> = name.split(',').collect();
             if controllers.contains(&"cpuset") {
-                inherit_cpuset(&dir)?;
+                // Parents first: create_dir_all may have made several levels at once.
+                let mut level = h.clone();
+                for part in path.split('/').filter(|p| !p.is_empty()) {
+                    level.push(part);
+                    inherit_cpuset(&level)?;
+                }
             }
             let Some(v) = values else { continue };
             if controllers.contains(&"cpu") {
@@ -270,7 +275,6 @@ mod tests {
         let fs = CgroupV1::new(dir.path());
         assert_eq!(fs.hierarchies().len(), 3, "links and unified are not hierarchies of their own");
         let values = CgroupValues { cpu_shares: 102, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 1 << 20 };
-        fs.ensure("/kubepods", None).unwrap();
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
         assert_eq!(read("cpu,cpuacct/kubepods/podx/cpu.shares"), "102");

@@ -93,6 +93,15 @@ async fn run_as_non_root_and_run_as_user() {
     let as_user = "  securityContext:\n    runAsUser: 1000\n    fsGroup: 2000\n    supplementalGroups: [3000]\n";
     let command = "echo UID=$(id -u) GROUPS=$(id -G); echo END; sleep 3600";
     pods.create(&PostParams::default(), &pod(&env.node, "asuser", command, as_user, "")).await.unwrap();
+    let locked = r#"    securityContext:
+      readOnlyRootFilesystem: true
+      allowPrivilegeEscalation: false
+      capabilities: {drop: [ALL]}
+      seccompProfile: {type: RuntimeDefault}
+"#;
+    let command =
+        "grep -E 'NoNewPrivs|CapEff|Seccomp:' /proc/self/status; touch /x || echo READONLY; echo END; sleep 3600";
+    pods.create(&PostParams::default(), &pod(&env.node, "locked", command, "", locked)).await.unwrap();
 
     let waiting = eventually("CreateContainerConfigError", &gantry, || async {
         let status = pods.get("nonroot").await.ok()?.status?;
@@ -111,6 +120,12 @@ async fn run_as_non_root_and_run_as_user() {
     let groups = out.lines().find_map(|l| l.split_once("GROUPS=")).map(|(_, g)| g.to_string()).unwrap();
     assert!(groups.split_whitespace().any(|g| g == "2000"), "fsGroup is a supplemental group: {out}");
     assert!(groups.split_whitespace().any(|g| g == "3000"), "{out}");
+
+    let out = report(&env, &gantry, "locked").await;
+    assert!(out.contains("NoNewPrivs:\t1"), "allowPrivilegeEscalation: false: {out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "all capabilities dropped: {out}");
+    assert!(out.contains("Seccomp:\t2"), "RuntimeDefault is a seccomp filter: {out}");
+    assert!(out.contains("READONLY"), "read-only root file system: {out}");
     cluster.cleanup(&env.node).await;
 }
 

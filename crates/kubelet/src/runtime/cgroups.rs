@@ -76,7 +76,12 @@ pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
         CgroupDriver::Cgroupfs => {
             let create = (root_len + 1..=parts.len())
                 .map(|n| {
-                    let values = (n == parts.len()).then(|| resources::pod(pod));
+                    let values = match parts[n - 1].as_str() {
+                        _ if n == parts.len() => Some(resources::pod(pod)),
+                        // Upstream gives BestEffort pods together the minimum CPU weight.
+                        "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
+                        _ => None,
+                    };
                     (cgroupfs_name(&parts[..n]), values)
                 })
                 .collect();
@@ -237,7 +242,9 @@ mod tests {
             pod_paths(&s, "1-2"),
             ["/kubepods/pod1-2", "/kubepods/burstable/pod1-2", "/kubepods/besteffort/pod1-2"]
         );
-        assert_eq!(plan(&s, &pod(&[], &[])).parent, "/kubepods/besteffort/pod1-2");
+        let best_effort = plan(&s, &pod(&[], &[]));
+        assert_eq!(best_effort.parent, "/kubepods/besteffort/pod1-2");
+        assert_eq!(best_effort.create[1].1.unwrap().cpu_shares, 2, "the besteffort level gets the minimum weight");
 
         let rooted = PodSettings { cgroup_root: "/custom/".into(), ..Default::default() };
         let p = plan(&rooted, &pod(&[], &[]));

@@ -217,6 +217,28 @@ mod tests {
     }
 
     #[test]
+    fn flags_parse() {
+        let f = Flags::parse_args(&[
+            "--cgroups-per-qos=false",
+            "--cgroup-root=/k",
+            "--cluster-dns=10.0.0.10",
+            "--cluster-dns",
+            "10.0.0.11",
+            "--allowed-unsafe-sysctls=kernel.msg*,net.core.somaxconn",
+            "--seccomp-default",
+            "--allow-privileged=false",
+        ])
+        .unwrap();
+        assert!(f.compat.unimplemented.is_empty(), "{:?}", f.compat.unimplemented);
+        let mut s = PodSettings::default();
+        s.apply_flags(&f, &invalid).unwrap();
+        assert!(!s.cgroups_per_qos && s.seccomp_default && !s.allow_privileged);
+        assert_eq!(s.cgroup_root, "/k");
+        assert_eq!(s.cluster_dns.len(), 2);
+        assert_eq!(s.allowed_unsafe_sysctls, ["kernel.msg*", "net.core.somaxconn"]);
+    }
+
+    #[test]
     fn bad_values_name_the_field() {
         let mut s = PodSettings::default();
         let f = Flags { cgroup_driver: Some("docker".into()), ..Default::default() };

@@ -131,8 +131,8 @@ fn plugin_name(v: &Volume) -> &'static str {
 /// The volume's type as named in the pod spec, for the unsupported-type message.
 fn kind(v: &Volume) -> String {
     let value = serde_json::to_value(v).unwrap_or_default();
-    let names = value.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| *k != "name");
-    names.cloned().next().unwrap_or_else(|| "unknown".into())
+    let mut names = value.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| *k != "name");
+    names.next().cloned().unwrap_or_else(|| "unknown".into())
 }
 
 async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, String> {

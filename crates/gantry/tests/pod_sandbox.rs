@@ -39,6 +39,19 @@ fn output(env: &Env, pod: &str) -> String {
     out
 }
 
+/// Waits for an event with `reason` about the pod `name`, and returns its note.
+async fn event(client: kube::Client, gantry: &common::Gantry, name: &str, reason: &str) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+    eventually(&format!("a {reason} event on {name}"), gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find_map(|e| {
+            let about = e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name);
+            (about && e.reason.as_deref() == Some(reason)).then(|| e.note.unwrap_or_default())
+        })
+    })
+    .await
+}
+
 /// Runs the container's command until it printed `END`, and returns the output.
 async fn report(env: &Env, gantry: &common::Gantry, name: &str) -> String {
     eventually(&format!("the report of {name}"), gantry, || async {
@@ -85,7 +98,8 @@ async fn memory_limit_reaches_the_container_and_the_pod_cgroup() {
 async fn run_as_non_root_and_run_as_user() {
     let Some((env, cluster)) = cluster::setup().await else { return };
     let gantry = cluster::start_node(&env, &cluster);
-    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let non_root = "  securityContext:\n    runAsNonRoot: true\n";
     let created =
         pods.create(&PostParams::default(), &pod(&env.node, "nonroot", "sleep 3600", non_root, "")).await.unwrap();
@@ -126,6 +140,8 @@ async fn run_as_non_root_and_run_as_user() {
     assert!(out.contains("CapEff:\t0000000000000000"), "all capabilities dropped: {out}");
     assert!(out.contains("Seccomp:\t2"), "RuntimeDefault is a seccomp filter: {out}");
     assert!(out.contains("READONLY"), "read-only root file system: {out}");
+    let note = event(admin, &gantry, "asuser", "MissingClusterDNS").await;
+    assert!(note.contains("Falling back to \"Default\" policy."), "no --cluster-dns on this node: {note}");
     cluster.cleanup(&env.node).await;
 }
 
@@ -185,7 +201,8 @@ async fn unsafe_sysctl_rejects_the_pod_unless_allowed() {
     let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
     let gantry =
         env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display()), "--allowed-unsafe-sysctls=kernel.msg*"]);
-    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let sysctls = |name: &str| format!("  securityContext:\n    sysctls:\n    - {{name: {name}, value: \"1024\"}}\n");
     let command = "echo MSGMNI=$(cat /proc/sys/kernel/msgmni); echo END; sleep 3600";
     pods.create(&PostParams::default(), &pod(&env.node, "forbidden", "sleep 3600", &sysctls("net.core.somaxconn"), ""))
@@ -206,6 +223,8 @@ async fn unsafe_sysctl_rejects_the_pod_unless_allowed() {
         Some("Pod was rejected: forbidden sysctl: \"net.core.somaxconn\" not allowlisted")
     );
     assert!(env.running("forbidden").await.is_empty());
+    let note = event(admin, &gantry, "forbidden", "SysctlForbidden").await;
+    assert_eq!(note, "forbidden sysctl: \"net.core.somaxconn\" not allowlisted");
     let out = report(&env, &gantry, "allowed").await;
     assert!(out.contains("MSGMNI=1024"), "the allowed sysctl is set in the sandbox: {out}");
     cluster.cleanup(&env.node).await;

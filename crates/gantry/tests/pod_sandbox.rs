@@ -186,6 +186,15 @@ async fn cluster_dns_hosts_file_and_secret_tmpfs() {
     let secret_mount = out.lines().find(|l| l.contains(" /s ")).unwrap_or_default();
     assert!(secret_mount.starts_with("tmpfs /s tmpfs"), "{out}");
 
+    let host_net = "  hostNetwork: true\n  hostAliases:\n  - ip: 10.9.9.9\n    hostnames: [alias.local]\n";
+    let command = "cat /etc/hosts /etc/resolv.conf; echo END; sleep 3600";
+    pods.create(&PostParams::default(), &pod(&env.node, "hostnet", command, host_net, "")).await.unwrap();
+    let out = report(&env, &gantry, "hostnet").await;
+    let node_hosts = std::fs::read_to_string("/etc/hosts").unwrap();
+    assert!(out.starts_with(&node_hosts), "the node's hosts file first: {out}");
+    assert!(out.contains("# Entries added by HostAliases.\n10.9.9.9\talias.local\n"), "{out}");
+    assert!(!out.contains("nameserver 10.96.0.10"), "ClusterFirst on the host network uses the node's DNS: {out}");
+
     pods.delete("dns", &DeleteParams::default()).await.unwrap();
     eventually("the secret tmpfs unmounted on the host", &gantry, || async {
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();

@@ -252,6 +252,10 @@ impl Agent {
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
             self.collect_garbage(&snapshot.pods).await;
+            if sources_ready {
+                let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
+                self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
+            }
         }
     }
 

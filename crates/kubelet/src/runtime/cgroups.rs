@@ -103,12 +103,38 @@ pub fn pod_paths(settings: &PodSettings, uid: &str) -> Vec<String> {
         .collect()
 }
 
+/// The cgroups pod cgroups live in (the Guaranteed pods' parent and the two QoS levels).
+pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
+    let root = root_components(settings);
+    [vec!["kubepods"], vec!["kubepods", "burstable"], vec!["kubepods", "besteffort"]]
+        .into_iter()
+        .map(|parts| {
+            let mut all = root.clone();
+            all.extend(parts.into_iter().map(str::to_string));
+            cgroupfs_name(&all)
+        })
+        .collect()
+}
+
+/// The pod cgroups among `children` of `parent` whose pod is not in `keep` (upstream's
+/// orphaned pod cgroup cleanup).
+pub fn orphans(parent: &str, children: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
+    children
+        .iter()
+        .filter_map(|c| c.strip_prefix("pod"))
+        .filter(|uid| !keep(uid))
+        .map(|uid| format!("{}/pod{uid}", parent.trim_end_matches('/')))
+        .collect()
+}
+
 /// The cgroup file system.
 pub trait CgroupFs: Send + Sync {
     /// Creates the cgroup in every hierarchy (idempotent) and sets the values given.
     fn ensure(&self, path: &str, values: Option<&CgroupValues>) -> io::Result<()>;
     /// Removes the (empty) cgroup from every hierarchy; a missing one is not an error.
     fn remove(&self, path: &str) -> io::Result<()>;
+    /// The names of the cgroup's child cgroups.
+    fn children(&self, path: &str) -> Vec<String>;
 }
 
 /// cgroup v1 as mounted under `/sys/fs/cgroup/<controller>`.
@@ -189,6 +215,12 @@ impl CgroupFs for CgroupV1 {
         Ok(())
     }
 
+    fn children(&self, path: &str) -> Vec<String> {
+        let dir = self.mount.join("memory").join(path.trim_start_matches('/'));
+        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        entries.filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+
     fn remove(&self, path: &str) -> io::Result<()> {
         for h in self.hierarchies() {
             let dir = h.join(path.trim_start_matches('/'));
@@ -262,6 +294,14 @@ mod tests {
         assert_eq!(g.parent, "/kubepods.slice/kubepods-pod1_2.slice");
         let rooted = PodSettings { cgroup_root: "kubelet.slice".into(), ..s };
         assert_eq!(plan(&rooted, &pod(&[], &[])).parent.split('/').nth(1), Some("kubelet.slice"));
+    }
+
+    #[test]
+    fn orphaned_pod_cgroups() {
+        let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
+        assert_eq!(qos_paths(&s), ["/r/kubepods", "/r/kubepods/burstable", "/r/kubepods/besteffort"]);
+        let children = ["burstable", "besteffort", "poda", "podb"].map(String::from);
+        assert_eq!(orphans("/r/kubepods", &children, |uid| uid == "a"), ["/r/kubepods/podb"]);
     }
 
     #[test]

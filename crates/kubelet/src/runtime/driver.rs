@@ -400,6 +400,24 @@ impl Driver {
         }
     }
 
+    /// Removes the cgroups of pods that are gone (e.g. removed while the agent was down); `keep`
+    /// holds the UIDs of every pod that exists in the runtime or is wanted.
+    pub async fn remove_orphaned_cgroups(&self, keep: std::collections::HashSet<String>) {
+        let Some(fs) = self.cgroups.clone() else { return };
+        let settings = self.pods.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            for parent in cgroups::qos_paths(&settings) {
+                for path in cgroups::orphans(&parent, &fs.children(&parent), |uid| keep.contains(uid)) {
+                    match fs.remove(&path) {
+                        Ok(()) => tracing::info!(cgroup = %path, "removed orphaned pod cgroup"),
+                        Err(e) => tracing::warn!(cgroup = %path, error = %e, "cannot remove orphaned pod cgroup"),
+                    }
+                }
+            }
+        });
+        task.await.expect("cgroup task does not panic");
+    }
+
     /// The grace period for stopping `pod` now.
     pub fn grace(pod: &Pod) -> Duration {
         Duration::from_secs(spec::termination_grace_seconds(pod) as u64)

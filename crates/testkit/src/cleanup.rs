@@ -128,6 +128,22 @@ pub(crate) fn remove_container_cgroups(state: &Path) {
     tracing::debug!(removed, "removed leftover container cgroups");
 }
 
+/// Remove the cgroup tree a node agent made below `root` (e.g. its QoS and pod cgroups) in
+/// every v1 hierarchy, children first; cgroups still holding processes stay.
+pub(crate) fn remove_cgroup_tree(root: &str) {
+    fn remove_below(dir: &Path) {
+        for sub in subdirs(dir) {
+            remove_below(&sub);
+            let _ = std::fs::remove_dir(&sub);
+        }
+    }
+    for hierarchy in subdirs(Path::new("/sys/fs/cgroup")) {
+        let dir = hierarchy.join(root.trim_start_matches('/'));
+        remove_below(&dir);
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
 /// Deep enough for containerd's default `/k8s.io/<id>` and kubelet-style
 /// `/kubepods/<qos>/pod<uid>/<id>` parents, shallow enough to stay cheap.
 const CGROUP_SEARCH_DEPTH: usize = 5;

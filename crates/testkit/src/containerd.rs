@@ -139,6 +139,12 @@ impl Containerd {
         self.layout.scratch()
     }
 
+    /// A cgroup root private to this instance (`--cgroup-root` for a node agent using it), so the
+    /// pod cgroups the agent leaves behind are removed with the instance.
+    pub fn cgroup_root(&self) -> String {
+        cgroup_root(&self.layout)
+    }
+
     /// All paths of this instance (root, state, config, log, ...).
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -291,11 +297,17 @@ impl Drop for Containerd {
         cleanup::kill_shims(&self.socket_path());
         cleanup::unmount_below(self.layout.base());
         cleanup::remove_container_cgroups(&self.layout.state());
+        cleanup::remove_cgroup_tree(&self.cgroup_root());
         if let Err(error) = self.network.clear_owner() {
             tracing::warn!(%error, "could not clear owner record");
         }
         tracing::debug!(dir = %self.layout.base().display(), "containerd stopped");
     }
+}
+
+fn cgroup_root(layout: &Layout) -> String {
+    let name = layout.base().file_name().unwrap_or_default().to_string_lossy().into_owned();
+    format!("/gantry-e2e/{name}")
 }
 
 /// Clean up after an instance whose owning process died without dropping it
@@ -312,6 +324,7 @@ fn reap_orphan(orphan: &OwnerRecord) {
     cleanup::kill_shims(&layout.socket());
     cleanup::unmount_below(layout.base());
     cleanup::remove_container_cgroups(&layout.state());
+    cleanup::remove_cgroup_tree(&cgroup_root(&layout));
     let temporary = orphan.base.parent().is_some_and(|parent| TEMP_PARENTS.iter().any(|p| parent == Path::new(p)))
         && orphan.base.file_name().is_some_and(|name| name.to_string_lossy().starts_with(TEMP_PREFIX));
     if temporary {

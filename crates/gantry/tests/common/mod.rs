@@ -58,6 +58,7 @@ impl Env {
             format!("--root-dir={}", self.root.display()),
             format!("--pod-manifest-path={}", self.manifests.display()),
             format!("--hostname-override={}", self.node),
+            format!("--cgroup-root={}", self.ctd.cgroup_root()),
             "-v=4".to_string(),
         ]
     }

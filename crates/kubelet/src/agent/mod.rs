@@ -76,7 +76,8 @@ impl Shared {
             settings.pod_logs_dir.clone(),
             settings.root_dir.clone(),
             settings.images.parallel_pull_limit(),
-        );
+        )
+        .with_pod_settings(settings.pods.clone());
         let events = events::Recorder::default();
         Ok(Arc::new(Shared {
             driver: driver.with_events(events.clone()),
@@ -256,6 +257,10 @@ impl Agent {
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
             self.collect_garbage(&snapshot.pods).await;
+            if sources_ready {
+                let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
+                self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
+            }
         }
     }
 

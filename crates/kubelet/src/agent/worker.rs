@@ -78,6 +78,9 @@ impl Worker {
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        if let Err((reason, message)) = self.admit().await {
+            return self.rejected(reason, &message, rx).await;
+        }
         loop {
             let wait = self.sync().await;
             tokio::select! {
@@ -87,6 +90,36 @@ impl Worker {
                     Some(Msg::Terminate) | None => return self.terminate().await,
                 },
                 _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Upstream admits a pod once, when it arrives; a pod that already has a sandbox (an agent
+    /// restart) was admitted before.
+    async fn admit(&self) -> Result<(), (&'static str, String)> {
+        let observed = self.shared.observer.pod(spec::uid(&self.pod)).await;
+        if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
+            return Ok(());
+        }
+        self.shared.driver.admit(&self.pod)
+    }
+
+    /// A rejected pod never starts: it fails with the reason, and waits to be removed.
+    async fn rejected(mut self, reason: &str, message: &str, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        self.shared.events.record(&self.pod, None, EventType::Warning, reason, message);
+        let status = k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some(reason.to_string()),
+            message: Some(format!("Pod was rejected: {message}")),
+            qos_class: Some(crate::pod::qos::class(&self.pod).as_str().to_string()),
+            ..Default::default()
+        };
+        self.shared.statuses.set(&self.pod, status);
+        loop {
+            match rx.recv().await {
+                Some(Msg::Update(pod)) => self.pod = *pod,
+                Some(Msg::Wake) => {}
+                Some(Msg::Terminate) | None => return self.terminate().await,
             }
         }
     }

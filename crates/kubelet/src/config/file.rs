@@ -57,6 +57,14 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "imageMaximumGCAge",
     "serializeImagePulls",
     "maxParallelImagePulls",
+    "cgroupsPerQOS",
+    "cgroupDriver",
+    "cgroupRoot",
+    "clusterDNS",
+    "clusterDomain",
+    "resolvConf",
+    "allowedUnsafeSysctls",
+    "seccompDefault",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field
@@ -746,16 +754,7 @@ volumeStatsAggPeriod: 0s
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(0));
         assert_eq!(
             f.unimplemented,
-            vec![
-                "authentication",
-                "authorization",
-                "cgroupDriver",
-                "clusterDNS",
-                "clusterDomain",
-                "healthzBindAddress",
-                "healthzPort",
-                "rotateCertificates"
-            ]
+            vec!["authentication", "authorization", "healthzBindAddress", "healthzPort", "rotateCertificates"]
         );
     }
 

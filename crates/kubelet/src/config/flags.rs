@@ -170,6 +170,42 @@ pub struct Flags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub serialize_image_pulls: Option<bool>,
 
+    /// Create QoS and pod cgroups (kubepods/burstable/pod<uid>, …). (cgroupsPerQOS) [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub cgroups_per_qos: Option<bool>,
+
+    /// How pod cgroups are managed: cgroupfs or systemd. (cgroupDriver) [default: cgroupfs]
+    #[arg(long, value_name = "DRIVER")]
+    pub cgroup_driver: Option<String>,
+
+    /// The cgroup the QoS and pod cgroups go under. (cgroupRoot) [default: /]
+    #[arg(long, value_name = "CGROUP")]
+    pub cgroup_root: Option<String>,
+
+    /// DNS server IP(s) for pods with dnsPolicy ClusterFirst, comma separated; repeatable. (clusterDNS)
+    #[arg(long, value_name = "IP,...", action = ArgAction::Append)]
+    pub cluster_dns: Vec<String>,
+
+    /// The cluster's DNS domain, added to pods' search list. (clusterDomain)
+    #[arg(long, value_name = "DOMAIN")]
+    pub cluster_domain: Option<String>,
+
+    /// The resolv.conf pods with dnsPolicy Default get; empty disables host DNS. (resolvConf) [default: /etc/resolv.conf]
+    #[arg(long, value_name = "PATH")]
+    pub resolv_conf: Option<String>,
+
+    /// Unsafe sysctls (names or prefix* patterns) pods may set, comma separated. (allowedUnsafeSysctls)
+    #[arg(long, value_name = "SYSCTL,...", action = ArgAction::Append)]
+    pub allowed_unsafe_sysctls: Vec<String>,
+
+    /// Use the runtime's default seccomp profile for containers that set none. (seccompDefault) [default: false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub seccomp_default: Option<bool>,
+
+    /// Allow privileged containers (removed upstream, which always allows them). [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub allow_privileged: Option<bool>,
+
     #[command(flatten)]
     pub compat: CompatFlags,
 }
@@ -289,20 +325,15 @@ pub const DOCKERSHIM_FLAGS: &[(&str, &str)] = &[
 /// on them (yet).
 pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "address",
-    "allowed-unsafe-sysctls",
     "authentication-token-webhook-cache-ttl",
     "authorization-mode",
     "authorization-webhook-cache-authorized-ttl",
     "authorization-webhook-cache-unauthorized-ttl",
     "bootstrap-kubeconfig",
     "cert-dir",
-    "cgroup-driver",
-    "cgroup-root",
     "client-ca-file",
     "cloud-config",
     "cloud-provider",
-    "cluster-dns",
-    "cluster-domain",
     "config-dir",
     "container-log-max-files",
     "container-log-max-size",
@@ -350,7 +381,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "registry-qps",
     "reserved-cpus",
     "reserved-memory",
-    "resolv-conf",
     "runtime-cgroups",
     "streaming-connection-idle-timeout",
     "system-cgroups",
@@ -371,7 +401,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
 pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "anonymous-auth",
     "authentication-token-webhook",
-    "cgroups-per-qos",
     "contention-profiling",
     "cpu-cfs-quota",
     "enable-controller-attach-detach",
@@ -391,6 +420,7 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "rotate-certificates",
     "rotate-server-certificates",
     "seccomp-default",
+    "serialize-image-pulls",
 ];
 
 /// Hidden compatibility flags; see the module documentation.
@@ -812,11 +842,11 @@ mod tests {
             Kubelet(Flags),
         }
         let cli =
-            Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--cluster-dns=1.2.3.4", "-v", "2"]).unwrap();
+            Cli::try_parse_from(["gantry", "kubelet", "--max-pods=4", "--pod-cidr=10.0.0.0/24", "-v", "2"]).unwrap();
         let Cmd::Kubelet(f) = cli.cmd;
         assert_eq!(f.max_pods, Some(4));
         assert_eq!(f.verbosity, Some(2));
-        assert_eq!(f.compat.unimplemented, vec!["--cluster-dns"]);
+        assert_eq!(f.compat.unimplemented, vec!["--pod-cidr"]);
 
         #[derive(Parser, Debug)]
         struct Flat {
@@ -831,20 +861,20 @@ mod tests {
     #[test]
     fn upstream_flags_are_accepted_and_recorded() {
         let f = ok(&[
-            "--cluster-dns=10.0.0.1",
+            "--pod-cidr=10.0.0.0/24",
             "--register-schedulable=false",
             "--fail-swap-on",
             "--oom-score-adj",
             "-999",
-            "--cluster-domain=cluster.local",
-            "--cluster-dns",
-            "10.0.0.2",
+            "--provider-id=x",
+            "--pod-cidr",
+            "10.0.0.0/16",
             "--max-pods=5",
         ]);
         assert_eq!(f.max_pods, Some(5));
         assert_eq!(
             f.compat.unimplemented,
-            vec!["--cluster-dns", "--register-schedulable", "--fail-swap-on", "--oom-score-adj", "--cluster-domain"]
+            vec!["--pod-cidr", "--register-schedulable", "--fail-swap-on", "--oom-score-adj", "--provider-id"]
         );
         let e = parse(&["--fail-swap-on=perhaps"]).unwrap_err();
         assert!(matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--fail-swap-on"), "{e:?}");

@@ -20,6 +20,7 @@ mod file;
 mod flags;
 mod gates;
 mod images;
+mod pods;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +38,7 @@ pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
 pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 pub use images::ImageSettings;
+pub use pods::{CgroupDriver, PodSettings};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
@@ -141,6 +143,8 @@ pub struct Settings {
     pub pods_per_core: u32,
     /// Image garbage collection.
     pub images: ImageSettings,
+    /// Pod cgroups, DNS and security.
+    pub pods: PodSettings,
 }
 
 /// The default `evictionHard` map.
@@ -186,6 +190,7 @@ impl Default for Settings {
             port: DEFAULT_PORT,
             pods_per_core: 0,
             images: ImageSettings::default(),
+            pods: PodSettings::default(),
         }
     }
 }
@@ -318,6 +323,7 @@ impl fmt::Debug for Settings {
             .field("port", &self.port)
             .field("pods_per_core", &self.pods_per_core)
             .field("images", &self.images)
+            .field("pods", &self.pods)
             .finish()
     }
 }
@@ -526,6 +532,7 @@ fn apply_file(
             .map_err(|_| invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255")))?;
     }
     s.images.apply_file(c, &invalid)?;
+    s.pods.apply_file(c, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
 
@@ -737,6 +744,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
         s.verbosity = v;
     }
     s.images.apply_flags(f, &invalid)?;
+    s.pods.apply_flags(f, &invalid)?;
     apply_flags_cluster(s, f, &invalid)
 }
 

@@ -7,8 +7,11 @@ pub mod backoff;
 pub mod gc;
 pub mod observed;
 pub mod plan;
+pub mod qos;
+pub mod resources;
 pub mod spec;
 pub mod status;
+pub mod sysctl;
 
 pub use observed::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
 

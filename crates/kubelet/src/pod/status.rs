@@ -49,7 +49,7 @@ pub fn compute(input: &Input) -> PodStatus {
         pod_ips: pod_ip.as_ref().map(|ip| vec![PodIP { ip: ip.clone() }]),
         pod_ip,
         start_time: input.start_time.map(time),
-        qos_class: Some(qos_class(input.pod).to_string()),
+        qos_class: Some(super::qos::class(input.pod).as_str().to_string()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
         ..Default::default()
@@ -270,30 +270,6 @@ fn condition(input: &Input, type_: &str, c: Cond) -> PodCondition {
         message: (!c.message.is_empty()).then_some(c.message),
         last_transition_time: transition,
         ..Default::default()
-    }
-}
-
-/// QoS class as upstream computes it, comparing quantities textually (requests default to
-/// limits).
-pub fn qos_class(pod: &Pod) -> &'static str {
-    let all: Vec<&Container> = spec::init_containers(pod).iter().chain(spec::containers(pod)).collect();
-    let mut any_set = false;
-    let mut guaranteed = true;
-    for c in &all {
-        let res = c.resources.as_ref();
-        let limits = res.and_then(|r| r.limits.as_ref());
-        let requests = res.and_then(|r| r.requests.as_ref());
-        for name in ["cpu", "memory"] {
-            let limit = limits.and_then(|l| l.get(name));
-            let request = requests.and_then(|r| r.get(name)).or(limit);
-            any_set |= limit.is_some() || request.is_some();
-            guaranteed &= limit.is_some() && request == limit;
-        }
-    }
-    match (any_set, guaranteed) {
-        (false, _) => "BestEffort",
-        (true, true) => "Guaranteed",
-        (true, false) => "Burstable",
     }
 }
 

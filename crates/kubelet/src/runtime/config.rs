@@ -7,8 +7,9 @@ use gantry_cri::api;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::env::{self, EnvObjects};
+use super::security::{self, ImageUser, NodeSecurity};
 use super::{downward, labels};
-use crate::pod::spec;
+use crate::pod::{qos, resources, spec};
 
 /// Where a pod's container logs go: `<podLogsDir>/<namespace>_<name>_<uid>`.
 pub fn pod_log_dir(pod_logs_dir: &Path, pod: &Pod) -> PathBuf {
@@ -20,7 +21,24 @@ pub fn container_log_path(container: &str, attempt: u32) -> String {
     format!("{container}/{attempt}.log")
 }
 
-pub fn sandbox_config(pod: &Pod, node: &str, pod_logs_dir: &Path, attempt: u32) -> api::PodSandboxConfig {
+/// What a sandbox config needs beyond the pod, computed by the driver from node settings.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxContext {
+    /// The kernel hostname (empty for host-network pods: the runtime keeps the node's).
+    pub hostname: String,
+    pub dns: api::DnsConfig,
+    pub cgroup_parent: String,
+    /// The sandbox security context without namespace options.
+    pub security: api::LinuxSandboxSecurityContext,
+}
+
+pub fn sandbox_config(
+    pod: &Pod,
+    node: &str,
+    pod_logs_dir: &Path,
+    attempt: u32,
+    ctx: SandboxContext,
+) -> api::PodSandboxConfig {
     let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
     let mut sandbox_labels = pod.metadata.labels.clone().unwrap_or_default().into_iter().collect::<HashMap<_, _>>();
     sandbox_labels.extend(labels::sandbox(node, name, namespace, uid));
@@ -34,29 +52,40 @@ pub fn sandbox_config(pod: &Pod, node: &str, pod_logs_dir: &Path, attempt: u32) 
             namespace: namespace.to_string(),
             attempt,
         }),
-        hostname: hostname(pod),
+        hostname: ctx.hostname,
         log_directory: pod_log_dir(pod_logs_dir, pod).to_string_lossy().into_owned(),
         port_mappings: port_mappings(pod),
         labels: sandbox_labels,
         annotations,
+        dns_config: Some(ctx.dns),
         linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: ctx.cgroup_parent,
             security_context: Some(api::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(pod)),
-                ..Default::default()
+                ..ctx.security
             }),
+            sysctls: sysctls(pod),
+            resources: Some(linux_resources(resources::sandbox(pod), 0)),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
 
-/// Host-network pods keep the node's hostname (the runtime fills it in when empty).
-fn hostname(pod: &Pod) -> String {
-    if spec::host_network(pod) {
-        return String::new();
+fn linux_resources(v: resources::CgroupValues, oom_score_adj: i64) -> api::LinuxContainerResources {
+    api::LinuxContainerResources {
+        cpu_period: v.cpu_period,
+        cpu_quota: v.cpu_quota,
+        cpu_shares: v.cpu_shares,
+        memory_limit_in_bytes: v.memory_limit,
+        oom_score_adj,
+        ..Default::default()
     }
-    let s = pod.spec.as_ref();
-    s.and_then(|s| s.hostname.clone()).unwrap_or_else(|| spec::name(pod).chars().take(63).collect())
+}
+
+fn sysctls(pod: &Pod) -> HashMap<String, String> {
+    let sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    sc.and_then(|s| s.sysctls.as_ref()).into_iter().flatten().map(|s| (s.name.clone(), s.value.clone())).collect()
 }
 
 fn namespace_options(pod: &Pod) -> api::NamespaceOption {
@@ -106,8 +135,12 @@ pub struct ContainerContext<'a> {
     pub mounts: Vec<api::Mount>,
     /// The ConfigMaps and Secrets the environment refers to.
     pub env_objects: EnvObjects,
-    /// Node allocatable (CPU milli, memory bytes): the default for `resourceFieldRef` limits.
+    /// Node allocatable (CPU milli, memory bytes): the default for `resourceFieldRef` limits,
+    /// and the memory capacity the OOM score is relative to.
     pub node_allocatable: (i128, i128),
+    /// The user the image runs as, for `runAsNonRoot`.
+    pub image_user: ImageUser,
+    pub node_security: NodeSecurity<'a>,
 }
 
 pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Result<api::ContainerConfig, String> {
@@ -125,6 +158,9 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
         node_memory_bytes: ctx.node_allocatable.1,
     };
     let resolved = env::resolve(pod, c, &fields, &ctx.env_objects)?;
+    resources::check(c)?;
+    let limits = resources::container(c);
+    let security = security::container(pod, c, &ctx.image_user, &ctx.node_security)?;
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
         image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
@@ -140,11 +176,11 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
+            resources: Some(linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1))),
             security_context: Some(api::LinuxContainerSecurityContext {
                 namespace_options: Some(namespace_options(pod)),
-                ..Default::default()
+                ..security
             }),
-            ..Default::default()
         }),
         ..Default::default()
     })
@@ -199,7 +235,8 @@ mod tests {
 
     #[test]
     fn sandbox_carries_identity_logs_and_host_ports() {
-        let cfg = sandbox_config(&pod(), "node1", Path::new("/var/log/pods"), 2);
+        let ctx = SandboxContext { hostname: "web-node1".into(), ..Default::default() };
+        let cfg = sandbox_config(&pod(), "node1", Path::new("/var/log/pods"), 2, ctx);
         assert_eq!(cfg.log_directory, "/var/log/pods/kube-system_web-node1_abc");
         assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 2);
         assert_eq!(cfg.labels[labels::POD_UID], "abc");
@@ -220,20 +257,30 @@ mod tests {
             host_ip: None,
             mounts: vec![],
             env_objects: EnvObjects::default(),
-            node_allocatable: (0, 0),
+            node_allocatable: (0, 1 << 30),
+            image_user: ImageUser { uid: Some(0), username: String::new() },
+            node_security: NodeSecurity {
+                seccomp_default: false,
+                allow_privileged: true,
+                seccomp_root: Path::new("/s"),
+            },
         };
         let cfg = container_config(&p, c, ctx).unwrap();
         assert_eq!(cfg.log_path, "web/3.log");
         let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
         assert_eq!(env, [("A", "1"), ("POD", "web-node1")]);
         assert_eq!(cfg.annotations[labels::CONTAINER_HASH], spec::container_hash(c));
+        let linux = cfg.linux.unwrap();
+        let resources = linux.resources.unwrap();
+        assert_eq!((resources.cpu_shares, resources.oom_score_adj), (2, 1000), "BestEffort");
+        assert_eq!(linux.security_context.unwrap().run_as_user.unwrap().value, 0, "the image's user");
     }
 
     #[test]
     fn host_network_pods_use_the_node_namespace() {
         let mut p = pod();
         p.spec.as_mut().unwrap().host_network = Some(true);
-        let cfg = sandbox_config(&p, "n", Path::new("/l"), 0);
+        let cfg = sandbox_config(&p, "n", Path::new("/l"), 0, SandboxContext::default());
         let ns = cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
         assert_eq!(ns.network, api::NamespaceMode::Node as i32);
         assert_eq!(cfg.hostname, "");

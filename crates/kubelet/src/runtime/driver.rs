@@ -1,17 +1,21 @@
 //! Executes the core's actions through CRI.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
 use gantry_cri::{Cri, CriError, api};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::config::{self, ContainerContext};
+use super::cgroups::{self, CgroupFs};
+use super::config::{self, ContainerContext, SandboxContext};
 use super::env::{self, EnvObjects};
-use super::{downward, volumes};
-use crate::agent::events::Recorder;
+use super::security::{self, ImageUser, NodeSecurity};
+use super::{dns, downward, hosts, volumes};
+use crate::agent::events::{EventType, Recorder};
 use crate::cluster::objects::ObjectSource;
+use crate::config::PodSettings;
 use crate::image::puller::ImagePuller;
 use crate::pod::ObservedPod;
 use crate::pod::spec;
@@ -45,13 +49,32 @@ pub struct Driver {
     /// ConfigMaps, Secrets and tokens for volumes and env (cluster mode only).
     objects: Option<ObjectSource>,
     images: ImagePuller,
+    /// Cgroups, DNS and security settings for pods.
+    pods: Arc<PodSettings>,
+    /// The cgroup file system for pod cgroups (cgroupfs driver on cgroup v1).
+    cgroups: Option<Arc<dyn CgroupFs>>,
+    /// Events about a pod's setup (DNS configuration).
+    events: Recorder,
+    /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
+    seccomp_root: PathBuf,
 }
 
 impl Driver {
     /// `parallel_pulls`: how many image pulls may run at once node-wide (`None`: no limit).
     pub fn new(cri: Cri, node: &str, pod_logs_dir: PathBuf, root_dir: PathBuf, parallel_pulls: Option<usize>) -> Self {
         let images = ImagePuller::new(cri.images.clone(), parallel_pulls);
-        Driver { cri, node: node.to_string(), pod_logs_dir, root_dir, objects: None, images }
+        Driver {
+            cri,
+            node: node.to_string(),
+            pod_logs_dir,
+            seccomp_root: root_dir.join("seccomp"),
+            root_dir,
+            objects: None,
+            images,
+            pods: Arc::default(),
+            cgroups: None,
+            events: Recorder::default(),
+        }
     }
 
     pub fn with_objects(self, objects: ObjectSource) -> Self {
@@ -59,13 +82,32 @@ impl Driver {
         Driver { objects: Some(objects), images, ..self }
     }
 
-    /// Image events (Pulling, Pulled, …) go to `events`.
+    /// Image events (Pulling, Pulled, …) and pod setup events (DNS) go to `events`.
     pub fn with_events(self, events: Recorder) -> Self {
-        Driver { images: self.images.clone().with_events(events), ..self }
+        Driver { images: self.images.clone().with_events(events.clone()), events, ..self }
     }
 
     pub fn images(&self) -> &ImagePuller {
         &self.images
+    }
+
+    /// Pod settings; pod cgroups are created when the node has cgroup v1 and the cgroupfs driver.
+    pub fn with_pod_settings(self, pods: PodSettings) -> Self {
+        let cgroups = match pods.cgroup_driver {
+            crate::config::CgroupDriver::Cgroupfs if pods.cgroups_per_qos => {
+                cgroups::detect().map(|fs| Arc::new(fs) as Arc<dyn CgroupFs>)
+            }
+            _ => None,
+        };
+        Driver { pods: Arc::new(pods), cgroups, ..self }
+    }
+
+    fn node_security(&self) -> NodeSecurity<'_> {
+        NodeSecurity {
+            seccomp_default: self.pods.seccomp_default,
+            allow_privileged: self.pods.allow_privileged,
+            seccomp_root: &self.seccomp_root,
+        }
     }
 
     fn fields(&self, pod_ip: Option<&str>) -> downward::Fields {
@@ -125,9 +167,65 @@ impl Driver {
         &self.cri
     }
 
+    /// Whether this node can run the pod at all (sysctl admission); `Err((reason, message))`.
+    pub fn admit(&self, pod: &Pod) -> Result<(), (&'static str, String)> {
+        crate::pod::sysctl::admit(pod, &self.pods.allowed_unsafe_sysctls)
+            .map_err(|m| (crate::pod::sysctl::FORBIDDEN_REASON, m))
+    }
+
+    /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
+    /// DNS events (once per sandbox, not on every container start).
+    async fn sandbox_context(&self, pod: &Pod, record: bool) -> Result<SandboxContext, StartError> {
+        let failed = |m: String| StartError::new("CreatePodSandboxError", m);
+        let host_resolv_conf = match self.pods.resolv_conf.as_str() {
+            "" => None,
+            path => Some(
+                tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|e| failed(format!("cannot read resolv.conf {path}: {e}")))?,
+            ),
+        };
+        let node_dns = dns::NodeDns {
+            cluster_dns: &self.pods.cluster_dns,
+            cluster_domain: &self.pods.cluster_domain,
+            host_resolv_conf: host_resolv_conf.as_deref(),
+        };
+        let pod_dns = dns::compose(pod, &node_dns);
+        if record {
+            for (reason, message) in &pod_dns.events {
+                self.events.record(pod, None, EventType::Warning, reason, message);
+            }
+        }
+        let hostname = if spec::host_network(pod) {
+            String::new()
+        } else {
+            hosts::kernel_hostname(pod, &self.pods.cluster_domain).map_err(failed)?
+        };
+        Ok(SandboxContext {
+            hostname,
+            dns: pod_dns.config,
+            cgroup_parent: cgroups::plan(&self.pods, pod).parent,
+            security: security::sandbox(pod, &self.node_security()).map_err(failed)?,
+        })
+    }
+
+    /// Creates the pod's cgroups (QoS level, then the pod's own with its limits).
+    async fn ensure_cgroups(&self, pod: &Pod) -> Result<(), StartError> {
+        let Some(fs) = self.cgroups.clone() else { return Ok(()) };
+        let plan = cgroups::plan(&self.pods, pod);
+        tokio::task::spawn_blocking(move || {
+            plan.create.iter().try_for_each(|(path, values)| fs.ensure(path, values.as_ref()))
+        })
+        .await
+        .expect("cgroup task does not panic")
+        .map_err(|e| StartError::new("CreatePodSandboxError", format!("cannot create the pod cgroup: {e}")))
+    }
+
     /// Creates the pod's sandbox (network namespace, pause container) and its log directory.
     pub async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, StartError> {
-        let config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, attempt);
+        self.ensure_cgroups(pod).await?;
+        let ctx = self.sandbox_context(pod, true).await?;
+        let config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, attempt, ctx);
         tokio::fs::create_dir_all(&config.log_directory).await.map_err(|e| {
             StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory))
         })?;
@@ -139,6 +237,39 @@ impl Driver {
             .await
             .map_err(|e| StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {e}")))?;
         Ok(response.pod_sandbox_id)
+    }
+
+    /// The managed `/etc/hosts` mount, unless a volume is mounted there or the pod has no IP yet.
+    async fn hosts_mount(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        pod_ip: Option<&str>,
+    ) -> Result<Option<api::Mount>, StartError> {
+        let user_mounted = c.volume_mounts.iter().flatten().any(|m| m.mount_path.trim_end_matches('/') == "/etc/hosts");
+        if user_mounted || (pod_ip.is_none() && !spec::host_network(pod)) {
+            return Ok(None);
+        }
+        let node_hosts = if spec::host_network(pod) {
+            tokio::fs::read_to_string("/etc/hosts").await.unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let content = hosts::content(pod, pod_ip, &self.pods.cluster_domain, &node_hosts);
+        let dir = volumes::pod_dir(&self.root_dir, spec::uid(pod));
+        let mount = tokio::task::spawn_blocking(move || hosts::write(&dir, &content))
+            .await
+            .expect("hosts task does not panic")
+            .map_err(|e| StartError::new("CreateContainerConfigError", format!("cannot write the hosts file: {e}")))?;
+        Ok(Some(mount))
+    }
+
+    /// The user the container's image runs as.
+    async fn image_user(&self, c: &Container) -> Result<ImageUser, StartError> {
+        let spec = api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() };
+        let status = self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec), verbose: false });
+        let image = status.await.map_err(|e| StartError::new("ImageInspectError", e.to_string()))?.image;
+        Ok(ImageUser::of(image.as_ref()))
     }
 
     /// Makes the image present (see [`ImagePuller`]), then creates and starts the container.
@@ -153,8 +284,10 @@ impl Driver {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
         let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
-        let mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let mut mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
         let env_objects = self.env_objects(pod, c).await?;
+        let image_user = self.image_user(c).await?;
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
         let ctx = ContainerContext {
             node: &self.node,
@@ -164,10 +297,13 @@ impl Driver {
             mounts,
             env_objects,
             node_allocatable,
+            image_user,
+            node_security: self.node_security(),
         };
         let container_config =
             config::container_config(pod, c, ctx).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
-        let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0);
+        let sandbox_ctx = self.sandbox_context(pod, false).await?;
+        let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0, sandbox_ctx);
         let request = api::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.to_string(),
             config: Some(container_config),
@@ -224,10 +360,41 @@ impl Driver {
             self.remove_sandbox(&s.id).await?;
         }
         volumes::cleanup(&self.root_dir, uid).await;
+        self.remove_cgroups(uid).await;
         if let Some(objects) = &self.objects {
             objects.forget(uid);
         }
         Ok(())
+    }
+
+    /// Removes the pod's cgroup (whichever QoS level it was under) once its containers are gone.
+    async fn remove_cgroups(&self, uid: &str) {
+        let Some(fs) = self.cgroups.clone() else { return };
+        let paths = cgroups::pod_paths(&self.pods, uid);
+        let result = tokio::task::spawn_blocking(move || paths.iter().try_for_each(|p| fs.remove(p)))
+            .await
+            .expect("cgroup task does not panic");
+        if let Err(e) = result {
+            tracing::warn!(pod_uid = uid, error = %e, "cannot remove the pod cgroup");
+        }
+    }
+
+    /// Removes the cgroups of pods that are gone (e.g. removed while the agent was down); `keep`
+    /// holds the UIDs of every pod that exists in the runtime or is wanted.
+    pub async fn remove_orphaned_cgroups(&self, keep: std::collections::HashSet<String>) {
+        let Some(fs) = self.cgroups.clone() else { return };
+        let settings = self.pods.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            for parent in cgroups::qos_paths(&settings) {
+                for path in cgroups::orphans(&parent, &fs.children(&parent), |uid| keep.contains(uid)) {
+                    match fs.remove(&path) {
+                        Ok(()) => tracing::info!(cgroup = %path, "removed orphaned pod cgroup"),
+                        Err(e) => tracing::warn!(cgroup = %path, error = %e, "cannot remove orphaned pod cgroup"),
+                    }
+                }
+            }
+        });
+        task.await.expect("cgroup task does not panic");
     }
 
     /// The grace period for stopping `pod` now.

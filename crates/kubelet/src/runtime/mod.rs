@@ -2,13 +2,17 @@
 //! runtime's answers back into [`crate::pod::ObservedPod`]s.
 
 mod atomic_writer;
+pub mod cgroups;
 pub mod config;
+mod dns;
 mod downward;
 mod driver;
 mod env;
+mod hosts;
 pub mod labels;
 pub mod observe;
 pub mod projection;
+mod security;
 mod volumes;
 
 pub use driver::{Driver, StartError, Started};

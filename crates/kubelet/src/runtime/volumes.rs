@@ -66,10 +66,16 @@ pub async fn prepare(
             let files = projection::files(pod, v, &fetched, fields).map_err(failed)?;
             let group = fs_group.map(|g| g as u32);
             let (p, f) = (path.clone(), files);
-            let changed = tokio::task::spawn_blocking(move || atomic_writer::write(&p, &f, group))
-                .await
-                .expect("writer task does not panic")
-                .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+            let memory = memory_backed(v);
+            let changed = tokio::task::spawn_blocking(move || {
+                if memory {
+                    mount_tmpfs(&p, None)?;
+                }
+                atomic_writer::write(&p, &f, group)
+            })
+            .await
+            .expect("writer task does not panic")
+            .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
             if changed {
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
@@ -90,6 +96,26 @@ pub fn has_projections(pod: &Pod) -> bool {
     pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default().iter().any(projection::is_projection)
 }
 
+/// Upstream keeps secret, downward API and projected volumes (service account tokens) on tmpfs,
+/// so their contents never reach the node's disk; configMaps go to disk.
+fn memory_backed(v: &Volume) -> bool {
+    v.secret.is_some() || v.downward_api.is_some() || v.projected.is_some()
+}
+
+/// Creates the directory with a tmpfs on it (once: a pod's containers start concurrently and
+/// each sets up the pod's volumes).
+fn mount_tmpfs(path: &Path, size: Option<i128>) -> std::io::Result<()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    std::fs::create_dir_all(path)?;
+    if is_tmpfs(path) {
+        return Ok(());
+    }
+    let options = size.map(|s| format!("size={s}"));
+    nix::mount::mount(Some("tmpfs"), path, Some("tmpfs"), nix::mount::MsFlags::empty(), options.as_deref())
+        .map_err(std::io::Error::from)
+}
+
 fn plugin_name(v: &Volume) -> &'static str {
     if v.config_map.is_some() {
         "configmap"
@@ -105,8 +131,8 @@ fn plugin_name(v: &Volume) -> &'static str {
 /// The volume's type as named in the pod spec, for the unsupported-type message.
 fn kind(v: &Volume) -> String {
     let value = serde_json::to_value(v).unwrap_or_default();
-    let names = value.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| *k != "name");
-    names.cloned().next().unwrap_or_else(|| "unknown".into())
+    let mut names = value.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| *k != "name");
+    names.next().cloned().unwrap_or_else(|| "unknown".into())
 }
 
 async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, String> {
@@ -160,10 +186,8 @@ async fn check_host_path(path: &Path, kind: &str) -> Result<(), String> {
 fn setup_empty_dir(path: &Path, memory: bool, size: Option<i128>, group: Option<u32>) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("cannot set up {}: {e}", path.display());
     std::fs::create_dir_all(path).map_err(|e| err(&e))?;
-    if memory && !is_tmpfs(path) {
-        let options = size.map(|s| format!("size={s}"));
-        nix::mount::mount(Some("tmpfs"), path, Some("tmpfs"), nix::mount::MsFlags::empty(), options.as_deref())
-            .map_err(|e| err(&e))?;
+    if memory {
+        mount_tmpfs(path, size).map_err(|e| err(&e))?;
     }
     let mut mode = 0o777;
     if let Some(g) = group {
@@ -216,16 +240,16 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<
         .collect()
 }
 
-/// Removes the pod's directory once the pod is gone, unmounting memory-backed emptyDirs first.
+/// Removes the pod's directory once the pod is gone, unmounting memory-backed volumes first.
 pub async fn cleanup(root_dir: &Path, uid: &str) {
     let dir = pod_dir(root_dir, uid);
-    if let Ok(entries) = std::fs::read_dir(dir.join("volumes/kubernetes.io~empty-dir")) {
-        for e in entries.flatten() {
-            if is_tmpfs(&e.path())
-                && let Err(err) = nix::mount::umount(&e.path())
-            {
-                tracing::warn!(pod_uid = uid, dir = %e.path().display(), error = %err, "cannot unmount emptyDir");
-            }
+    let plugins = std::fs::read_dir(dir.join("volumes")).into_iter().flatten().flatten();
+    let volumes = plugins.flat_map(|p| std::fs::read_dir(p.path()).into_iter().flatten().flatten());
+    for v in volumes {
+        if is_tmpfs(&v.path())
+            && let Err(err) = nix::mount::umount(&v.path())
+        {
+            tracing::warn!(pod_uid = uid, dir = %v.path().display(), error = %err, "cannot unmount volume");
         }
     }
     if let Err(e) = tokio::fs::remove_dir_all(&dir).await

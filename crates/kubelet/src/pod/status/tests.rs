@@ -164,15 +164,15 @@ fn condition_transition_time_is_kept_while_status_is_unchanged() {
 #[test]
 fn qos_classes() {
     let mut p = pod(&[], &["a"], "Always");
-    assert_eq!(qos_class(&p), "BestEffort");
+    assert_eq!(crate::pod::qos::class(&p).as_str(), "BestEffort");
     let q = |v: &str| Quantity(v.to_string());
     let limits = [("cpu".to_string(), q("1")), ("memory".to_string(), q("64Mi"))].into_iter().collect();
     p.spec.as_mut().unwrap().containers[0].resources =
         Some(ResourceRequirements { limits: Some(limits), ..Default::default() });
-    assert_eq!(qos_class(&p), "Guaranteed");
+    assert_eq!(crate::pod::qos::class(&p).as_str(), "Guaranteed");
     let requests = [("cpu".to_string(), q("500m"))].into_iter().collect();
     p.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap().requests = Some(requests);
-    assert_eq!(qos_class(&p), "Burstable");
+    assert_eq!(crate::pod::qos::class(&p).as_str(), "Burstable");
 }
 
 #[test]

@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod gc;
 pub mod observed;
 pub mod plan;
+pub mod probe;
 pub mod spec;
 pub mod status;
 

@@ -6,9 +6,14 @@ pub mod config;
 mod downward;
 mod driver;
 mod env;
+pub mod handlers;
+pub mod hooks;
+pub mod http_get;
 pub mod labels;
 pub mod observe;
 pub mod projection;
+mod service_env;
+pub mod termination;
 mod volumes;
 
 pub use driver::{Driver, StartError, Started};

@@ -202,7 +202,8 @@ impl RuntimeClient {
         cmd: Vec<String>,
         timeout: Duration,
     ) -> Result<api::ExecSyncResponse, CriError> {
-        let req = api::ExecSyncRequest { container_id: container_id.to_string(), cmd, timeout: timeout.as_secs() as i64 };
+        let req =
+            api::ExecSyncRequest { container_id: container_id.to_string(), cmd, timeout: timeout.as_secs() as i64 };
         self.call_with_timeout("ExecSync", self.timeout + timeout, |mut c, r| async move { c.exec_sync(r).await }, req)
             .await
     }

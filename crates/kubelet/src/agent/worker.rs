@@ -298,7 +298,13 @@ impl Worker {
                     self.shared.events.record(&self.pod, Some(&s.name), EventType::Warning, reason, message)
                 };
                 warn("FailedPostStartHook", &e.message);
-                self.shared.events.record(&self.pod, Some(&s.name), EventType::Normal, "Killing", "FailedPostStartHook");
+                self.shared.events.record(
+                    &self.pod,
+                    Some(&s.name),
+                    EventType::Normal,
+                    "Killing",
+                    "FailedPostStartHook",
+                );
                 self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
                 false
             }

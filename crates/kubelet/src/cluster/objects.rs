@@ -46,7 +46,8 @@ impl ObjectSource {
     /// The services whose variables a pod in `ns` may get: those of `ns` (when `links`) and the
     /// API server's own `default/kubernetes`. Read fresh per container start (no watch cache).
     pub async fn services(&self, ns: &str, links: bool) -> Result<Vec<Service>, String> {
-        let mut services = match Api::<Service>::namespaced(self.client.clone(), "default").get_opt("kubernetes").await {
+        let mut services = match Api::<Service>::namespaced(self.client.clone(), "default").get_opt("kubernetes").await
+        {
             Ok(master) => master.into_iter().collect::<Vec<_>>(),
             Err(e) => return Err(format!("cannot read the kubernetes service: {e}")),
         };

@@ -250,7 +250,16 @@ mod tests {
     #[test]
     fn defaults_follow_the_api() {
         let p = Params::of(&Probe::default());
-        assert_eq!(p, Params { initial_delay: 0, period: 10 * SECOND, timeout: SECOND, success_threshold: 1, failure_threshold: 3 });
+        assert_eq!(
+            p,
+            Params {
+                initial_delay: 0,
+                period: 10 * SECOND,
+                timeout: SECOND,
+                success_threshold: 1,
+                failure_threshold: 3
+            }
+        );
     }
 
     #[test]

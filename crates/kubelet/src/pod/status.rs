@@ -90,11 +90,7 @@ fn container_status(input: &Input, c: &Container, init: bool) -> ContainerStatus
         image_id: latest.map(|i| i.image_ref.clone()).unwrap_or_default(),
         container_id: latest.map(|i| format!("{}://{}", input.runtime_name, i.id)),
         restart_count: latest.map_or(0, |i| i.attempt as i32),
-        ready: if init {
-            latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
-        } else {
-            ready
-        },
+        ready: if init { latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0) } else { ready },
         started: Some(started),
         state: Some(state),
         last_state: last_state.or_else(|| Some(ApiState::default())),

@@ -12,8 +12,8 @@ use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::{downward, hooks, service_env, termination, volumes};
 use crate::cluster::objects::ObjectSource;
-use crate::pod::{ContainerInfo, ObservedPod};
 use crate::pod::spec::{self, PullPolicy};
+use crate::pod::{ContainerInfo, ObservedPod};
 
 /// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

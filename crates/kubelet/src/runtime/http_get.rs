@@ -103,7 +103,10 @@ mod tests {
         assert_eq!(resolve_port(&IntOrString::Int(80), &c), Ok(80));
         assert_eq!(resolve_port(&IntOrString::String("http".into()), &c), Ok(8080));
         assert_eq!(resolve_port(&IntOrString::String("9090".into()), &c), Ok(9090));
-        assert_eq!(resolve_port(&IntOrString::String("grpc".into()), &c), Err("couldn't find port: grpc in web".into()));
+        assert_eq!(
+            resolve_port(&IntOrString::String("grpc".into()), &c),
+            Err("couldn't find port: grpc in web".into())
+        );
         assert_eq!(resolve_port(&IntOrString::Int(70000), &c), Err("invalid port number: 70000".into()));
     }
 
@@ -134,7 +137,10 @@ mod tests {
             ..Default::default()
         };
         let h = headers(&action);
-        assert_eq!(h, [("accept".to_string(), "text/plain".to_string()), ("User-Agent".into(), "kube-probe/1.34".into())]);
+        assert_eq!(
+            h,
+            [("accept".to_string(), "text/plain".to_string()), ("User-Agent".into(), "kube-probe/1.34".into())]
+        );
     }
 
     #[test]

@@ -111,7 +111,8 @@ mod tests {
 
     #[test]
     fn upstream_format_for_one_service() {
-        let svc = service("app", "my-db", "10.96.0.7", &[(Some("sql"), 5432, None), (Some("metrics"), 9187, Some("UDP"))]);
+        let svc =
+            service("app", "my-db", "10.96.0.7", &[(Some("sql"), 5432, None), (Some("metrics"), 9187, Some("UDP"))]);
         let env = for_pod(&pod("app", None), &[svc]);
         let expected = [
             ("MY_DB_SERVICE_HOST", "10.96.0.7"),

@@ -58,7 +58,9 @@ pub fn read(status: &api::ContainerStatus) -> String {
     if !written.is_empty() || !fallback {
         return String::from_utf8_lossy(&written).into_owned();
     }
-    read_tail(Path::new(&status.log_path), LOG_WINDOW).map(|log| log_tail(&String::from_utf8_lossy(&log))).unwrap_or_default()
+    read_tail(Path::new(&status.log_path), LOG_WINDOW)
+        .map(|log| log_tail(&String::from_utf8_lossy(&log)))
+        .unwrap_or_default()
 }
 
 /// The last `max` bytes of a file.

@@ -197,7 +197,8 @@ fn conditions_owned_by_others_are_kept() {
 fn readiness_probe_drives_container_and_pod_readiness() {
     let mut p = pod(&[], &["a"], "Always");
     p.spec.as_mut().unwrap().containers[0].readiness_probe = Some(Default::default());
-    let observed = ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
+    let observed =
+        ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
     let with = |health: &HashMap<String, Health>| {
         compute(&Input {
             pod: &p,

@@ -33,6 +33,7 @@ pub async fn exec(t: Target<'_>, cmd: &[String], timeout: Duration) -> Result<Ex
         Ok(r) => {
             let mut output = r.stdout;
             output.extend(r.stderr);
+            output.truncate(MAX_BODY);
             Ok(ExecOutput { exit_code: r.exit_code, output: String::from_utf8_lossy(&output).into_owned() })
         }
         Err(_) if !timeout.is_zero() && started.elapsed() >= timeout => Err(ExecError::TimedOut),
@@ -60,23 +61,28 @@ pub async fn probe(t: Target<'_>, p: &Probe, timeout: Duration) -> Result<Verdic
         };
     }
     if let Some(h) = &p.http_get {
-        return Ok(match http(h, t, timeout).await {
+        return Ok(match http(h, t.container, t.pod_ip, timeout).await {
             Ok((status, body)) => http_get::classify(status, &body),
             Err(e) => Verdict::Failure(e),
         });
     }
     if let Some(s) = &p.tcp_socket {
-        return Ok(tcp(s, t, timeout).await);
+        return Ok(tcp(s, t.container, t.pod_ip, timeout).await);
     }
     if let Some(g) = &p.grpc {
-        return Ok(grpc(g, t, timeout).await);
+        return Ok(grpc(g, t.pod_ip, timeout).await);
     }
     Err("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into())
 }
 
 /// Sends the request; returns the status and (the start of) the body.
-pub async fn http(action: &HTTPGetAction, t: Target<'_>, timeout: Duration) -> Result<(u16, String), String> {
-    let url = http_get::url(action, t.container, t.pod_ip)?;
+pub async fn http(
+    action: &HTTPGetAction,
+    c: &Container,
+    pod_ip: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let url = http_get::url(action, c, pod_ip)?;
     let mut request = client().get(&url);
     if !timeout.is_zero() {
         request = request.timeout(timeout);
@@ -133,12 +139,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-async fn tcp(action: &TCPSocketAction, t: Target<'_>, timeout: Duration) -> Verdict {
-    let port = match http_get::resolve_port(&action.port, t.container) {
+async fn tcp(action: &TCPSocketAction, c: &Container, pod_ip: Option<&str>, timeout: Duration) -> Verdict {
+    let port = match http_get::resolve_port(&action.port, c) {
         Ok(port) => port,
         Err(e) => return Verdict::Failure(e),
     };
-    let Some(host) = action.host.as_deref().filter(|h| !h.is_empty()).or(t.pod_ip) else {
+    let Some(host) = action.host.as_deref().filter(|h| !h.is_empty()).or(pod_ip) else {
         return Verdict::Failure("the pod has no IP yet".into());
     };
     let addr = http_get::join_host_port(host, port);
@@ -149,8 +155,8 @@ async fn tcp(action: &TCPSocketAction, t: Target<'_>, timeout: Duration) -> Verd
     }
 }
 
-async fn grpc(action: &GRPCAction, t: Target<'_>, timeout: Duration) -> Verdict {
-    let Some(host) = t.pod_ip else { return Verdict::Failure("the pod has no IP yet".into()) };
+async fn grpc(action: &GRPCAction, pod_ip: Option<&str>, timeout: Duration) -> Verdict {
+    let Some(host) = pod_ip else { return Verdict::Failure("the pod has no IP yet".into()) };
     let Ok(port) = u16::try_from(action.port) else {
         return Verdict::Failure(format!("invalid port number: {}", action.port));
     };
@@ -186,5 +192,99 @@ async fn grpc(action: &GRPCAction, t: Target<'_>, timeout: Duration) -> Verdict 
             Verdict::Failure(format!("timeout: health rpc did not complete within {}s", timeout.as_secs()))
         }
         Err(s) => Verdict::Failure(format!("error: health rpc probe failed: {s}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// A one-route HTTP server on loopback: answers every request with `status` and a
+    /// `Location` header (for redirects) and sends the request head it got to the channel.
+    async fn server(status: u16, location: Option<String>) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = vec![0; 4096];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let location = location.as_ref().map(|l| format!("Location: {l}\r\n")).unwrap_or_default();
+                let response =
+                    format!("HTTP/1.1 {status} X\r\n{location}Content-Length: 2\r\nConnection: close\r\n\r\nok");
+                let _ = conn.write_all(response.as_bytes()).await;
+            }
+        });
+        (port, rx)
+    }
+
+    fn get(port: u16, path: &str) -> HTTPGetAction {
+        HTTPGetAction { path: Some(path.into()), port: IntOrString::Int(port.into()), ..Default::default() }
+    }
+
+    async fn verdict(action: &HTTPGetAction) -> Verdict {
+        match http(action, &Container::default(), Some("127.0.0.1"), SECOND).await {
+            Ok((status, body)) => http_get::classify(status, &body),
+            Err(e) => Verdict::Failure(e),
+        }
+    }
+
+    #[tokio::test]
+    async fn http_probe_sends_upstream_headers_and_classifies() {
+        let (port, mut requests) = server(200, None).await;
+        assert_eq!(verdict(&get(port, "/healthz")).await, Verdict::Success("ok".into()));
+        let head = requests.recv().await.unwrap();
+        assert!(head.starts_with("GET /healthz HTTP/1.1"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("user-agent: kube-probe/1.34"), "{head}");
+        let (port, _) = server(500, None).await;
+        assert_eq!(verdict(&get(port, "/")).await, Verdict::Failure("HTTP probe failed with statuscode: 500".into()));
+    }
+
+    #[tokio::test]
+    async fn redirects_are_followed_on_the_same_host_only() {
+        let (target, _) = server(200, None).await;
+        let (same, _) = server(302, Some(format!("http://127.0.0.1:{target}/ok"))).await;
+        assert_eq!(verdict(&get(same, "/")).await, Verdict::Success("ok".into()));
+        let (other, _) = server(302, Some(format!("http://localhost:{target}/ok"))).await;
+        assert_eq!(
+            verdict(&get(other, "/")).await,
+            Verdict::Warning("Probe terminated redirects, Response body: ok".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn tcp_probe_connects_or_fails() {
+        let (port, _) = server(200, None).await;
+        let action = |port: u16| TCPSocketAction { port: IntOrString::Int(port.into()), host: None };
+        let c = Container::default();
+        assert_eq!(tcp(&action(port), &c, Some("127.0.0.1"), SECOND).await, Verdict::Success(String::new()));
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let Verdict::Failure(message) = tcp(&action(closed), &c, Some("127.0.0.1"), SECOND).await else {
+            panic!("a closed port fails")
+        };
+        assert!(message.starts_with(&format!("dial tcp 127.0.0.1:{closed}: ")), "{message}");
+    }
+
+    #[tokio::test]
+    async fn grpc_probe_checks_the_named_service() {
+        let (reporter, service) = tonic_health::server::health_reporter();
+        reporter.set_service_status("db", tonic_health::ServingStatus::NotServing).await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port() as i32;
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+        let action = |service: &str| GRPCAction { port, service: Some(service.into()) };
+        assert_eq!(grpc(&action(""), Some("127.0.0.1"), SECOND).await, Verdict::Success("service healthy".into()));
+        assert_eq!(
+            grpc(&action("db"), Some("127.0.0.1"), SECOND).await,
+            Verdict::Failure("service unhealthy (responded with \"NOT_SERVING\")".into())
+        );
     }
 }

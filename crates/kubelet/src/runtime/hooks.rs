@@ -32,7 +32,7 @@ pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result
     }
     if let Some(h) = &handler.http_get {
         let path = h.path.as_deref().unwrap_or_default();
-        return handlers::http(h, t, Duration::ZERO)
+        return handlers::http(h, t.container, t.pod_ip, Duration::ZERO)
             .await
             .map(|_| ())
             .map_err(|e| format!("HTTP lifecycle hook ({path}) {who} failed - error: {e}"));

@@ -294,17 +294,12 @@ impl Worker {
                 true
             }
             Err(e) if e.reason == "PostStartHookError" => {
-                let warn = |reason: &str, message: &str| {
-                    self.shared.events.record(&self.pod, Some(&s.name), EventType::Warning, reason, message)
+                // The details (which may hold secrets) go only into the status, as upstream.
+                let event = |kind, reason: &str, message: &str| {
+                    self.shared.events.record(&self.pod, Some(&s.name), kind, reason, message)
                 };
-                warn("FailedPostStartHook", &e.message);
-                self.shared.events.record(
-                    &self.pod,
-                    Some(&s.name),
-                    EventType::Normal,
-                    "Killing",
-                    "FailedPostStartHook",
-                );
+                event(EventType::Warning, "FailedPostStartHook", "PostStartHook failed");
+                event(EventType::Normal, "Killing", "FailedPostStartHook");
                 self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
                 false
             }

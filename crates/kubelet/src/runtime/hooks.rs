@@ -11,23 +11,21 @@ use crate::pod::spec;
 /// Upstream never lets preStop eat the whole grace period: StopContainer gets at least this.
 pub const MIN_GRACE: Duration = Duration::from_secs(2);
 
-/// Runs a hook; `Err` carries the upstream message for the `Failed…Hook` event. An HTTP hook
-/// succeeds on any response, as upstream's does.
+/// Runs a hook; `Err` carries upstream's detailed message, which goes into the container's
+/// waiting state (events only say that the hook failed, so secrets do not leak into them). An
+/// HTTP hook succeeds on any response, as upstream's does.
 pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result<(), String> {
-    let who = format!("for Container {:?} in Pod {:?}", t.container.name, pod_ref(pod));
+    let who = Who { container: &t.container.name, pod: pod_ref(pod) };
     if let Some(e) = &handler.exec {
         let cmd = e.command.clone().unwrap_or_default();
-        let failed = |error: String, output: &str| {
-            format!("Exec lifecycle hook ([{}]) {who} failed - error: {error}, message: {output:?}", cmd.join(" "))
-        };
         return match handlers::exec(t, &cmd, Duration::ZERO).await {
             Ok(out) if out.exit_code == 0 => Ok(()),
             Ok(out) => {
                 let error = format!("command '{}' exited with {}: {}", cmd.join(" "), out.exit_code, out.output);
-                Err(failed(error, &out.output))
+                Err(who.exec_failed(&cmd, &error, &out.output))
             }
-            Err(ExecError::TimedOut) => Err(failed("timed out".into(), "")),
-            Err(ExecError::Failed(e)) => Err(failed(e, "")),
+            Err(ExecError::TimedOut) => Err(who.exec_failed(&cmd, "timed out", "")),
+            Err(ExecError::Failed(e)) => Err(who.exec_failed(&cmd, &e, "")),
         };
     }
     if let Some(h) = &handler.http_get {
@@ -35,13 +33,40 @@ pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result
         return handlers::http(h, t.container, t.pod_ip, Duration::ZERO)
             .await
             .map(|_| ())
-            .map_err(|e| format!("HTTP lifecycle hook ({path}) {who} failed - error: {e}"));
+            .map_err(|e| who.http_failed(path, &e));
     }
     if let Some(s) = &handler.sleep {
         tokio::time::sleep(Duration::from_secs(s.seconds.max(0) as u64)).await;
         return Ok(());
     }
-    Err(format!("Lifecycle hook {who} has no handler (exec, httpGet or sleep)"))
+    Err(format!(
+        "Lifecycle hook for Container {:?} in Pod {:?} has no handler (exec, httpGet or sleep)",
+        who.container, who.pod
+    ))
+}
+
+/// The container a hook ran for, in upstream's failure messages.
+struct Who<'a> {
+    container: &'a str,
+    pod: String,
+}
+
+impl Who<'_> {
+    fn exec_failed(&self, cmd: &[String], error: &str, output: &str) -> String {
+        format!(
+            "Exec lifecycle hook ([{}]) for Container {:?} in Pod {:?} failed - error: {error}, message: {output:?}",
+            cmd.join(" "),
+            self.container,
+            self.pod
+        )
+    }
+
+    fn http_failed(&self, path: &str, error: &str) -> String {
+        format!(
+            "HTTP lifecycle hook ({path}) for Container {:?} in Pod {:?} failed - error: {error}",
+            self.container, self.pod
+        )
+    }
 }
 
 /// Upstream's `format.Pod`: `name_namespace(uid)`.
@@ -67,6 +92,21 @@ mod tests {
         assert_eq!(remaining_grace(s(30), Duration::from_millis(10_900)), s(20));
         assert_eq!(remaining_grace(s(30), s(29)), MIN_GRACE);
         assert_eq!(remaining_grace(s(5), s(60)), MIN_GRACE);
+    }
+
+    #[test]
+    fn failure_messages_as_upstream_words_them() {
+        let who = Who { container: "web", pod: "web_prod(u1)".into() };
+        let cmd = ["sh".to_string(), "-c".into(), "exit 3".into()];
+        assert_eq!(
+            who.exec_failed(&cmd, "command 'sh -c exit 3' exited with 3: ", "oops\n"),
+            "Exec lifecycle hook ([sh -c exit 3]) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: \
+             command 'sh -c exit 3' exited with 3: , message: \"oops\\n\""
+        );
+        assert_eq!(
+            who.http_failed("/hook", "connection refused"),
+            "HTTP lifecycle hook (/hook) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: connection refused"
+        );
     }
 
     #[test]

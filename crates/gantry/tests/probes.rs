@@ -89,6 +89,47 @@ async fn failing_liveness_probe_restarts_the_container() {
 }
 
 #[tokio::test]
+async fn startup_probe_timing_out_kills_the_container() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let spec = r#"  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: IMAGE
+    command: ["sleep", "3600"]
+    startupProbe:
+      exec:
+        command: ["sleep", "5"]
+      timeoutSeconds: 1
+      periodSeconds: 1
+      failureThreshold: 1
+    readinessProbe:
+      exec:
+        command: ["true"]
+"#;
+    pods.create(&PostParams::default(), &pod(&env.node, "slow", spec)).await.unwrap();
+    let running = eventually("running, not started", &gantry, || async {
+        let s = status(&pods, "slow", "main").await?;
+        s.state.as_ref()?.running.as_ref()?;
+        Some(s)
+    })
+    .await;
+    assert_eq!((running.started, running.ready), (Some(false), false), "startup gates readiness");
+    let unhealthy = eventually("the timeout reported", &gantry, || async {
+        event(&admin, "slow", "Unhealthy", "Startup probe failed").await
+    })
+    .await;
+    assert_eq!(unhealthy.note.as_deref(), Some("Startup probe failed: command \"sleep 5\" timed out"));
+    eventually("a Killing event", &gantry, || async {
+        event(&admin, "slow", "Killing", "Container main failed startup probe, will be restarted").await
+    })
+    .await;
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
 async fn readiness_probe_flips_the_ready_condition_both_ways() {
     let Some((env, cluster)) = cluster::setup().await else { return };
     let gantry = cluster::start_node(&env, &cluster);

@@ -162,7 +162,9 @@ async fn readiness_probe_flips_the_ready_condition_both_ways() {
         (s.state?.running.is_some() && !s.ready && condition(&pods, "flip", "Ready").await? == "False").then_some(())
     })
     .await;
+    let mut total = std::time::Duration::ZERO;
     for (ready, want) in [(true, "True"), (false, "False"), (true, "True")] {
+        let flipped = std::time::Instant::now();
         if ready {
             std::fs::write(dir.join("ready"), "yes").unwrap();
         } else {
@@ -175,7 +177,12 @@ async fn readiness_probe_flips_the_ready_condition_both_ways() {
             (s.ready == ready && pod_ready == want && containers_ready == want).then_some(())
         })
         .await;
+        // With periodSeconds 1 this is about a second; the 10 s resync would show here.
+        eprintln!("Ready={want} in the API {:?} after the flip", flipped.elapsed());
+        total += flipped.elapsed();
     }
+    // Waiting for the 10 s resync instead of waking the worker would take ~15 s for three flips.
+    assert!(total < std::time::Duration::from_secs(9), "readiness changes reach the API promptly: {total:?}");
     assert_eq!(status(&pods, "flip", "main").await.unwrap().restart_count, 0, "readiness never restarts");
     cluster.cleanup(&env.node).await;
 }

@@ -285,6 +285,51 @@ async fn post_start_and_pre_stop_hooks_run_around_the_container() {
 }
 
 #[tokio::test]
+async fn http_pre_stop_hook_reaches_the_container() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let dir = host_dir(&env, "httphook");
+    // httpd logs requests to a host file, which outlives the pod.
+    let spec = format!(
+        r#"  terminationGracePeriodSeconds: 5
+  volumes:
+  - name: data
+    hostPath:
+      path: {}
+  containers:
+  - name: main
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www && exec httpd -f -vv -p 8080 -h /www 2>>/data/httpd.log"]
+    volumeMounts:
+    - name: data
+      mountPath: /data
+    ports:
+    - name: http
+      containerPort: 8080
+    readinessProbe:
+      tcpSocket:
+        port: http
+      periodSeconds: 1
+    lifecycle:
+      preStop:
+        httpGet:
+          path: /prestop
+          port: http
+"#,
+        dir.display()
+    );
+    pods.create(&PostParams::default(), &pod(&env.node, "httphook", &spec)).await.unwrap();
+    eventually("ready", &gantry, || async { status(&pods, "httphook", "main").await?.ready.then_some(()) }).await;
+    pods.delete("httphook", &DeleteParams::default()).await.unwrap();
+    eventually("the preStop request in httpd's log", &gantry, || async {
+        std::fs::read_to_string(dir.join("httpd.log")).ok()?.contains("url:/prestop").then_some(())
+    })
+    .await;
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
 async fn failing_post_start_hook_kills_the_container() {
     let Some((env, cluster)) = cluster::setup().await else { return };
     let gantry = cluster::start_node(&env, &cluster);
@@ -364,6 +409,8 @@ async fn service_variables_are_in_the_environment() {
         "spec": {"ports": [{"name": "sql", "port": 5432}], "selector": {"app": "db"}}
     }))
     .unwrap();
+    // A leftover from an interrupted run on a real cluster would make the create fail.
+    let _ = services.delete("my-db", &DeleteParams::default()).await;
     let ip = services.create(&PostParams::default(), &svc).await.unwrap().spec.unwrap().cluster_ip.unwrap();
     let master = services.get("kubernetes").await.unwrap().spec.unwrap().cluster_ip.unwrap();
     let pods: Api<Pod> = Api::namespaced(admin, "default");
@@ -390,5 +437,6 @@ async fn service_variables_are_in_the_environment() {
     ] {
         assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
     }
+    let _ = services.delete("my-db", &DeleteParams::default()).await;
     cluster.cleanup(&env.node).await;
 }

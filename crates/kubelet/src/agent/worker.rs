@@ -15,6 +15,7 @@ use super::prober::Probers;
 use crate::pod::backoff::{self, Backoff};
 use crate::pod::plan::{self, KillReason, PodActions, Start};
 use crate::pod::probe::{self, Health, ProbeKill};
+use crate::pod::spec::RestartPolicy;
 use crate::pod::status::{self, Waiting};
 use crate::pod::{ContainerInfo, ContainerState, Nanos, ObservedPod, spec};
 use crate::runtime::{Driver, StartError, Started};
@@ -107,7 +108,8 @@ impl Worker {
             self.probers.sync(&self.pod, &observed, &self.shared);
             let health = self.probers.health();
             let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
-            let probe_kills = probe::kills(&observed, &health);
+            let restarts = spec::restart_policy(&self.pod) != RestartPolicy::Never;
+            let probe_kills = probe::kills(&observed, &health, restarts);
             self.note_back_off(&actions);
             if actions.start.is_empty()
                 && actions.kill_containers.is_empty()

@@ -217,8 +217,9 @@ pub struct ProbeKill {
     pub message: String,
 }
 
-/// Running containers whose current instance failed a liveness or startup probe.
-pub fn kills(observed: &ObservedPod, health: &HashMap<String, Health>) -> Vec<ProbeKill> {
+/// Running containers whose current instance failed a liveness or startup probe; `restarts`:
+/// whether the restart policy brings them back (upstream says so in the message).
+pub fn kills(observed: &ObservedPod, health: &HashMap<String, Health>, restarts: bool) -> Vec<ProbeKill> {
     let running = |i: &&ContainerInfo| i.state == ContainerState::Running;
     observed
         .containers
@@ -227,7 +228,10 @@ pub fn kills(observed: &ObservedPod, health: &HashMap<String, Health>) -> Vec<Pr
         .filter_map(|i| {
             let kind = health.get(&i.id)?.failed?;
             let what = if kind == Kind::Startup { "startup" } else { "liveness" };
-            let message = format!("Container {} failed {what} probe, will be restarted", i.name);
+            let mut message = format!("Container {} failed {what} probe", i.name);
+            if restarts {
+                message.push_str(", will be restarted");
+            }
             Some(ProbeKill { id: i.id.clone(), name: i.name.clone(), kind, message })
         })
         .collect()
@@ -364,8 +368,9 @@ mod tests {
         };
         let failed = Health { failed: Some(Kind::Liveness), ..Default::default() };
         let health = HashMap::from([("a".to_string(), failed), ("b".to_string(), failed)]);
-        let kills = kills(&observed, &health);
-        assert_eq!(kills.len(), 1, "exited containers are not killed again");
-        assert_eq!(kills[0].message, "Container web failed liveness probe, will be restarted");
+        let found = kills(&observed, &health, true);
+        assert_eq!(found.len(), 1, "exited containers are not killed again");
+        assert_eq!(found[0].message, "Container web failed liveness probe, will be restarted");
+        assert_eq!(kills(&observed, &health, false)[0].message, "Container web failed liveness probe");
     }
 }

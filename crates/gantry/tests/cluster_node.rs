@@ -190,9 +190,10 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     assert_eq!(spec.holder_identity.as_deref(), Some(name.as_str()));
     assert_eq!(spec.lease_duration_seconds, Some(4));
     let t0 = renew_time(&first);
-    let renewed =
-        wait_for("the lease to be renewed", || async { lease(&admin, &name).await.filter(|l| renew_time(l) > t0) })
-            .await;
+    let renewed = wait_for("the lease to be renewed", || async {
+        lease(&admin, &name).await.filter(|l| renew_time(l) > t0)
+    })
+    .await;
     let gap = renew_time(&renewed).duration_since(t0);
     assert!(gap.as_secs_f64() < 3.0, "renewed after {gap:?}");
 

@@ -152,8 +152,7 @@ impl Driver {
         let pulled = self.ensure_image(c).await?;
         let fields = self.fields(pod_ip);
         let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
-        let mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
-        let mut mounts = mounts;
+        let mut mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
@@ -282,6 +281,7 @@ impl Driver {
                     tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %message, "preStop hook failed");
                     true
                 }
+                // Not finishing within the grace period is not a failure; StopContainer follows.
                 Err(_) => false,
             };
             grace_left = hooks::remaining_grace(grace, started.elapsed());

@@ -188,7 +188,8 @@ impl Worker {
 
     /// Stops one container (preStop first); returns false if StopContainer failed.
     async fn stop_container(&self, info: &ContainerInfo, grace: Duration, pod_ip: Option<&str>) -> bool {
-        let (result, hook_failed) = self.shared.driver.stop_container(&self.pod, info, grace, pod_ip).await;
+        let (result, hook_failed) =
+            self.shared.driver.stop_container(&self.pod, &info.name, &info.id, grace, pod_ip).await;
         if hook_failed {
             self.failed_pre_stop(&info.name);
         }

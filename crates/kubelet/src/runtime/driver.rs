@@ -12,8 +12,8 @@ use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::{downward, hooks, service_env, termination, volumes};
 use crate::cluster::objects::ObjectSource;
+use crate::pod::ObservedPod;
 use crate::pod::spec::{self, PullPolicy};
-use crate::pod::{ContainerInfo, ObservedPod};
 
 /// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -188,8 +188,8 @@ impl Driver {
         if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let target = Target { cri: &self.cri.runtime, container_id: &id, container: c, pod_ip };
             if let Err(message) = hooks::run(target, pod, hook).await {
-                // Upstream kills the container and reports it as not started.
-                if let Err(e) = self.kill_container(&id, Self::grace(pod)).await {
+                // Upstream kills the container (preStop included) and reports it as not started.
+                if let (Err(e), _) = self.stop_container(pod, &c.name, &id, Self::grace(pod), pod_ip).await {
                     tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %e, "cannot stop container after its postStart hook failed");
                 }
                 return Err(StartError::new("PostStartHookError", message));
@@ -262,23 +262,24 @@ impl Driver {
     pub async fn stop_container(
         &self,
         pod: &Pod,
-        c: &ContainerInfo,
+        name: &str,
+        id: &str,
         grace: Duration,
         pod_ip: Option<&str>,
     ) -> (Result<(), CriError>, bool) {
         let hook = spec::containers(pod)
             .iter()
-            .find(|s| s.name == c.name)
+            .find(|s| s.name == name)
             .and_then(|s| Some((s, s.lifecycle.as_ref()?.pre_stop.as_ref()?)));
         let mut grace_left = grace;
         let mut hook_failed = false;
         if let Some((container, hook)) = hook.filter(|_| !grace.is_zero()) {
-            let target = Target { cri: &self.cri.runtime, container_id: &c.id, container, pod_ip };
+            let target = Target { cri: &self.cri.runtime, container_id: id, container, pod_ip };
             let started = std::time::Instant::now();
             hook_failed = match tokio::time::timeout(grace, hooks::run(target, pod, hook)).await {
                 Ok(Ok(())) => false,
                 Ok(Err(message)) => {
-                    tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %message, "preStop hook failed");
+                    tracing::warn!(pod = %spec::full_name(pod), container = name, error = %message, "preStop hook failed");
                     true
                 }
                 // Not finishing within the grace period is not a failure; StopContainer follows.
@@ -286,7 +287,7 @@ impl Driver {
             };
             grace_left = hooks::remaining_grace(grace, started.elapsed());
         }
-        (self.kill_container(&c.id, grace_left).await, hook_failed)
+        (self.kill_container(id, grace_left).await, hook_failed)
     }
 
     /// Stops every running container of the pod at once (each after its preStop hook), then
@@ -294,7 +295,7 @@ impl Driver {
     pub async fn kill_pod(&self, pod: &Pod, observed: &ObservedPod, grace: Duration) -> Result<Vec<String>, CriError> {
         let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
         let stops = observed.running().map(|c| async move {
-            let (result, hook_failed) = self.stop_container(pod, c, grace, pod_ip).await;
+            let (result, hook_failed) = self.stop_container(pod, &c.name, &c.id, grace, pod_ip).await;
             result.map(|()| hook_failed.then(|| c.name.clone()))
         });
         let failed_hooks = join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;

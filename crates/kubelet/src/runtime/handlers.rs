@@ -260,6 +260,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn https_probe_does_not_verify_the_certificate() {
+        let cert = rcgen::generate_simple_self_signed(vec!["nowhere.invalid".into()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(conn).await.unwrap();
+            let mut buf = vec![0; 4096];
+            let _ = tls.read(&mut buf).await;
+            let _ = tls.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecure").await;
+            let _ = tls.shutdown().await;
+        });
+        let action = HTTPGetAction { scheme: Some("HTTPS".into()), ..get(port, "/") };
+        assert_eq!(verdict(&action).await, Verdict::Success("secure".into()));
+    }
+
+    #[tokio::test]
     async fn tcp_probe_connects_or_fails() {
         let (port, _) = server(200, None).await;
         let action = |port: u16| TCPSocketAction { port: IntOrString::Int(port.into()), host: None };

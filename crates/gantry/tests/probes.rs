@@ -241,6 +241,34 @@ async fn http_and_tcp_probes_reach_the_pod() {
 }
 
 #[tokio::test]
+async fn host_network_probes_reach_the_node() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let port = 20_000 + std::process::id() % 20_000;
+    let spec = format!(
+        r#"  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www && echo ok > /www/healthz && exec httpd -f -p {port} -h /www"]
+    readinessProbe:
+      httpGet:
+        path: /healthz
+        port: {port}
+      periodSeconds: 1
+"#
+    );
+    pods.create(&PostParams::default(), &pod(&env.node, "hostnet", &spec)).await.unwrap();
+    eventually("ready through the node's network", &gantry, || async {
+        status(&pods, "hostnet", "main").await?.ready.then_some(())
+    })
+    .await;
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
 async fn post_start_and_pre_stop_hooks_run_around_the_container() {
     let Some((env, cluster)) = cluster::setup().await else { return };
     let gantry = cluster::start_node(&env, &cluster);

@@ -101,7 +101,9 @@ impl Task {
         while let Some((due, kind)) = probes.next_due() {
             let wait = Duration::from_nanos(due.saturating_sub(now()).max(0) as u64);
             tokio::time::sleep(wait).await;
-            let outcome = self.probe_once(kind, &probes).await;
+            let timeout =
+                probes.params(kind).map_or(Duration::from_secs(1), |p| Duration::from_nanos(p.timeout as u64));
+            let outcome = self.probe_once(kind, timeout).await;
             if let Some(health) = probes.record(kind, outcome, now()) {
                 tracing::info!(pod = %spec::full_name(&self.pod), container = %self.container.name, probe = kind.title(), ?health, "probe result changed");
                 self.health.lock().unwrap().insert(self.container_id.clone(), health);
@@ -112,19 +114,14 @@ impl Task {
         }
     }
 
-    async fn probe_once(&self, kind: Kind, probes: &ContainerProbes) -> Outcome {
+    async fn probe_once(&self, kind: Kind, timeout: Duration) -> Outcome {
         let Some(probe) = kind.of(&self.container) else { return Outcome::Failure };
-        let timeout = probes.trackers.iter().find(|t| t.kind == kind).map_or(1, |t| t.params.timeout);
-        let target = Target {
-            cri: &self.shared.driver.cri().runtime,
-            container_id: &self.container_id,
-            container: &self.container,
-            pod_ip: self.pod_ip.as_deref(),
-        };
+        let cri = &self.shared.driver.cri().runtime;
+        let target = Target::new(cri, &self.container_id, &self.container, &self.pod, self.pod_ip.as_deref());
         let event = |reason: &str, message: String| {
             self.shared.events.record(&self.pod, Some(&self.container.name), EventType::Warning, reason, &message)
         };
-        match handlers::probe(target, probe, Duration::from_nanos(timeout as u64)).await {
+        match handlers::probe(target, probe, timeout).await {
             Ok(Verdict::Success(_)) => Outcome::Success,
             Ok(Verdict::Warning(output)) => {
                 event("ProbeWarning", format!("{} probe warning: {output}", kind.title()));

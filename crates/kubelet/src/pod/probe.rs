@@ -168,6 +168,10 @@ impl ContainerProbes {
         self.trackers.iter().find(|t| t.kind == kind)
     }
 
+    pub fn params(&self, kind: Kind) -> Option<Params> {
+        self.tracker(kind).map(|t| t.params)
+    }
+
     pub fn health(&self) -> Health {
         let passed = |k: Kind| self.tracker(k).is_none_or(|t| t.reported() == Some(Outcome::Success));
         let failed = |k: Kind| self.tracker(k).is_some_and(|t| t.reported() == Some(Outcome::Failure));

@@ -186,7 +186,7 @@ impl Driver {
             .await
             .map_err(|e| StartError::new("RunContainerError", e.to_string()))?;
         if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
-            let target = Target { cri: &self.cri.runtime, container_id: &id, container: c, pod_ip };
+            let target = Target::new(&self.cri.runtime, &id, c, pod, pod_ip);
             if let Err(message) = hooks::run(target, pod, hook).await {
                 // Upstream kills the container (preStop included) and reports it as not started.
                 if let (Err(e), _) = self.stop_container(pod, &c.name, &id, Self::grace(pod), pod_ip).await {
@@ -274,7 +274,7 @@ impl Driver {
         let mut grace_left = grace;
         let mut hook_failed = false;
         if let Some((container, hook)) = hook.filter(|_| !grace.is_zero()) {
-            let target = Target { cri: &self.cri.runtime, container_id: id, container, pod_ip };
+            let target = Target::new(&self.cri.runtime, id, container, pod, pod_ip);
             let started = std::time::Instant::now();
             hook_failed = match tokio::time::timeout(grace, hooks::run(target, pod, hook)).await {
                 Ok(Ok(())) => false,

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use gantry_cri::RuntimeClient;
-use k8s_openapi::api::core::v1::{Container, GRPCAction, HTTPGetAction, Probe, TCPSocketAction};
+use k8s_openapi::api::core::v1::{Container, GRPCAction, HTTPGetAction, Pod, Probe, TCPSocketAction};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
@@ -24,6 +24,21 @@ pub struct Target<'a> {
 pub struct ExecOutput {
     pub exit_code: i32,
     pub output: String,
+}
+
+impl<'a> Target<'a> {
+    /// `pod_ip` is the sandbox's IP; host-network pods have none, and their actions default to
+    /// the loopback address, which reaches what they listen on in the node's namespace.
+    pub fn new(
+        cri: &'a RuntimeClient,
+        container_id: &'a str,
+        container: &'a Container,
+        pod: &Pod,
+        pod_ip: Option<&'a str>,
+    ) -> Self {
+        let pod_ip = pod_ip.or(crate::pod::spec::host_network(pod).then_some("127.0.0.1"));
+        Target { cri, container_id, container, pod_ip }
+    }
 }
 
 /// Runs a command in the container; `Err` when it could not run or timed out.

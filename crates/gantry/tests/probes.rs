@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::cluster;
-use common::{Env, eventually};
+use common::{Env, eventually, static_name};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
@@ -467,4 +467,42 @@ async fn service_variables_are_in_the_environment() {
     }
     let _ = services.delete("my-db", &DeleteParams::default()).await;
     cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn static_pod_probes_in_standalone_mode() {
+    let Some(env) = Env::start().await else { return };
+    let yaml = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: probed
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: IMAGE
+    command: ["sh", "-c", "touch /tmp/ready; sleep 3600"]
+    readinessProbe:
+      exec:
+        command: ["cat", "/tmp/ready"]
+      periodSeconds: 1
+    livenessProbe:
+      exec:
+        command: ["false"]
+      periodSeconds: 1
+      failureThreshold: 1
+"#;
+    env.write_manifest("probed.yaml", &yaml.replace("IMAGE", gantry_testkit::BUSYBOX_IMAGE));
+    let gantry = env.kubelet(&[]);
+    let name = static_name("probed");
+    let restarted = eventually("restarted by the liveness probe", &gantry, || async {
+        let statuses = gantry.pod(&name)?.status?.container_statuses?;
+        statuses.into_iter().find(|s| s.restart_count >= 1)
+    })
+    .await;
+    assert!(restarted.last_state.and_then(|s| s.terminated).is_some(), "the killed instance is lastState");
+    assert!(
+        gantry.log().contains("Container main failed liveness probe, will be restarted"),
+        "the Killing event is logged"
+    );
 }

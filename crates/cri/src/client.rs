@@ -193,6 +193,22 @@ impl RuntimeClient {
     }
 }
 
+impl RuntimeClient {
+    /// Runs `cmd` in a container and waits at most `timeout` (zero: no limit of its own); the
+    /// call's deadline leaves the usual timeout on top for the runtime to clean up, as upstream.
+    pub async fn exec_sync_for(
+        &self,
+        container_id: &str,
+        cmd: Vec<String>,
+        timeout: Duration,
+    ) -> Result<api::ExecSyncResponse, CriError> {
+        let req =
+            api::ExecSyncRequest { container_id: container_id.to_string(), cmd, timeout: timeout.as_secs() as i64 };
+        self.call_with_timeout("ExecSync", self.timeout + timeout, |mut c, r| async move { c.exec_sync(r).await }, req)
+            .await
+    }
+}
+
 impl ImageClient {
     rpcs! {
         list_images => "ListImages": api::ListImagesRequest => api::ListImagesResponse;

@@ -2,6 +2,7 @@
 //! runtime changes (the PLEG), orphan clean-up and garbage collection.
 
 pub mod events;
+mod prober;
 pub mod runonce;
 pub mod status_store;
 mod worker;

@@ -11,10 +11,13 @@ use tokio::sync::mpsc;
 
 use super::Shared;
 use super::events::EventType;
+use super::prober::Probers;
 use crate::pod::backoff::{self, Backoff};
 use crate::pod::plan::{self, KillReason, PodActions, Start};
+use crate::pod::probe::{self, Health, ProbeKill};
+use crate::pod::spec::RestartPolicy;
 use crate::pod::status::{self, Waiting};
-use crate::pod::{ContainerState, Nanos, ObservedPod, spec};
+use crate::pod::{ContainerInfo, ContainerState, Nanos, ObservedPod, spec};
 use crate::runtime::{Driver, StartError, Started};
 
 pub enum Msg {
@@ -44,8 +47,9 @@ pub struct Handle {
 pub fn spawn(pod: Pod, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
     let (tx, rx) = mpsc::unbounded_channel();
     let uid = spec::uid(&pod).to_string();
+    let probers = Probers::new(&tx);
     tokio::spawn(async move {
-        Worker::new(pod, shared).run(rx).await;
+        Worker::new(pod, shared, probers).run(rx).await;
         let _ = done.send(uid);
     });
     Handle { tx, terminating: false }
@@ -62,10 +66,11 @@ struct Worker {
     /// long until the first of them may be tried again.
     image_retry: Option<Duration>,
     start_time: Option<Nanos>,
+    probers: Probers,
 }
 
 impl Worker {
-    fn new(pod: Pod, shared: Arc<Shared>) -> Self {
+    fn new(pod: Pod, shared: Arc<Shared>, probers: Probers) -> Self {
         Worker {
             pod,
             shared,
@@ -74,6 +79,7 @@ impl Worker {
             error_delay: None,
             image_retry: None,
             start_time: None,
+            probers,
         }
     }
 
@@ -136,23 +142,28 @@ impl Worker {
                 }
             };
             let now = now();
+            self.probers.sync(&self.pod, &observed, &self.shared);
+            let health = self.probers.health();
             let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
+            let restarts = spec::restart_policy(&self.pod) != RestartPolicy::Never;
+            let probe_kills = probe::kills(&observed, &health, restarts);
             self.note_back_off(&actions);
             if actions.start.is_empty()
                 && actions.kill_containers.is_empty()
                 && actions.create_sandbox.is_none()
                 && !actions.kill_pod
+                && probe_kills.is_empty()
             {
                 if let Some(sandbox) = observed.current_sandbox() {
                     self.shared.driver.refresh_volumes(&self.pod, sandbox.ip.as_deref()).await;
                 }
-                self.publish(&observed, now);
+                self.publish(&observed, &health, now);
                 self.error_delay = None;
                 return self.next_wait(&observed, &actions);
             }
-            if !self.execute(&actions, &observed, now).await {
+            if !self.kill_unhealthy(&probe_kills, &observed).await || !self.execute(&actions, &observed, now).await {
                 if let Ok(observed) = self.shared.observer.pod(spec::uid(&self.pod)).await {
-                    self.publish(&observed, now);
+                    self.publish(&observed, &self.probers.health(), now);
                 }
                 // Image pull backoff has its own schedule; looking earlier only repeats BackOff.
                 return self.image_retry.take().unwrap_or_else(|| self.failed());
@@ -196,15 +207,53 @@ impl Worker {
         }
     }
 
+    /// Kills containers whose liveness or startup probe failed; the plan restarts them per the
+    /// restart policy once they exited. Returns false if a kill failed.
+    async fn kill_unhealthy(&self, kills: &[ProbeKill], observed: &ObservedPod) -> bool {
+        let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
+        for k in kills {
+            let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };
+            self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &k.message);
+            let grace = container(&self.pod, &k.name)
+                .and_then(|c| k.kind.of(c)?.termination_grace_period_seconds)
+                .map_or_else(|| Driver::grace(&self.pod), |s| Duration::from_secs(s.max(0) as u64));
+            if !self.stop_container(info, grace, pod_ip).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Stops one container (preStop first); returns false if StopContainer failed.
+    async fn stop_container(&self, info: &ContainerInfo, grace: Duration, pod_ip: Option<&str>) -> bool {
+        let (result, hook_failed) =
+            self.shared.driver.stop_container(&self.pod, &info.name, &info.id, grace, pod_ip).await;
+        if hook_failed {
+            self.failed_pre_stop(&info.name);
+        }
+        if let Err(e) = result {
+            tracing::warn!(pod = %spec::full_name(&self.pod), container = %info.name, error = %e, "cannot stop container");
+            return false;
+        }
+        true
+    }
+
+    fn failed_pre_stop(&self, name: &str) {
+        self.shared.events.record(&self.pod, Some(name), EventType::Warning, "FailedPreStopHook", "PreStopHook failed");
+    }
+
     /// Returns false if any step failed (the failure is recorded for the status).
     async fn execute(&mut self, actions: &PodActions, observed: &ObservedPod, now: Nanos) -> bool {
         let driver = &self.shared.driver;
         let grace = Driver::grace(&self.pod);
         if actions.kill_pod {
             self.killing_events(observed.running().map(|c| c.name.as_str()));
-            if let Err(e) = driver.kill_pod(observed, grace).await {
-                tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot stop pod");
-                return false;
+            match driver.kill_pod(&self.pod, observed, grace).await {
+                Ok(failed_hooks) => failed_hooks.iter().for_each(|name| self.failed_pre_stop(name)),
+                Err(e) => {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot stop pod");
+                    return false;
+                }
             }
         }
         for k in &actions.kill_containers {
@@ -213,8 +262,9 @@ impl Worker {
                 KillReason::Stuck => format!("Stopping container {}", k.name),
             };
             self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &why);
-            if let Err(e) = driver.kill_container(&k.id, grace).await {
-                tracing::warn!(pod = %spec::full_name(&self.pod), container = %k.name, error = %e, "cannot stop container");
+            let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };
+            let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
+            if !self.stop_container(info, grace, pod_ip).await {
                 return false;
             }
         }
@@ -288,6 +338,16 @@ impl Worker {
                 self.waiting.remove(&s.name);
                 true
             }
+            Err(e) if e.reason == "PostStartHookError" => {
+                // The details (which may hold secrets) go only into the status, as upstream.
+                let event = |kind, reason: &str, message: &str| {
+                    self.shared.events.record(&self.pod, Some(&s.name), kind, reason, message)
+                };
+                event(EventType::Warning, "FailedPostStartHook", "PostStartHook failed");
+                event(EventType::Normal, "Killing", "FailedPostStartHook");
+                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                false
+            }
             Err(e) if e.reason == "ContainerCreating" => {
                 self.shared.events.record(&self.pod, None, EventType::Warning, "FailedMount", &e.message);
                 self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
@@ -318,7 +378,7 @@ impl Worker {
         }
     }
 
-    fn publish(&mut self, observed: &ObservedPod, now: Nanos) {
+    fn publish(&mut self, observed: &ObservedPod, health: &HashMap<String, Health>, now: Nanos) {
         // A container that runs again no longer waits for anything.
         self.waiting.retain(|name, _| !observed.latest(name).is_some_and(|i| i.state == ContainerState::Running));
         if self.start_time.is_none() && observed.current_sandbox().is_some() {
@@ -331,6 +391,7 @@ impl Worker {
             pod: &self.pod,
             observed,
             waiting: &self.waiting,
+            health,
             runtime_name: self.shared.driver.runtime_name(),
             host_ip: self.shared.host_ip.as_deref(),
             start_time: self.start_time,
@@ -372,7 +433,9 @@ impl Worker {
         let uid = spec::uid(&self.pod);
         let observed = self.shared.observer.pod(uid).await?;
         self.killing_events(observed.running().map(|c| c.name.as_str()));
-        self.shared.driver.kill_pod(&observed, grace).await?;
+        for name in self.shared.driver.kill_pod(&self.pod, &observed, grace).await? {
+            self.failed_pre_stop(&name);
+        }
         let observed = self.shared.observer.pod(uid).await?;
         self.shared.driver.remove_pod(uid, &observed).await?;
         let log_dir = crate::runtime::config::pod_log_dir(&self.shared.pod_logs_dir, &self.pod);
@@ -402,8 +465,9 @@ pub fn now() -> Nanos {
 pub fn spawn_terminator(pod: Pod, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
     let (tx, _rx) = mpsc::unbounded_channel();
     let uid = spec::uid(&pod).to_string();
+    let probers = Probers::new(&tx);
     tokio::spawn(async move {
-        Worker::new(pod, shared).terminate().await;
+        Worker::new(pod, shared, probers).terminate().await;
         let _ = done.send(uid);
     });
     Handle { tx, terminating: true }

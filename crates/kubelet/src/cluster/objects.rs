@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 
 use crate::pod::spec;
@@ -41,6 +41,21 @@ impl ObjectSource {
 
     pub async fn secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, String> {
         Api::<Secret>::namespaced(self.client.clone(), ns).get_opt(name).await.map_err(|e| e.to_string())
+    }
+
+    /// The services whose variables a pod in `ns` may get: those of `ns` (when `links`) and the
+    /// API server's own `default/kubernetes`. Read fresh per container start (no watch cache).
+    pub async fn services(&self, ns: &str, links: bool) -> Result<Vec<Service>, String> {
+        let mut services = match Api::<Service>::namespaced(self.client.clone(), "default").get_opt("kubernetes").await
+        {
+            Ok(master) => master.into_iter().collect::<Vec<_>>(),
+            Err(e) => return Err(format!("cannot read the kubernetes service: {e}")),
+        };
+        if links {
+            let list = Api::<Service>::namespaced(self.client.clone(), ns).list(&ListParams::default()).await;
+            services.extend(list.map_err(|e| format!("cannot list services in {ns}: {e}"))?.items);
+        }
+        Ok(services)
     }
 
     /// A token for the pod's service account, bound to the pod.

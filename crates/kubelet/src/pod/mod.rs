@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod gc;
 pub mod observed;
 pub mod plan;
+pub mod probe;
 pub mod qos;
 pub mod resources;
 pub mod spec;

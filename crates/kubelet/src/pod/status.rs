@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::probe::{self, Health};
 use super::spec::{self, RestartPolicy};
 use super::{ContainerInfo, ContainerState, Nanos, ObservedPod};
 
@@ -24,6 +25,8 @@ pub struct Input<'a> {
     pub observed: &'a ObservedPod,
     /// Waiting reasons from the last sync, by container name.
     pub waiting: &'a HashMap<String, Waiting>,
+    /// What the probes report, by container ID.
+    pub health: &'a HashMap<String, Health>,
     /// `runtimeName` from CRI Version, the prefix of container IDs (`containerd://…`).
     pub runtime_name: &'a str,
     pub host_ip: Option<&'a str>,
@@ -80,18 +83,15 @@ fn container_status(input: &Input, c: &Container, init: bool) -> ContainerStatus
         },
     };
     let is_running = latest.is_some_and(|i| i.state == ContainerState::Running);
+    let (started, ready) = probe::status_of(c, is_running, latest.and_then(|i| input.health.get(&i.id)));
     ContainerStatus {
         name: c.name.clone(),
         image: c.image.clone().unwrap_or_default(),
         image_id: latest.map(|i| i.image_ref.clone()).unwrap_or_default(),
         container_id: latest.map(|i| format!("{}://{}", input.runtime_name, i.id)),
         restart_count: latest.map_or(0, |i| i.attempt as i32),
-        ready: if init {
-            latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
-        } else {
-            is_running
-        },
-        started: Some(is_running),
+        ready: if init { latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0) } else { ready },
+        started: Some(started),
         state: Some(state),
         last_state: last_state.or_else(|| Some(ApiState::default())),
         ..Default::default()

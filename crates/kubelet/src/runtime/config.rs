@@ -149,6 +149,8 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
         (labels::CONTAINER_HASH.to_string(), spec::container_hash(c)),
         (labels::RESTART_COUNT.to_string(), ctx.attempt.to_string()),
         (labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string()),
+        (labels::TERMINATION_MESSAGE_PATH.to_string(), super::termination::container_path(c).to_string()),
+        (labels::TERMINATION_MESSAGE_POLICY.to_string(), super::termination::policy(c).to_string()),
     ]);
     let fields = downward::Fields {
         node: ctx.node.to_string(),

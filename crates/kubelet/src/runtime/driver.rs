@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::cgroups::{self, CgroupFs};
 use super::config::{self, ContainerContext, SandboxContext};
 use super::env::{self, EnvObjects};
+use super::handlers::Target;
 use super::security::{self, ImageUser, NodeSecurity};
-use super::{dns, downward, hosts, volumes};
+use super::{dns, downward, hooks, hosts, service_env, termination, volumes};
 use crate::agent::events::{EventType, Recorder};
 use crate::cluster::objects::ObjectSource;
 use crate::config::PodSettings;
@@ -135,6 +136,19 @@ impl Driver {
     async fn env_objects(&self, pod: &Pod, c: &Container) -> Result<EnvObjects, StartError> {
         let (cms, secrets) = env::referenced(c);
         let mut out = EnvObjects::default();
+        let ns = spec::namespace(pod);
+        let failed = |m: String| StartError::new("CreateContainerConfigError", m);
+        if let Some(source) = &self.objects {
+            let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+            match source.services(ns, links).await {
+                Ok(services) => out.services = service_env::for_pod(pod, &services),
+                // Static pods must run while the API server does not (it may be one of them).
+                Err(e) if !crate::cluster::is_api_pod(pod) => {
+                    tracing::warn!(pod = %spec::full_name(pod), error = %e, "starting static pod without service environment variables");
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
         if cms.is_empty() && secrets.is_empty() {
             return Ok(out);
         }
@@ -144,8 +158,6 @@ impl Driver {
                 "env refers to API objects but there is no API server",
             ));
         };
-        let ns = spec::namespace(pod);
-        let failed = |m: String| StartError::new("CreateContainerConfigError", m);
         for name in cms {
             if let Some(cm) = source.config_map(ns, &name).await.map_err(failed)? {
                 out.config_maps.insert(name, cm);
@@ -286,6 +298,7 @@ impl Driver {
         let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
         let mut mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
+        mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
         let image_user = self.image_user(c).await?;
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
@@ -321,7 +334,40 @@ impl Driver {
             .start_container(api::StartContainerRequest { container_id: id.clone() })
             .await
             .map_err(|e| StartError::new("RunContainerError", e.to_string()))?;
+        if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let target = Target::new(&self.cri.runtime, &id, c, pod, pod_ip);
+            if let Err(message) = hooks::run(target, pod, hook).await {
+                // Upstream kills the container (preStop included) and reports it as not started.
+                if let (Err(e), _) = self.stop_container(pod, &c.name, &id, Self::grace(pod), pod_ip).await {
+                    tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %e, "cannot stop container after its postStart hook failed");
+                }
+                return Err(StartError::new("PostStartHookError", message));
+            }
+        }
         Ok(Started { id })
+    }
+
+    /// The bind mount of the container's termination message file (a fresh, empty host file
+    /// per instance), unless the container has no `terminationMessagePath`.
+    fn termination_message_mount(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        attempt: u32,
+    ) -> Result<Option<api::Mount>, StartError> {
+        let container_path = termination::container_path(c);
+        if container_path.is_empty() {
+            return Ok(None);
+        }
+        let host = termination::host_file(&volumes::pod_dir(&self.root_dir, spec::uid(pod)), &c.name, attempt);
+        termination::create(&host).map_err(|e| {
+            StartError::new("CreateContainerConfigError", format!("cannot create {}: {e}", host.display()))
+        })?;
+        Ok(Some(api::Mount {
+            container_path: container_path.to_string(),
+            host_path: host.to_string_lossy().into_owned(),
+            ..Default::default()
+        }))
     }
 
     /// Stops one container with the given grace period; a container that is already gone is
@@ -330,15 +376,53 @@ impl Driver {
         already_gone_is_ok(self.cri.runtime.stop_container(id, grace).await)
     }
 
-    /// Stops every running container of the pod at once, then its sandboxes.
-    pub async fn kill_pod(&self, observed: &ObservedPod, grace: Duration) -> Result<(), CriError> {
-        let stops = observed.running().map(|c| self.kill_container(&c.id, grace));
-        join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    /// Stops one container of `pod`: its preStop hook first, bounded by the grace period, then
+    /// StopContainer with what is left of it (at least 2 s). Returns whether preStop failed.
+    pub async fn stop_container(
+        &self,
+        pod: &Pod,
+        name: &str,
+        id: &str,
+        grace: Duration,
+        pod_ip: Option<&str>,
+    ) -> (Result<(), CriError>, bool) {
+        let hook = spec::containers(pod)
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| Some((s, s.lifecycle.as_ref()?.pre_stop.as_ref()?)));
+        let mut grace_left = grace;
+        let mut hook_failed = false;
+        if let Some((container, hook)) = hook.filter(|_| !grace.is_zero()) {
+            let target = Target::new(&self.cri.runtime, id, container, pod, pod_ip);
+            let started = std::time::Instant::now();
+            hook_failed = match tokio::time::timeout(grace, hooks::run(target, pod, hook)).await {
+                Ok(Ok(())) => false,
+                Ok(Err(message)) => {
+                    tracing::warn!(pod = %spec::full_name(pod), container = name, error = %message, "preStop hook failed");
+                    true
+                }
+                // Not finishing within the grace period is not a failure; StopContainer follows.
+                Err(_) => false,
+            };
+            grace_left = hooks::remaining_grace(grace, started.elapsed());
+        }
+        (self.kill_container(id, grace_left).await, hook_failed)
+    }
+
+    /// Stops every running container of the pod at once (each after its preStop hook), then
+    /// its sandboxes. Returns the containers whose preStop hook failed.
+    pub async fn kill_pod(&self, pod: &Pod, observed: &ObservedPod, grace: Duration) -> Result<Vec<String>, CriError> {
+        let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
+        let stops = observed.running().map(|c| async move {
+            let (result, hook_failed) = self.stop_container(pod, &c.name, &c.id, grace, pod_ip).await;
+            result.map(|()| hook_failed.then(|| c.name.clone()))
+        });
+        let failed_hooks = join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         for s in observed.sandboxes.iter().filter(|s| s.ready) {
             let request = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
             already_gone_is_ok(self.cri.runtime.stop_pod_sandbox(request).await)?;
         }
-        Ok(())
+        Ok(failed_hooks.into_iter().flatten().collect())
     }
 
     pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {

@@ -13,6 +13,8 @@ use super::downward;
 pub struct EnvObjects {
     pub config_maps: HashMap<String, ConfigMap>,
     pub secrets: HashMap<String, Secret>,
+    /// Service environment variables; explicit ones override them.
+    pub services: Vec<(String, String)>,
 }
 
 /// ConfigMap and Secret names the container's environment refers to.
@@ -82,10 +84,7 @@ pub fn resolve(pod: &Pod, c: &Container, fields: &downward::Fields, objects: &En
     }
     for e in c.env.iter().flatten() {
         let value = match &e.value_from {
-            None => {
-                let defined: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                expand(e.value.as_deref().unwrap_or_default(), &defined)
-            }
+            None => expand(e.value.as_deref().unwrap_or_default(), &defined(&envs, &objects.services)),
             Some(_) => match value_from(pod, ns, c, e, fields, objects)? {
                 Some(v) => v,
                 None => continue,
@@ -93,10 +92,20 @@ pub fn resolve(pod: &Pod, c: &Container, fields: &downward::Fields, objects: &En
         };
         set(&mut envs, e.name.clone(), value);
     }
-    let defined: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    for (k, v) in &objects.services {
+        if !envs.iter().any(|(n, _)| n == k) {
+            envs.push((k.clone(), v.clone()));
+        }
+    }
+    let defined = defined(&envs, &[]);
     let expand_all = |v: &Option<Vec<String>>| v.iter().flatten().map(|s| expand(s, &defined)).collect();
     let (command, args) = (expand_all(&c.command), expand_all(&c.args));
     Ok(Resolved { envs, command, args })
+}
+
+/// The variables `$(VAR)` can refer to: those defined so far, then the service variables.
+fn defined<'a>(envs: &'a [(String, String)], services: &'a [(String, String)]) -> HashMap<&'a str, &'a str> {
+    services.iter().chain(envs).map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 /// `Ok(None)`: an optional reference that is missing, so the variable is left out.
@@ -244,7 +253,11 @@ mod tests {
         };
         let secret =
             Secret { data: Some([("pw".to_string(), ByteString(b"hunter2".to_vec()))].into()), ..Default::default() };
-        EnvObjects { config_maps: [("cfg".to_string(), cm)].into(), secrets: [("s".to_string(), secret)].into() }
+        EnvObjects {
+            config_maps: [("cfg".to_string(), cm)].into(),
+            secrets: [("s".to_string(), secret)].into(),
+            services: vec![],
+        }
     }
 
     fn run(c: Container) -> Result<Resolved, String> {
@@ -286,6 +299,25 @@ mod tests {
         );
         assert_eq!(r.command, ["echo", "db:5432/$(LATER)"]);
         assert_eq!(r.args, ["$(PW)", "hunter2"]);
+    }
+
+    #[test]
+    fn service_variables_come_last_and_explicit_env_overrides_them() {
+        let c = Container {
+            env: Some(vec![env("URL", "http://$(WEB_SERVICE_HOST)"), env("WEB_SERVICE_PORT", "8080")]),
+            args: Some(vec!["$(WEB_SERVICE_PORT)".into()]),
+            ..Default::default()
+        };
+        let services = vec![("WEB_SERVICE_HOST".into(), "10.96.0.3".into()), ("WEB_SERVICE_PORT".into(), "80".into())];
+        let p = pod(c);
+        let objects = EnvObjects { services, ..objects() };
+        let r = resolve(&p, &p.spec.as_ref().unwrap().containers[0], &downward::Fields::default(), &objects).unwrap();
+        let envs: Vec<(&str, &str)> = r.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            envs,
+            [("URL", "http://10.96.0.3"), ("WEB_SERVICE_PORT", "8080"), ("WEB_SERVICE_HOST", "10.96.0.3")]
+        );
+        assert_eq!(r.args, ["8080"]);
     }
 
     #[test]

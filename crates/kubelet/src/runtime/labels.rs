@@ -14,6 +14,8 @@ pub const NODE: &str = "gantry.dev/node";
 pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 pub const GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
+pub const TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+pub const TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
 
 /// Identity labels of a pod's sandbox.
 pub fn sandbox(node: &str, name: &str, namespace: &str, uid: &str) -> HashMap<String, String> {

@@ -8,11 +8,16 @@ mod dns;
 mod downward;
 mod driver;
 mod env;
+pub mod handlers;
+pub mod hooks;
 mod hosts;
+pub mod http_get;
 pub mod labels;
 pub mod observe;
 pub mod projection;
 mod security;
+mod service_env;
+pub mod termination;
 mod volumes;
 
 pub use driver::{Driver, StartError, Started};

@@ -134,7 +134,13 @@ impl Observer {
             Err(e) => return Err(e),
         };
         let Some(status) = status else { return Ok(None) };
-        let info = container_info(&c, status);
+        let mut info = container_info(&c, &status);
+        if info.state == ContainerState::Exited {
+            let written = super::termination::read(&status);
+            if !written.is_empty() {
+                info.message = if info.message.is_empty() { written } else { format!("{}: {written}", info.message) };
+            }
+        }
         self.containers.lock().unwrap().insert(c.id.clone(), info.clone());
         Ok(Some(info))
     }
@@ -157,7 +163,7 @@ fn state_of(raw: i32) -> ContainerState {
     }
 }
 
-fn container_info(c: &api::Container, status: api::ContainerStatus) -> ContainerInfo {
+fn container_info(c: &api::Container, status: &api::ContainerStatus) -> ContainerInfo {
     let metadata = c.metadata.clone().unwrap_or_default();
     ContainerInfo {
         id: c.id.clone(),
@@ -169,10 +175,10 @@ fn container_info(c: &api::Container, status: api::ContainerStatus) -> Container
         started_at: status.started_at,
         finished_at: status.finished_at,
         exit_code: status.exit_code,
-        reason: status.reason,
-        message: status.message,
-        image: status.image.map(|i| i.image).unwrap_or_default(),
-        image_ref: status.image_ref,
+        reason: status.reason.clone(),
+        message: status.message.clone(),
+        image: status.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
+        image_ref: status.image_ref.clone(),
         spec_hash: c.annotations.get(labels::CONTAINER_HASH).cloned().unwrap_or_default(),
     }
 }

@@ -59,6 +59,7 @@ fn status_of(pod: &Pod, containers: Vec<ContainerInfo>, waiting: &HashMap<String
         pod,
         observed: &observed,
         waiting,
+        health: &HashMap::new(),
         runtime_name: "containerd",
         host_ip: Some("192.0.2.1"),
         start_time: Some(NOW - 20 * SECOND),
@@ -152,6 +153,7 @@ fn condition_transition_time_is_kept_while_status_is_unchanged() {
         pod: &p,
         observed: &observed,
         waiting: &HashMap::new(),
+        health: &HashMap::new(),
         runtime_name: "containerd",
         host_ip: None,
         start_time: None,
@@ -189,4 +191,35 @@ fn conditions_owned_by_others_are_kept() {
     assert_eq!(condition(&s, "DisruptionTarget").status, "True");
     assert_eq!(condition(&s, "Ready").status, "True", "our own conditions are recomputed");
     assert_eq!(s.conditions.unwrap().iter().filter(|c| c.type_ == "Ready").count(), 1);
+}
+
+#[test]
+fn readiness_probe_drives_container_and_pod_readiness() {
+    let mut p = pod(&[], &["a"], "Always");
+    p.spec.as_mut().unwrap().containers[0].readiness_probe = Some(Default::default());
+    let observed =
+        ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
+    let with = |health: &HashMap<String, Health>| {
+        compute(&Input {
+            pod: &p,
+            observed: &observed,
+            waiting: &HashMap::new(),
+            health,
+            runtime_name: "containerd",
+            host_ip: None,
+            start_time: None,
+            previous: None,
+            now: NOW,
+        })
+    };
+    let unknown = with(&HashMap::new());
+    assert!(!unknown.container_statuses.as_ref().unwrap()[0].ready, "not ready before the first probe");
+    assert_eq!(condition(&unknown, "Ready").status, "False");
+    assert_eq!(condition(&unknown, "ContainersReady").message.as_deref(), Some("containers with unready status: [a]"));
+    let ready = with(&HashMap::from([("a0".to_string(), Health { started: true, ready: true, failed: None })]));
+    assert!(ready.container_statuses.as_ref().unwrap()[0].ready);
+    assert_eq!(condition(&ready, "Ready").status, "True");
+    let not_started = with(&HashMap::from([("a0".to_string(), Health::default())]));
+    assert_eq!(not_started.container_statuses.as_ref().unwrap()[0].started, Some(false));
+    assert_eq!(condition(&not_started, "Ready").status, "False");
 }

@@ -419,8 +419,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "register-schedulable",
     "rotate-certificates",
     "rotate-server-certificates",
-    "seccomp-default",
-    "serialize-image-pulls",
 ];
 
 /// Hidden compatibility flags; see the module documentation.

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::cluster;
-use common::{Env, eventually, pod_yaml};
+use common::{Env, container_output, eventually, pod_yaml};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -20,23 +20,6 @@ fn pod(node: &str, name: &str, command: &str, extra_spec: &str, container: &str)
     );
     let yaml = format!("{}{container}", pod_yaml(name, command, &spec));
     serde_yaml_ng::from_str(&yaml).unwrap()
-}
-
-/// What the pod's `main` container printed so far, without the CRI prefixes.
-fn output(env: &Env, pod: &str) -> String {
-    let mut out = String::new();
-    for dir in std::fs::read_dir(&env.pod_logs).into_iter().flatten().flatten() {
-        if !dir.file_name().to_string_lossy().starts_with(&format!("default_{pod}_")) {
-            continue;
-        }
-        for log in std::fs::read_dir(dir.path().join("main")).into_iter().flatten().flatten() {
-            for line in std::fs::read_to_string(log.path()).unwrap_or_default().lines() {
-                out.push_str(line.splitn(4, ' ').nth(3).unwrap_or_default());
-                out.push('\n');
-            }
-        }
-    }
-    out
 }
 
 /// Waits for an event with `reason` about the pod `name`, and returns its note.
@@ -55,7 +38,7 @@ async fn event(client: kube::Client, gantry: &common::Gantry, name: &str, reason
 /// Runs the container's command until it printed `END`, and returns the output.
 async fn report(env: &Env, gantry: &common::Gantry, name: &str) -> String {
     eventually(&format!("the report of {name}"), gantry, || async {
-        let out = output(env, name);
+        let out = container_output(env, name);
         out.contains("END").then_some(out)
     })
     .await

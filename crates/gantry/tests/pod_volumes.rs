@@ -5,7 +5,7 @@
 mod common;
 
 use common::cluster;
-use common::{Env, eventually, pod_yaml};
+use common::{container_output, eventually, pod_yaml};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::Api;
@@ -17,23 +17,6 @@ fn pod(node: &str, name: &str, command: &str, extra_spec: &str, container: &str)
     let spec = format!("  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n{extra_spec}");
     let yaml = format!("{}{container}", pod_yaml(name, command, &spec));
     serde_yaml_ng::from_str(&yaml).unwrap()
-}
-
-/// What the pod's `main` container printed so far (all attempts), without the CRI prefixes.
-fn output(env: &Env, pod: &str) -> String {
-    let mut out = String::new();
-    for dir in std::fs::read_dir(&env.pod_logs).into_iter().flatten().flatten() {
-        if !dir.file_name().to_string_lossy().starts_with(&format!("default_{pod}_")) {
-            continue;
-        }
-        for log in std::fs::read_dir(dir.path().join("main")).into_iter().flatten().flatten() {
-            for line in std::fs::read_to_string(log.path()).unwrap_or_default().lines() {
-                out.push_str(line.splitn(4, ' ').nth(3).unwrap_or_default());
-                out.push('\n');
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test]
@@ -50,7 +33,7 @@ async fn default_service_account_volume_gives_a_valid_token_and_ca() {
     assert!(volumes.iter().any(|v| v.name.starts_with("kube-api-access-")), "admission injected the volume");
 
     let out = eventually("the token and ca.crt in the container", &gantry, || async {
-        let out = output(&env, "sa");
+        let out = container_output(&env, "sa");
         out.contains("END CERTIFICATE").then_some(out)
     })
     .await;
@@ -83,13 +66,15 @@ async fn config_map_change_appears_in_the_mounted_file() {
     let command = "while true; do echo SEEN=$(cat /cfg/greeting); sleep 1; done";
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     pods.create(&PostParams::default(), &pod(&env.node, "cfgpod", command, spec, mounts)).await.unwrap();
-    eventually("the first value", &gantry, || async { output(&env, "cfgpod").contains("SEEN=hello-v1").then_some(()) })
-        .await;
+    eventually("the first value", &gantry, || async {
+        container_output(&env, "cfgpod").contains("SEEN=hello-v1").then_some(())
+    })
+    .await;
 
     let patch = serde_json::json!({"data": {"greeting": "hello-v2"}});
     cms.patch("live", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     eventually("the updated value", &gantry, || async {
-        output(&env, "cfgpod").contains("SEEN=hello-v2").then_some(())
+        container_output(&env, "cfgpod").contains("SEEN=hello-v2").then_some(())
     })
     .await;
     cluster.cleanup(&env.node).await;
@@ -164,7 +149,7 @@ async fn secret_items_modes_and_downward_api() {
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     pods.create(&PostParams::default(), &p).await.unwrap();
     let out = eventually("the container's report", &gantry, || async {
-        let out = output(&env, "files");
+        let out = container_output(&env, "files");
         out.contains("GREETING=").then_some(out)
     })
     .await;

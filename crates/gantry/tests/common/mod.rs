@@ -238,3 +238,20 @@ spec:
 pub fn static_name(name: &str) -> String {
     format!("{name}-{NODE}")
 }
+
+/// What the pod's `main` container printed so far (all attempts), without the CRI prefixes.
+pub fn container_output(env: &Env, pod: &str) -> String {
+    let mut out = String::new();
+    for dir in std::fs::read_dir(&env.pod_logs).into_iter().flatten().flatten() {
+        if !dir.file_name().to_string_lossy().starts_with(&format!("default_{pod}_")) {
+            continue;
+        }
+        for log in std::fs::read_dir(dir.path().join("main")).into_iter().flatten().flatten() {
+            for line in std::fs::read_to_string(log.path()).unwrap_or_default().lines() {
+                out.push_str(line.splitn(4, ' ').nth(3).unwrap_or_default());
+                out.push('\n');
+            }
+        }
+    }
+    out
+}

@@ -58,6 +58,14 @@ impl Cluster {
         }
     }
 
+    /// A kubeconfig with cluster-admin rights, for processes the test starts (controllers).
+    pub fn admin_kubeconfig(&self, dir: &Path) -> PathBuf {
+        match self {
+            Cluster::Test(server) => server.kubeconfig(dir, &User::Admin),
+            Cluster::Real(path) => path.clone(),
+        }
+    }
+
     pub async fn admin(&self) -> kube::Client {
         match self {
             Cluster::Test(server) => server.client(&User::Admin).await,

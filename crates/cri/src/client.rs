@@ -213,8 +213,19 @@ impl ImageClient {
     rpcs! {
         list_images => "ListImages": api::ListImagesRequest => api::ListImagesResponse;
         image_status => "ImageStatus": api::ImageStatusRequest => api::ImageStatusResponse;
-        pull_image => "PullImage": api::PullImageRequest => api::PullImageResponse;
         remove_image => "RemoveImage": api::RemoveImageRequest => api::RemoveImageResponse;
         image_fs_info => "ImageFsInfo": api::ImageFsInfoRequest => api::ImageFsInfoResponse;
+    }
+}
+
+impl ImageClient {
+    /// PullImage has no deadline of ours, as upstream: a large image on a slow link may need
+    /// longer than any per-call timeout, and the runtime bounds a stalled pull itself.
+    pub async fn pull_image(&self, req: api::PullImageRequest) -> Result<api::PullImageResponse, CriError> {
+        let mut client = self.inner.clone();
+        match client.pull_image(tonic::Request::new(req)).await {
+            Ok(resp) => Ok(resp.into_inner()),
+            Err(status) => Err(CriError::call("PullImage", status)),
+        }
     }
 }

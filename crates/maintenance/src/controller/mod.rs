@@ -134,3 +134,56 @@ fn error_policy(m: Arc<NodeMaintenance>, error: &ControllerError, _: Arc<Context
     tracing::warn!(maintenance = name, error = %error, "reconcile failed; retrying");
     Action::requeue(ERROR_RETRY)
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+
+    /// What the controller calls, as (API group, resource, verb); `deploy/controller.yaml` must
+    /// grant exactly these.
+    const CALLS: &[(&str, &str, &str)] = &[
+        ("maintenance.gantry.dev", "nodemaintenances", "get"),
+        ("maintenance.gantry.dev", "nodemaintenances", "list"),
+        ("maintenance.gantry.dev", "nodemaintenances", "watch"),
+        ("maintenance.gantry.dev", "nodemaintenances", "patch"),
+        ("maintenance.gantry.dev", "nodemaintenances/status", "patch"),
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "nodes", "patch"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods/eviction", "create"),
+        ("policy", "poddisruptionbudgets", "get"),
+        ("policy", "poddisruptionbudgets", "list"),
+        ("policy", "poddisruptionbudgets", "watch"),
+        ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
+    ];
+
+    #[test]
+    fn deployed_cluster_role_grants_exactly_what_the_controller_calls() {
+        let manifests = include_str!("../../../../deploy/controller.yaml");
+        let role: ClusterRole = manifests
+            .split("\n---\n")
+            .find(|doc| doc.contains("kind: ClusterRole\n"))
+            .map(|doc| serde_yaml_ng::from_str(doc).expect("the ClusterRole parses"))
+            .expect("a ClusterRole");
+        let mut granted: Vec<(String, String, String)> = Vec::new();
+        for rule in role.rules.unwrap_or_default() {
+            for group in rule.api_groups.unwrap_or_default() {
+                for resource in rule.resources.clone().unwrap_or_default() {
+                    for verb in &rule.verbs {
+                        granted.push((group.clone(), resource.clone(), verb.clone()));
+                    }
+                }
+            }
+        }
+        let mut wanted: Vec<(String, String, String)> =
+            CALLS.iter().map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string())).collect();
+        granted.sort();
+        wanted.sort();
+        assert_eq!(granted, wanted);
+    }
+}

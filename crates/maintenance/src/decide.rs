@@ -72,10 +72,13 @@ pub fn decide(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Decision
             cordon(m, cluster, &mut d);
             drain(m, cluster, now, &mut d);
         }
-        Stage::Complete => {
+        // Without the finalizer the restore already happened (or nothing was ever touched);
+        // doing it again would undo cordons made by others since.
+        Stage::Complete if has_finalizer => {
             complete(m, cluster, &mut d);
-            d.remove_finalizer = has_finalizer;
+            d.remove_finalizer = true;
         }
+        Stage::Complete => {}
     }
     d
 }

@@ -140,3 +140,15 @@ fn condition_keeps_its_transition_time_while_unchanged() {
         condition(&first, CONDITION_DRAINED).unwrap().last_transition_time
     );
 }
+
+#[test]
+fn a_finished_maintenance_leaves_later_cordons_alone() {
+    let mut m = maintenance("m", &["n1"], Stage::Complete, vec![]);
+    m.status.get_or_insert_default().node_statuses.push(NodeStatus {
+        node_name: "n1".into(),
+        was_unschedulable: Some(false),
+        ..Default::default()
+    });
+    let d = decide_one(&m, &[cordoned(node("n1", &[]))], &[]);
+    assert!(d.uncordon.is_empty() && d.untaint.is_empty() && !d.remove_finalizer);
+}

@@ -49,6 +49,16 @@ async fn install_crd(client: &kube::Client) {
     }
 }
 
+/// A Gantry node that has registered, and an admin client of a cluster that knows the CRD.
+async fn registered_node_with_crd(env: &common::Env, cluster: &Cluster) -> (Gantry, kube::Client) {
+    let gantry = cluster::start_node(env, cluster);
+    let client = cluster.admin().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("the node to register", &gantry, || async { nodes.get_opt(&env.node).await.ok().flatten() }).await;
+    install_crd(&client).await;
+    (gantry, client)
+}
+
 fn web_pod(node: &str, name: &str, app: &str) -> Pod {
     let spec =
         format!("  nodeName: {node}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n");
@@ -73,12 +83,9 @@ fn unschedulable(node: &Node) -> bool {
 #[tokio::test]
 async fn drain_waits_for_the_pdb_then_complete_restores_the_node() {
     let Some((env, cluster)) = cluster::setup().await else { return };
-    let gantry: Gantry = cluster::start_node(&env, &cluster);
-    let client = cluster.admin().await;
+    let (gantry, client) = registered_node_with_crd(&env, &cluster).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let node = env.node.clone();
-    eventually("the node to register", &gantry, || async { nodes.get_opt(&node).await.ok().flatten() }).await;
-    install_crd(&client).await;
     // Another schedulable node, so the safety check does not refuse the maintenance.
     let spare = cluster.unique_node_name("spare");
     let spare_node: Node = serde_json::from_value(json!({"metadata": {"name": spare}})).unwrap();
@@ -176,12 +183,9 @@ fn maintenance_for(name: &str, nodes: &[&str], stage: &str) -> NodeMaintenance {
 #[tokio::test]
 async fn deleting_a_maintenance_restores_exactly_the_previous_cordon_state() {
     let Some((env, cluster)) = cluster::setup().await else { return };
-    let gantry: Gantry = cluster::start_node(&env, &cluster);
-    let client = cluster.admin().await;
+    let (gantry, client) = registered_node_with_crd(&env, &cluster).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let node = env.node.clone();
-    eventually("the node to register", &gantry, || async { nodes.get_opt(&node).await.ok().flatten() }).await;
-    install_crd(&client).await;
     let (spare, other) = (cluster.unique_node_name("spare"), cluster.unique_node_name("other"));
     for extra in [&spare, &other] {
         let n: Node = serde_json::from_value(json!({"metadata": {"name": extra}})).unwrap();

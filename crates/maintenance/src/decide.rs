@@ -120,6 +120,14 @@ fn cordon(m: &NodeMaintenance, cluster: Cluster, d: &mut Decision) {
         }
         d.status.node_statuses.push(status);
     }
+    // A node that no longer matches (relabelled, or gone) keeps its memory, so Complete can
+    // still restore it.
+    let kept: Vec<NodeStatus> = old
+        .into_iter()
+        .filter(|s| s.was_unschedulable.is_some())
+        .filter(|s| !d.status.node_statuses.iter().any(|n| n.node_name == s.node_name))
+        .collect();
+    d.status.node_statuses.extend(kept);
 }
 
 fn drain(m: &NodeMaintenance, cluster: Cluster, now: Timestamp, d: &mut Decision) {

@@ -152,3 +152,19 @@ fn a_finished_maintenance_leaves_later_cordons_alone() {
     let d = decide_one(&m, &[cordoned(node("n1", &[]))], &[]);
     assert!(d.uncordon.is_empty() && d.untaint.is_empty() && !d.remove_finalizer);
 }
+
+#[test]
+fn a_node_that_stops_matching_keeps_its_cordon_memory_for_complete() {
+    let mut m = with_finalizer(maintenance("m", &["n1"], Stage::Cordon, vec![]));
+    m.status.get_or_insert_default().node_statuses.push(NodeStatus {
+        node_name: "gone-from-selector".into(),
+        was_unschedulable: Some(false),
+        ..Default::default()
+    });
+    let nodes = [node("n1", &[]), cordoned(node("gone-from-selector", &[])), node("spare", &[])];
+    let d = decide_one(&m, &nodes, &[]);
+    assert!(d.status.node_statuses.iter().any(|s| s.node_name == "gone-from-selector"));
+    m.spec.stage = Stage::Complete;
+    m.status = Some(d.status);
+    assert_eq!(decide_one(&m, &nodes, &[]).uncordon, vec!["gone-from-selector".to_string()]);
+}

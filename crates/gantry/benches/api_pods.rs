@@ -183,13 +183,21 @@ async fn resources(pid: u32, pods: usize) {
     tokio::time::sleep(window).await;
     let cpu = (ticks(pid) - before) as f64 / 100.0 / window.as_secs_f64();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
+    let field = |name: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let mib = |name: &str| field(name) / 1024.0;
+    // Anonymous memory is what the agent allocates; file-backed is the binary's touched pages.
     println!(
-        "api_pods: pods={pods} gantry_rss={:.1}MiB gantry_cpu={cpu:.4}cores (steady state, {window:?})",
-        rss_kib / 1024.0
+        "api_pods: pods={pods} gantry_rss={:.1}MiB (anon {:.1}, file {:.1}) threads={} gantry_cpu={cpu:.4}cores \
+         (steady state, {window:?})",
+        mib("VmRSS:"),
+        mib("RssAnon:"),
+        mib("RssFile:"),
+        field("Threads:"),
     );
 }

@@ -65,6 +65,15 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "resolvConf",
     "allowedUnsafeSysctls",
     "seccompDefault",
+    "enableServer",
+    "address",
+    "readOnlyPort",
+    "tlsCertFile",
+    "tlsPrivateKeyFile",
+    "authentication",
+    "authorization",
+    "healthzPort",
+    "healthzBindAddress",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

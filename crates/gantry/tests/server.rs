@@ -44,7 +44,8 @@ fn with_query(path: &str, pairs: &[(&str, &str)]) -> String {
 }
 
 async fn wait_running(gantry: &Gantry, name: &str) -> Pod {
-    eventually(&format!("pod {name} running"), gantry, || async { gantry.pod_in_phase(name, "Running") }).await
+    eventually(&format!("pod {name} running"), gantry, || async { gantry.pod_in_phase(&static_name(name), "Running") })
+        .await
 }
 
 /// Reads frames until `done` says the collected per-channel output is complete, or the
@@ -309,19 +310,22 @@ async fn run_errors_and_disconnects() {
     assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (400, "Upgrade request required".into()));
 
     // A client that goes away mid-stream: the runtime's exec session ends, the agent lives on.
-    let path =
-        with_query(&format!("/exec/default/{pod}/main"), &[("command", "sleep"), ("command", "7777"), ("output", "1")]);
+    // containerd runs exec'd processes detached from the request, but closes their stdin when
+    // the stream ends: a process reading stdin ends when the client is gone.
+    let script = "cat >/dev/null; echo tick-7777";
+    let exec_args = [("command", "sh"), ("command", "-c"), ("command", script), ("input", "1"), ("output", "1")];
+    let path = with_query(&format!("/exec/default/{pod}/main"), &exec_args);
     let ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
     let ps = api.url(&format!("/run/default/{pod}/main?cmd=ps"));
-    eventually("the exec'd sleep to run", &gantry, || async {
+    eventually("the exec'd loop to run", &gantry, || async {
         let out = client.post(&ps).send().await.ok()?.text().await.ok()?;
-        out.contains("sleep 7777").then_some(())
+        out.contains("tick-7777").then_some(())
     })
     .await;
     drop(ws);
-    eventually("the exec'd sleep to end after the client left", &gantry, || async {
+    eventually("the exec'd loop to end after the client left", &gantry, || async {
         let out = client.post(&ps).send().await.ok()?.text().await.ok()?;
-        (!out.contains("sleep 7777")).then_some(())
+        (!out.contains("tick-7777")).then_some(())
     })
     .await;
     let resp = client.get(api.url("/healthz")).send().await.unwrap();

@@ -82,12 +82,18 @@ fn stdin_frame(data: &str) -> Message {
 
 /// Standalone node: client certificates from the test CA, AlwaysAllow.
 async fn standalone(pods: &[(&str, String)]) -> Option<(Env, NodeApi, Gantry, Identity)> {
+    standalone_with(pods, &[]).await
+}
+
+async fn standalone_with(pods: &[(&str, String)], extra: &[&str]) -> Option<(Env, NodeApi, Gantry, Identity)> {
     let env = Env::start().await?;
     for (file, yaml) in pods {
         env.write_manifest(file, yaml);
     }
     let api = NodeApi::new(&env.ctd.dir());
-    let gantry = start(&env, &api, &["--authorization-mode=AlwaysAllow"]).await;
+    let mut flags = vec!["--authorization-mode=AlwaysAllow"];
+    flags.extend_from_slice(extra);
+    let gantry = start(&env, &api, &flags).await;
     let alice = api.ca.client("alice", &["dev"]);
     Some((env, api, gantry, alice))
 }
@@ -95,8 +101,20 @@ async fn standalone(pods: &[(&str, String)]) -> Option<(Env, NodeApi, Gantry, Id
 #[tokio::test(flavor = "multi_thread")]
 async fn healthz_pods_and_client_certificates() {
     let sleeper = pod_yaml("sleeper", "sleep 3600", "");
-    let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
+    let read_only = common::node_api::free_port();
+    let flag = format!("--read-only-port={read_only}");
+    let Some((_env, api, gantry, alice)) = standalone_with(&[("sleeper.yaml", sleeper)], &[&flag]).await else {
+        return;
+    };
     wait_running(&gantry, "sleeper").await;
+
+    // The read-only port: plain HTTP, no authentication, read-only endpoints only.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = plain.get(format!("http://127.0.0.1:{read_only}/pods")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.text().await.unwrap().contains(&static_name("sleeper")));
+    let exec = format!("http://127.0.0.1:{read_only}/exec/default/{}/main?command=ls&output=1", static_name("sleeper"));
+    assert_eq!(plain.post(exec).send().await.unwrap().status().as_u16(), 404, "no exec on the read-only port");
 
     // /healthz on the secure port too.
     let resp = api.client(Some(&alice)).get(api.url("/healthz")).send().await.unwrap();

@@ -128,6 +128,25 @@ impl ServerSettings {
         }
     }
 
+    /// The server settings for the start-up log line.
+    pub fn summary(&self) -> String {
+        let opt = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "<none>".to_string(), |p| p.display().to_string());
+        format!(
+            "enableServer={} address={} readOnlyPort={} healthzPort={} healthzBindAddress={} tlsCertFile={} \
+             clientCAFile={} anonymousAuth={} authenticationTokenWebhook={} authorizationMode={:?}",
+            self.enabled,
+            self.address,
+            self.read_only_port,
+            self.healthz_port,
+            self.healthz_bind_address,
+            opt(&self.tls_cert_file),
+            opt(&self.client_ca_file),
+            self.anonymous,
+            self.webhook_authentication,
+            self.authorization_mode,
+        )
+    }
+
     /// The directory of the self-signed certificate.
     pub fn cert_dir(&self, root_dir: &Path) -> PathBuf {
         self.cert_dir.clone().unwrap_or_else(|| root_dir.join("pki"))

@@ -423,3 +423,78 @@ async fn tokens_are_reviewed_and_subresources_authorized_by_the_api_server() {
     assert_eq!(get("alice-token", "/pods").await.unwrap().status().as_u16(), 200);
     assert_eq!((count("bob", "pods"), count("alice", "pods")), before, "denied and allowed answers are cached");
 }
+
+/// `kubectl exec` and `kubectl port-forward` the way they really travel: client → API server
+/// → this node's API (authenticated with the API server's kubelet client certificate,
+/// authorized by SubjectAccessReview) → containerd. Needs a real cluster that can reach this
+/// machine (`GANTRY_E2E_KUBECONFIG`); the in-process test server does not proxy to nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_and_port_forward_through_the_api_server() {
+    use base64::Engine;
+    use kube::Api;
+    use kube::api::{AttachParams, PostParams};
+
+    let Some((env, cluster)) = common::cluster::setup().await else { return };
+    if matches!(cluster, Cluster::Test(_)) {
+        eprintln!("SKIPPED exec/port-forward through the API server: needs GANTRY_E2E_KUBECONFIG (a real API server)");
+        return;
+    }
+    // The API server's kubelet client certificate chains to the cluster CA.
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let ca_pem = match (config.root_cert, config.root_cert_file) {
+        (Some(ders), _) => {
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let pem = |der: &Vec<u8>| {
+                let b = b64.encode(der);
+                let lines: Vec<&str> = b.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
+                format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", lines.join("\n"))
+            };
+            ders.iter().map(pem).collect::<String>()
+        }
+        (None, Some(file)) => std::fs::read_to_string(file).unwrap(),
+        (None, None) => panic!("the kubeconfig names no cluster CA"),
+    };
+    let ca = env.ctd.dir().join("cluster-ca.crt");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let port = common::node_api::free_port();
+    let flags = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--enable-server=true".into(),
+        format!("--port={port}"),
+        format!("--healthz-port={}", common::node_api::free_port()),
+        format!("--client-ca-file={}", ca.display()),
+    ];
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gantry = env.kubelet(&refs);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let spec = format!(
+        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n",
+        env.node
+    );
+    let web = "mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www";
+    let pod: Pod = serde_yaml_ng::from_str(&pod_yaml("web", web, &spec)).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("the pod Running in the API", &gantry, || async {
+        let p = pods.get("web").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+
+    let ap = AttachParams::default().stdin(false).stdout(true).stderr(false);
+    let mut proc = pods.exec("web", ["sh", "-c", "echo through-the-api; exit 4"], &ap).await.unwrap();
+    let mut out = String::new();
+    proc.stdout().unwrap().read_to_string(&mut out).await.unwrap();
+    let status = proc.take_status().unwrap().await.unwrap();
+    assert_eq!(out, "through-the-api\n");
+    assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"), "{status:?}");
+
+    let mut pf = pods.portforward("web", &[8080]).await.unwrap();
+    let mut stream = pf.take_stream(8080).unwrap();
+    stream.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).await.unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("hello-from-pod"));
+    cluster.cleanup(&env.node).await;
+}

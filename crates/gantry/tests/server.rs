@@ -172,8 +172,8 @@ async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
         .build()
         .unwrap();
     let by_name = format!("https://{}:{}/healthz", common::NODE, api.port);
-    let verified = trusted.get(&by_name).send().await;
-    eprintln!("self-signed certificate verified by name: {:?}", verified.as_ref().map(|r| r.status()));
+    let verified = trusted.get(&by_name).send().await.expect("the self-signed certificate names the node");
+    assert_eq!(verified.status().as_u16(), 200);
 
     // A restart reuses the pair.
     gantry.kill();
@@ -204,11 +204,14 @@ async fn exec_over_websocket_with_stdin_output_and_exit_code() {
     assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
     assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
 
-    // A zero exit reports Success.
-    let path = with_query(&format!("/exec/default/{pod}/main"), &[("command", "true"), ("output", "1")]);
+    // A zero exit reports Success (here through the `/{podUID}/` form of the path).
+    let uid = gantry.pod(&pod).unwrap().metadata.uid.unwrap();
+    let path = with_query(&format!("/exec/default/{pod}/{uid}/main"), &[("command", "true"), ("output", "1")]);
     let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
     let out = text(&read_channels(&mut ws, |o| !o[3].is_empty()).await);
     assert!(out[3].contains("Success"), "{:?}", out[3]);
+    let wrong_uid = with_query(&format!("/exec/default/{pod}/not-{uid}/main"), &[("command", "true"), ("output", "1")]);
+    assert_eq!(api.websocket(Some(&alice), &wrong_uid, CHANNEL).await.unwrap_err(), (404, "pod does not exist".into()));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -142,7 +142,7 @@ pub struct Flags {
     #[arg(long, value_name = "SIGNAL<QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
     pub eviction_hard: Vec<String>,
 
-    /// Port of the kubelet server, reported in the node status. (port) [default: 10250]
+    /// Port of the node API (HTTPS: exec, attach, port-forward, logs, stats), also reported in the node status. (port) [default: 10250]
     #[arg(long, value_name = "PORT", allow_negative_numbers = true, value_parser = go_int32)]
     pub port: Option<i32>,
 

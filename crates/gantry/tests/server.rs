@@ -142,7 +142,7 @@ async fn healthz_pods_and_client_certificates() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
+async fn anonymous_requests_self_signed_certificate_and_debugging_handlers_off() {
     let Some(env) = Env::start().await else { return };
     let api = NodeApi::new(&env.ctd.dir());
     // No --tls-cert-file: a self-signed pair in <root-dir>/pki.
@@ -153,6 +153,7 @@ async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
         format!("--healthz-port={}", api.healthz_port),
         "--anonymous-auth=true".to_string(),
         "--authorization-mode=AlwaysAllow".to_string(),
+        "--enable-debugging-handlers=false".to_string(),
     ];
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut gantry = env.kubelet(&refs);
@@ -160,6 +161,9 @@ async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
     let pods = api.url("/pods");
     let resp = eventually("anonymous /pods", &gantry, || async { insecure.get(&pods).send().await.ok() }).await;
     assert_eq!(resp.status().as_u16(), 200, "anonymous is allowed when enabled");
+    // Debugging handlers off: the container endpoints answer 405 as upstream.
+    let resp = insecure.post(api.url("/run/default/p/main?cmd=ls")).send().await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (405, "Debug endpoints are disabled.".into()));
     let cert = env.root.join("pki/kubelet.crt");
     let first = std::fs::read(&cert).expect("self-signed kubelet.crt in <root-dir>/pki");
     assert!(env.root.join("pki/kubelet.key").exists());

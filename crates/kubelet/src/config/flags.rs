@@ -220,6 +220,10 @@ pub struct ServerFlags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub enable_server: Option<bool>,
 
+    /// Serve /run, /exec, /attach, /portForward and /containerLogs; when off they answer 405. (enableDebuggingHandlers) [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub enable_debugging_handlers: Option<bool>,
+
     /// IP address the node API listens on (0.0.0.0 or :: for all interfaces). (address) [default: 0.0.0.0]
     #[arg(long, value_name = "IP")]
     pub address: Option<String>,
@@ -457,7 +461,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "contention-profiling",
     "cpu-cfs-quota",
     "enable-controller-attach-detach",
-    "enable-debugging-handlers",
     "exit-on-lock-contention",
     "experimental-allocatable-ignore-eviction",
     "fail-swap-on",

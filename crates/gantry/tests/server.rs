@@ -505,3 +505,39 @@ async fn exec_and_port_forward_through_the_api_server() {
     assert!(String::from_utf8_lossy(&body).contains("hello-from-pod"));
     cluster.cleanup(&env.node).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn start_up_fails_clearly_when_the_port_is_taken_or_the_certificate_is_missing() {
+    let Some(env) = Env::start().await else { return };
+    let api = NodeApi::new(&env.ctd.dir());
+    let taken = std::net::TcpListener::bind(("127.0.0.1", api.port)).unwrap();
+    let mut gantry = env.kubelet(&api.flags().iter().map(String::as_str).collect::<Vec<_>>());
+    let status = wait_exit(&mut gantry).await;
+    assert!(!status.success());
+    let log = gantry.log();
+    assert!(log.contains(&format!("cannot listen on 127.0.0.1:{} (port)", api.port)), "{log}");
+    drop(taken);
+
+    let missing = env.ctd.dir().join("missing.crt");
+    let mut flags = api.flags();
+    flags.retain(|f| !f.starts_with("--tls-cert-file="));
+    flags.push(format!("--tls-cert-file={}", missing.display()));
+    let log_before = gantry.log().len();
+    let mut gantry = env.kubelet(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let status = wait_exit(&mut gantry).await;
+    assert!(!status.success());
+    let log = gantry.log()[log_before..].to_string();
+    assert!(log.contains(&format!("cannot read tlsCertFile {}", missing.display())), "{log}");
+}
+
+/// Polls until the agent process exits (with a deadline).
+async fn wait_exit(gantry: &mut Gantry) -> std::process::ExitStatus {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = gantry.try_exit() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the agent did not exit\n{}", common::tail(&gantry.log(), 20));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -91,7 +91,12 @@ async fn auth(State(state): State<ServerState>, req: Request, next: Next) -> Res
     let path = req.uri().path().to_string();
     let attrs = authz::attributes(req.method(), &path);
     match state.authorizer().authorize(&user, &attrs, &path).await {
-        Ok(Decision::Allow) => next.run(req).await,
+        Ok(Decision::Allow) => {
+            let method = req.method().clone();
+            let resp = next.run(req).await;
+            tracing::debug!(user = %user.username, %method, %path, status = resp.status().as_u16(), "node API request");
+            resp
+        }
         Ok(Decision::Deny) => {
             let message = authz::forbidden_message(&user.username, &attrs);
             tracing::info!(user = %user.username, %path, "{message}");

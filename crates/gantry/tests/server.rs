@@ -216,6 +216,26 @@ async fn exec_over_websocket_with_stdin_output_and_exit_code() {
     assert!(out[3].contains("Success"), "{:?}", out[3]);
     let wrong_uid = with_query(&format!("/exec/default/{pod}/not-{uid}/main"), &[("command", "true"), ("output", "1")]);
     assert_eq!(api.websocket(Some(&alice), &wrong_uid, CHANNEL).await.unwrap_err(), (404, "pod does not exist".into()));
+
+    // A TTY with terminal resizing (channel 4 carries the size as JSON).
+    let path = with_query(
+        &format!("/exec/default/{pod}/main"),
+        &[
+            ("command", "sh"),
+            ("command", "-c"),
+            ("command", "read go; stty size"),
+            ("input", "1"),
+            ("output", "1"),
+            ("tty", "1"),
+        ],
+    );
+    let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("tty exec upgrade");
+    let mut resize = vec![4u8];
+    resize.extend_from_slice(br#"{"Width":123,"Height":45}"#);
+    ws.send(Message::binary(resize)).await.unwrap();
+    ws.send(stdin_frame("go\n")).await.unwrap();
+    let out = text(&read_channels(&mut ws, |o| !o[3].is_empty()).await);
+    assert!(out[1].contains("45 123"), "stty saw the resize: {:?}", out[1]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

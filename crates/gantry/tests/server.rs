@@ -132,7 +132,13 @@ async fn healthz_pods_and_client_certificates() {
     }
 
     // A valid certificate: the PodList with the running pod and its status.
-    let resp = api.client(Some(&alice)).get(api.url("/pods")).send().await.unwrap();
+    let client = api.client(Some(&alice));
+    let started = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(client.get(api.url("/pods")).send().await.unwrap().status().as_u16(), 200);
+    }
+    eprintln!("MEASURED /pods round trip: {:?} mean over 50", started.elapsed() / 50);
+    let resp = client.get(api.url("/pods")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let list: serde_json::Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
     assert_eq!(list["kind"], "PodList");
@@ -331,6 +337,13 @@ async fn run_errors_and_disconnects() {
         .await
         .unwrap();
     assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (200, "hello there\n".to_string()));
+    // Measured, not asserted: a /run round trip (TLS kept alive, auth, CRI ExecSync).
+    let started = Instant::now();
+    for _ in 0..20 {
+        let resp = client.post(api.url(&format!("/run/default/{pod}/main?cmd=true"))).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    }
+    eprintln!("MEASURED /run round trip: {:?} mean over 20", started.elapsed() / 20);
     let resp = client.post(api.url(&format!("/run/default/{pod}/main?cmd=false"))).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 500);
     assert!(resp.text().await.unwrap().contains("command '[false]' exited with 1"));

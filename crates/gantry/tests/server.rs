@@ -20,6 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 
 const CHANNEL: &str = "v4.channel.k8s.io";
+/// Prints the terminal size once it is the one the test sends.
+const TTY_SCRIPT: &str =
+    "read go; until [ \"$(stty size)\" = \"45 123\" ]; do sleep 0.05; done; echo size:$(stty size)";
 
 /// A node agent serving the node API with the test certificates, plus `extra` flags.
 async fn start(env: &Env, api: &NodeApi, extra: &[&str]) -> Gantry {
@@ -223,17 +226,11 @@ async fn exec_over_websocket_with_stdin_output_and_exit_code() {
     let wrong_uid = with_query(&format!("/exec/default/{pod}/not-{uid}/main"), &[("command", "true"), ("output", "1")]);
     assert_eq!(api.websocket(Some(&alice), &wrong_uid, CHANNEL).await.unwrap_err(), (404, "pod does not exist".into()));
 
-    // A TTY with terminal resizing (channel 4 carries the size as JSON).
+    // A TTY with terminal resizing (channel 4 carries the size as JSON). The runtime applies
+    // the size asynchronously, so the script waits for it (the read has a deadline).
     let path = with_query(
         &format!("/exec/default/{pod}/main"),
-        &[
-            ("command", "sh"),
-            ("command", "-c"),
-            ("command", "read go; stty size"),
-            ("input", "1"),
-            ("output", "1"),
-            ("tty", "1"),
-        ],
+        &[("command", "sh"), ("command", "-c"), ("command", TTY_SCRIPT), ("input", "1"), ("output", "1"), ("tty", "1")],
     );
     let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("tty exec upgrade");
     let mut resize = vec![4u8];
@@ -241,7 +238,7 @@ async fn exec_over_websocket_with_stdin_output_and_exit_code() {
     ws.send(Message::binary(resize)).await.unwrap();
     ws.send(stdin_frame("go\n")).await.unwrap();
     let out = text(&read_channels(&mut ws, |o| !o[3].is_empty()).await);
-    assert!(out[1].contains("45 123"), "stty saw the resize: {:?}", out[1]);
+    assert!(out[1].contains("size:45 123"), "stty saw the resize: {:?}", out[1]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

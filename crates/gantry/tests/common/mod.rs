@@ -44,7 +44,7 @@ impl Env {
         }
         let config = dir.join("kubelet-config.yaml");
         // Tests run many agents at once: the node API (fixed ports 10250/10248) is off unless a
-        // test turns it on with free ports (see `server_flags`).
+        // test turns it on with free ports (see `node_api::NodeApi::flags`).
         let yaml = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nfileCheckFrequency: 20s\nenableServer: false\n",
             pod_logs.display()

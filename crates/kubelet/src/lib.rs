@@ -13,4 +13,5 @@ pub mod image;
 pub mod node;
 pub mod pod;
 pub mod runtime;
+pub mod server;
 pub mod source;

@@ -21,6 +21,7 @@ mod flags;
 mod gates;
 mod images;
 mod pods;
+mod server;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -39,6 +40,7 @@ pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTR
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 pub use images::ImageSettings;
 pub use pods::{CgroupDriver, PodSettings};
+pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
@@ -145,6 +147,8 @@ pub struct Settings {
     pub images: ImageSettings,
     /// Pod cgroups, DNS and security.
     pub pods: PodSettings,
+    /// The node API server (address, TLS, authentication, authorization).
+    pub server: ServerSettings,
 }
 
 /// The default `evictionHard` map.
@@ -191,6 +195,7 @@ impl Default for Settings {
             pods_per_core: 0,
             images: ImageSettings::default(),
             pods: PodSettings::default(),
+            server: ServerSettings::default(),
         }
     }
 }
@@ -226,7 +231,7 @@ impl Settings {
              containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
              verbosity={} featureGates={} nodeIP={} nodeLabels={} registerNode={} registerWithTaints={} \
              kubeAPIQPS={} kubeAPIBurst={} nodeStatusUpdateFrequency={} nodeStatusReportFrequency={} \
-             nodeLeaseDuration={}s kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={}",
+             nodeLeaseDuration={}s kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={} {}",
             self.node_name,
             self.hostname,
             self.root_dir.display(),
@@ -264,6 +269,7 @@ impl Settings {
             map_summary(&self.eviction_hard, "<"),
             self.port,
             self.pods_per_core,
+            self.server.summary(),
         )
     }
 
@@ -324,6 +330,7 @@ impl fmt::Debug for Settings {
             .field("pods_per_core", &self.pods_per_core)
             .field("images", &self.images)
             .field("pods", &self.pods)
+            .field("server", &self.server)
             .finish()
     }
 }
@@ -401,6 +408,8 @@ pub fn resolve(flags: Flags, file: Option<(PathBuf, &str)>, machine_hostname: &s
 
     let mut s = Settings {
         config_file: file.as_ref().map(|(p, _)| p.clone()).or_else(|| flags.config.clone()),
+        // Without a config file upstream keeps its legacy (open) server defaults.
+        server: if file.is_some() { ServerSettings::default() } else { ServerSettings::legacy() },
         ..Settings::default()
     };
     // Who asked for RunOnce, for the error message.
@@ -533,6 +542,7 @@ fn apply_file(
     }
     s.images.apply_file(c, &invalid)?;
     s.pods.apply_file(c, &invalid)?;
+    s.server.apply_file(c, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
 
@@ -745,6 +755,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     }
     s.images.apply_flags(f, &invalid)?;
     s.pods.apply_flags(f, &invalid)?;
+    s.server.apply_flags(f, &invalid)?;
     apply_flags_cluster(s, f, &invalid)
 }
 

@@ -49,7 +49,8 @@ pub fn holder<'a>(maintenances: &'a [NodeMaintenance], node: &ThisNode, pod: &Po
         .filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none())
         .filter(|m| selects(m, node))
         .find(|m| {
-            let reached = m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice()).unwrap_or_default();
+            let reached =
+                m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice()).unwrap_or_default();
             reached.iter().any(|e| {
                 e.pod_type == PodType::Static
                     && priority <= e.pod_priority
@@ -132,17 +133,21 @@ mod tests {
         assert!(held(&[deleting], &pods).is_empty(), "deletion runs Complete, which releases");
         // Listed in the status (the controller's view) counts even if the selector no longer matches.
         let mut listed = reached(maintenance("m", &["n2"], Stage::Drain, vec![]), 12);
-        listed.status.as_mut().unwrap().node_statuses.push(crate::api::NodeStatus {
-            node_name: "n1".into(),
-            ..Default::default()
-        });
+        listed
+            .status
+            .as_mut()
+            .unwrap()
+            .node_statuses
+            .push(crate::api::NodeStatus { node_name: "n1".into(), ..Default::default() });
         assert_eq!(held(&[listed], &pods).len(), 1);
     }
 
     #[test]
     fn an_entry_selector_narrows_the_hold() {
-        let only_db = LabelSelector { match_labels: [("app".to_string(), "db".to_string())].into(), ..Default::default() };
-        let plan = vec![DrainPlanEntry { pod_selector: Some(only_db), pod_priority: i32::MAX, pod_type: PodType::Static }];
+        let only_db =
+            LabelSelector { match_labels: [("app".to_string(), "db".to_string())].into(), ..Default::default() };
+        let plan =
+            vec![DrainPlanEntry { pod_selector: Some(only_db), pod_priority: i32::MAX, pod_type: PodType::Static }];
         let mut m = maintenance("m", &["n1"], Stage::Drain, plan.clone());
         m.status = Some(NodeMaintenanceStatus::default());
         m.status.as_mut().unwrap().drain_status.reached_drain_targets = plan;

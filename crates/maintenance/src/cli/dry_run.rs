@@ -64,7 +64,8 @@ pub fn describe_entry(e: &DrainPlanEntry) -> String {
     let mut text = format!("{:?} priority<={}", e.pod_type, e.pod_priority);
     if let Some(sel) = &e.pod_selector {
         let mut parts: Vec<String> = sel.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        parts.extend(sel.match_expressions.iter().map(|r| format!("{} {} ({})", r.key, r.operator, r.values.join(","))));
+        parts
+            .extend(sel.match_expressions.iter().map(|r| format!("{} {} ({})", r.key, r.operator, r.values.join(","))));
         text.push(' ');
         text.push_str(&parts.join(","));
     }

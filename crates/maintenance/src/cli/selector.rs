@@ -42,7 +42,9 @@ pub fn parse_nodes(value: &str) -> Result<NodeSelector, FlagError> {
         }
     }
     let field = NodeSelectorRequirement { key: "metadata.name".into(), operator: "In".into(), values: names };
-    Ok(NodeSelector { node_selector_terms: vec![NodeSelectorTerm { match_expressions: vec![], match_fields: vec![field] }] })
+    Ok(NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm { match_expressions: vec![], match_fields: vec![field] }],
+    })
 }
 
 /// Splits at commas outside parentheses (`in (a,b)` keeps its commas).

@@ -1,0 +1,214 @@
+//! Maintenance-aware static pods (KEP-4212's node agent side). Watches the NodeMaintenance
+//! objects; those in Drain whose reached drain targets include a Static entry are the hold
+//! input the agent applies to its static pods (`gantry_maintenance::hold` decides which).
+//! The input is kept in `<root-dir>/maintenance-holds.json` so that a restarted agent holds
+//! the same pods from its first moment, before the API server answers: a held pod never
+//! starts briefly. A cluster without the CRD only gets one warning; the watch keeps retrying.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use gantry_maintenance::api::{NodeMaintenance, PodType, Stage};
+use gantry_maintenance::hold::{self, ThisNode};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+/// File under `--root-dir` holding the last hold input.
+pub const HOLDS_FILE: &str = "maintenance-holds.json";
+
+/// What decides which static pods are held: the maintenances that can hold any, and the
+/// node's labels for their node selectors.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HoldInput {
+    pub maintenances: Vec<NodeMaintenance>,
+    #[serde(default)]
+    pub node_labels: BTreeMap<String, String>,
+}
+
+/// Compared as JSON: the generated `NodeMaintenance` has no `PartialEq`.
+impl PartialEq for HoldInput {
+    fn eq(&self, other: &Self) -> bool {
+        self.node_labels == other.node_labels
+            && serde_json::to_value(&self.maintenances).ok() == serde_json::to_value(&other.maintenances).ok()
+    }
+}
+
+impl HoldInput {
+    /// Static pod UID → the maintenance holding it.
+    pub fn held(&self, node: &str, static_pods: &[Pod]) -> BTreeMap<String, String> {
+        hold::static_pods_to_hold(&self.maintenances, &ThisNode { name: node, labels: &self.node_labels }, static_pods)
+    }
+
+    /// Only what can hold a pod (Drain, not being deleted, a Static entry reached), slimmed
+    /// to what the decision reads.
+    fn from_maintenances<'a>(
+        all: impl Iterator<Item = &'a NodeMaintenance>,
+        node_labels: BTreeMap<String, String>,
+    ) -> Self {
+        let maintenances = all
+            .filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none())
+            .filter(|m| {
+                let reached = m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice());
+                reached.unwrap_or_default().iter().any(|e| e.pod_type == PodType::Static)
+            })
+            .map(|m| {
+                let mut m = m.clone();
+                m.metadata.managed_fields = None;
+                m
+            })
+            .collect();
+        HoldInput { maintenances, node_labels }
+    }
+}
+
+pub fn holds_file(root_dir: &Path) -> PathBuf {
+    root_dir.join(HOLDS_FILE)
+}
+
+/// The hold input the previous run saved; empty if none (or unreadable, with a warning).
+pub fn load(path: &Path) -> HoldInput {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(file = %path.display(), error = %e, "ignoring unreadable maintenance hold file");
+            HoldInput::default()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HoldInput::default(),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot read maintenance hold file");
+            HoldInput::default()
+        }
+    }
+}
+
+/// Written to a temporary file and renamed, so a crash never leaves half a file.
+async fn save(path: &Path, input: &HoldInput) {
+    let tmp = path.with_extension("json.tmp");
+    let result = async {
+        tokio::fs::write(&tmp, serde_json::to_vec_pretty(input).map_err(std::io::Error::other)?).await?;
+        tokio::fs::rename(&tmp, path).await
+    };
+    if let Err(e) = result.await {
+        tracing::error!(file = %path.display(), error = %e, "cannot save maintenance holds; a restart may not hold static pods");
+    }
+}
+
+/// Watches NodeMaintenances forever and publishes (and saves) the hold input after every
+/// complete list and change. Until the first complete list, the saved input stays in force.
+pub async fn run(client: Client, node: String, root_dir: PathBuf, holds: watch::Sender<HoldInput>) {
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client);
+    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut all: BTreeMap<String, NodeMaintenance> = BTreeMap::new();
+    let mut initial: Option<BTreeMap<String, NodeMaintenance>> = None;
+    let mut failing = false;
+    let path = holds_file(&root_dir);
+    while let Some(event) = stream.next().await {
+        let key = |m: &NodeMaintenance| m.metadata.name.clone().unwrap_or_default();
+        match event {
+            Ok(Event::Init) => initial = Some(BTreeMap::new()),
+            Ok(Event::InitApply(m)) => {
+                if let Some(buffer) = initial.as_mut() {
+                    buffer.insert(key(&m), m);
+                }
+            }
+            Ok(Event::InitDone) => all = initial.take().unwrap_or_default(),
+            Ok(Event::Apply(m)) => {
+                all.insert(key(&m), m);
+            }
+            Ok(Event::Delete(m)) => {
+                all.remove(&key(&m));
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(
+                        node = %node, error = %e,
+                        "cannot watch NodeMaintenances (is the maintenance.gantry.dev CRD installed and readable by nodes?); \
+                         keeping the current static pod holds and retrying"
+                    );
+                }
+                failing = true;
+                continue;
+            }
+        }
+        if std::mem::take(&mut failing) {
+            tracing::info!(node = %node, "watching NodeMaintenances");
+        }
+        if initial.is_some() {
+            continue; // act on complete lists only
+        }
+        let labels = if all.values().any(|m| m.spec.stage == Stage::Drain) {
+            node_labels(&nodes, &node).await
+        } else {
+            BTreeMap::new()
+        };
+        let input = HoldInput::from_maintenances(all.values(), labels);
+        if *holds.borrow() != input {
+            save(&path, &input).await;
+            holds.send_replace(input);
+        }
+    }
+}
+
+async fn node_labels(nodes: &Api<Node>, node: &str) -> BTreeMap<String, String> {
+    match nodes.get_opt(node).await {
+        Ok(n) => n.and_then(|n| n.metadata.labels).unwrap_or_default(),
+        Err(e) => {
+            tracing::debug!(node, error = %e, "cannot read the Node's labels; using the maintenances' node lists");
+            BTreeMap::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_maintenance::api::{NodeMaintenanceStatus, default_drain_plan};
+
+    use super::*;
+
+    fn maintenance(name: &str, stage: Stage, reached: usize) -> NodeMaintenance {
+        let spec = serde_json::from_value(serde_json::json!({
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+            "stage": stage,
+        }))
+        .unwrap();
+        let mut m = NodeMaintenance::new(name, spec);
+        let mut status = NodeMaintenanceStatus::default();
+        status.drain_status.reached_drain_targets = default_drain_plan()[..reached].to_vec();
+        m.status = Some(status);
+        m
+    }
+
+    #[test]
+    fn only_maintenances_that_can_hold_are_kept() {
+        let all = [
+            maintenance("cordon", Stage::Cordon, 0),
+            maintenance("early", Stage::Drain, 8),
+            maintenance("static", Stage::Drain, 9),
+            maintenance("done", Stage::Complete, 12),
+        ];
+        let input = HoldInput::from_maintenances(all.iter(), BTreeMap::new());
+        let names: Vec<_> = input.maintenances.iter().map(|m| m.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["static"]);
+    }
+
+    #[test]
+    fn saved_input_round_trips_and_a_missing_or_bad_file_holds_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = holds_file(dir.path());
+        assert_eq!(load(&path), HoldInput::default());
+        let input = HoldInput::from_maintenances([maintenance("m", Stage::Drain, 12)].iter(), BTreeMap::new());
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(save(&path, &input));
+        assert_eq!(load(&path), input);
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        assert_eq!(load(&path).held("n1", &[pod]).get("u1").map(String::as_str), Some("m"));
+        std::fs::write(&path, "{not json").unwrap();
+        assert_eq!(load(&path), HoldInput::default());
+    }
+}

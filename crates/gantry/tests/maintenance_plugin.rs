@@ -124,6 +124,7 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
         row.contains(&format!("PodDisruptionBudget default/{app}")).then_some(out.stdout)
     })
     .await;
+    eprintln!("--- kubectl maintenance status ---\n{status}");
     assert!(
         status.contains("NODE") && status.contains("PODS REMAINING") && status.contains("BLOCKING POD"),
         "{status}"

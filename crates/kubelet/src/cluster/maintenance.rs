@@ -116,7 +116,10 @@ pub async fn run(client: Client, node: String, root_dir: PathBuf, holds: watch::
                     buffer.insert(key(&m), m);
                 }
             }
-            Ok(Event::InitDone) => all = initial.take().unwrap_or_default(),
+            Ok(Event::InitDone) => {
+                all = initial.take().unwrap_or_default();
+                tracing::info!(node = %node, maintenances = all.len(), "listed NodeMaintenances; static pod holds follow them");
+            }
             Ok(Event::Apply(m)) => {
                 all.insert(key(&m), m);
             }

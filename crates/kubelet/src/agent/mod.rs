@@ -2,6 +2,7 @@
 //! runtime changes (the PLEG), orphan clean-up and garbage collection.
 
 pub mod events;
+mod holds;
 mod prober;
 pub mod runonce;
 pub mod status_store;
@@ -139,10 +140,8 @@ pub struct Agent {
     node: String,
     holds: tokio::sync::watch::Sender<HoldInput>,
     holds_rx: tokio::sync::watch::Receiver<HoldInput>,
-    /// Held static pod UID → the maintenance holding it.
-    held: BTreeMap<String, String>,
-    /// Held static pods whose worker is still stopping them (their mirror stays until then).
-    stopping: std::collections::HashSet<String>,
+    /// Static pods held by node maintenances.
+    held: holds::Holds,
     workers: HashMap<String, worker::Handle>,
     done_tx: mpsc::UnboundedSender<String>,
     done_rx: mpsc::UnboundedReceiver<String>,
@@ -167,8 +166,7 @@ impl Agent {
             node: node.to_string(),
             holds_rx: holds.subscribe(),
             holds,
-            held: BTreeMap::new(),
-            stopping: Default::default(),
+            held: holds::Holds::default(),
             workers: HashMap::new(),
             done_tx,
             done_rx,
@@ -200,7 +198,7 @@ impl Agent {
                 Some(update) = updates.recv() => self.apply(update),
                 Some(uid) = self.done_rx.recv() => {
                     self.workers.remove(&uid);
-                    if self.stopping.remove(&uid) {
+                    if self.held.worker_done(&uid) {
                         self.publish_statics();
                     }
                     self.reconcile();
@@ -225,42 +223,23 @@ impl Agent {
     /// desired set (its worker stops it gracefully), a released one comes back (and starts).
     fn refresh(&mut self) {
         let statics: Vec<Pod> = self.merged.values().filter(|p| !crate::cluster::is_api_pod(p)).cloned().collect();
-        let held = self.holds_rx.borrow_and_update().held(&self.node, &statics);
-        for (uid, maintenance) in held.iter().filter(|(uid, _)| !self.held.contains_key(*uid)) {
-            let pod = self.merged.get(uid).map(spec::full_name).unwrap_or_default();
-            tracing::info!(pod = %pod, pod_uid = %uid, maintenance = %maintenance, "stopping static pod for node maintenance");
-            if self.workers.contains_key(uid) {
-                self.stopping.insert(uid.clone());
-            }
+        let decision = self.holds_rx.borrow_and_update().held(&self.node, &statics);
+        let changes = self.held.update(decision, |uid| self.workers.contains_key(uid));
+        let name = |uid: &str| self.merged.get(uid).map(spec::full_name).unwrap_or_default();
+        for (uid, maintenance) in &changes.held {
+            tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "stopping static pod for node maintenance");
         }
-        self.stopping.retain(|uid| held.contains_key(uid));
-        for (uid, maintenance) in self.held.iter().filter(|(uid, _)| !held.contains_key(*uid)) {
-            let pod = self.merged.get(uid).map(spec::full_name).unwrap_or_default();
-            tracing::info!(pod = %pod, pod_uid = %uid, maintenance = %maintenance, "node maintenance released static pod");
+        for (uid, maintenance) in &changes.released {
+            tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "node maintenance released static pod");
         }
-        self.held = held;
-        self.desired = self
-            .merged
-            .iter()
-            .filter(|(uid, _)| !self.held.contains_key(*uid))
-            .map(|(u, p)| (u.clone(), p.clone()))
-            .collect();
+        self.desired = self.held.desired(&self.merged);
         self.publish_statics();
         self.reconcile();
     }
 
-    /// Mirror pods follow the static pods, except held ones once their worker is gone (not
-    /// before: the mirror disappearing is what tells the controller the pod has stopped).
+    /// Mirror pods follow the static pods, except held ones once stopped.
     fn publish_statics(&self) {
-        let statics = self
-            .merged
-            .iter()
-            .filter(|(uid, p)| {
-                !crate::cluster::is_api_pod(p) && (!self.held.contains_key(*uid) || self.stopping.contains(*uid))
-            })
-            .map(|(_, p)| p.clone())
-            .collect();
-        self.statics.send_replace(statics);
+        self.statics.send_replace(self.held.mirrored(&self.merged));
     }
 
     /// Starts workers for new pods, forwards spec changes, and terminates pods that are

@@ -98,6 +98,8 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     .await;
     let log = gantry.log();
     let hold_line = log.lines().find(|l| l.contains(HOLD_LOG)).unwrap_or_default();
+    let after_hold = &log[log.find(HOLD_LOG).unwrap()..];
+    assert!(after_hold.contains("Stopping container main"), "stopped through the normal graceful path (Killing event)");
     assert!(
         hold_line.contains(&static_name) && hold_line.contains(&name),
         "the hold names pod and maintenance: {hold_line}"

@@ -49,6 +49,13 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     let (gantry, kubectl) =
         (Invocation::Gantry(&kubeconfig), Invocation::Kubectl { link_dir: dir.path(), kubeconfig: &kubeconfig });
     let client = cluster.admin().await;
+    let help = plugin(&kubectl, &["--help"]).await;
+    assert!(help.ok && help.stdout.contains("Usage: kubectl maintenance"), "{}", help.stdout);
+    if let Cluster::Test(_) = cluster {
+        // The CRD is not installed yet: the error says what to do.
+        let out = plugin(&gantry, &["list"]).await;
+        assert!(!out.ok && out.stderr.contains("install the CRD"), "{}", out.stderr);
+    }
     install_crd(&client).await;
 
     // Two nodes in a pool of their own (no agent: the pods stay Pending), and a spare node so

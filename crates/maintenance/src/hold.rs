@@ -39,25 +39,29 @@ fn selects(m: &NodeMaintenance, node: &ThisNode) -> bool {
     listed || node_matches(&m.spec.node_selector, node.name, node.labels)
 }
 
-/// The name of the maintenance holding `pod`, if any: one in Drain (not being deleted) that
-/// selects this node and whose reached drain targets include a Static entry covering the pod.
+fn covers(m: &NodeMaintenance, priority: i32, labels: &BTreeMap<String, String>) -> bool {
+    let reached = m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice()).unwrap_or_default();
+    reached.iter().any(|e| {
+        e.pod_type == PodType::Static
+            && priority <= e.pod_priority
+            && e.pod_selector.as_ref().is_none_or(|s| labels_match(s, labels))
+    })
+}
+
+/// The name of the maintenance holding `pod`, if any. The maintenances draining this node (in
+/// Drain, not being deleted) must all have reached a Static entry covering the pod: as in the
+/// planner, the least advanced drain wins, so one maintenance never stops a static pod that
+/// another one draining the same node still keeps.
 pub fn holder<'a>(maintenances: &'a [NodeMaintenance], node: &ThisNode, pod: &Pod) -> Option<&'a str> {
     let priority = static_pod_priority(pod);
     let labels = pod.metadata.labels.clone().unwrap_or_default();
-    maintenances
+    let draining: Vec<&NodeMaintenance> = maintenances
         .iter()
         .filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none())
         .filter(|m| selects(m, node))
-        .find(|m| {
-            let reached =
-                m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice()).unwrap_or_default();
-            reached.iter().any(|e| {
-                e.pod_type == PodType::Static
-                    && priority <= e.pod_priority
-                    && e.pod_selector.as_ref().is_none_or(|s| labels_match(s, &labels))
-            })
-        })
-        .and_then(|m| m.metadata.name.as_deref())
+        .collect();
+    let all_cover = !draining.is_empty() && draining.iter().all(|m| covers(m, priority, &labels));
+    all_cover.then(|| draining[0].metadata.name.as_deref().unwrap_or_default())
 }
 
 /// Static pod UID → the maintenance holding it, for every static pod to keep stopped.
@@ -140,6 +144,17 @@ mod tests {
             .node_statuses
             .push(crate::api::NodeStatus { node_name: "n1".into(), ..Default::default() });
         assert_eq!(held(&[listed], &pods).len(), 1);
+    }
+
+    #[test]
+    fn the_least_advanced_drain_of_the_node_wins() {
+        let pods = [static_pod("web", None, None)];
+        let ahead = reached(maintenance("ahead", &["n1"], Stage::Drain, vec![]), 12);
+        let behind = reached(maintenance("behind", &["n1"], Stage::Drain, vec![]), 4);
+        assert!(held(&[ahead.clone(), behind], &pods).is_empty(), "another drain still keeps the pod");
+        let idle_elsewhere = reached(maintenance("other", &["n2"], Stage::Drain, vec![]), 1);
+        let cordon_only = reached(maintenance("cordon", &["n1"], Stage::Cordon, vec![]), 0);
+        assert_eq!(held(&[ahead, idle_elsewhere, cordon_only], &pods), [("uid-web".to_string(), "ahead".to_string())]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Maintenance-aware static pods (KEP-4212's node agent side). Watches the NodeMaintenance
-//! objects; those in Drain whose reached drain targets include a Static entry are the hold
-//! input the agent applies to its static pods (`gantry_maintenance::hold` decides which).
+//! objects; those in Drain are the hold input the agent applies to its static pods
+//! (`gantry_maintenance::hold` decides which).
 //! The input is kept in `<root-dir>/maintenance-holds.json` so that a restarted agent holds
 //! the same pods from its first moment, before the API server answers: a held pod never
 //! starts briefly. A cluster without the CRD only gets one warning; the watch keeps retrying.
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
-use gantry_maintenance::api::{NodeMaintenance, PodType, Stage};
+use gantry_maintenance::api::{DrainStatus, NodeMaintenance, NodeMaintenanceStatus, NodeStatus, Stage};
 use gantry_maintenance::hold::{self, ThisNode};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::WatchStreamExt;
@@ -44,26 +44,34 @@ impl HoldInput {
         hold::static_pods_to_hold(&self.maintenances, &ThisNode { name: node, labels: &self.node_labels }, static_pods)
     }
 
-    /// Only what can hold a pod (Drain, not being deleted, a Static entry reached), slimmed
-    /// to what the decision reads.
+    /// The maintenances in Drain (not being deleted), slimmed to what the decision reads, so
+    /// that status churn (counts, messages) neither rewrites the file nor wakes the agent.
     fn from_maintenances<'a>(
         all: impl Iterator<Item = &'a NodeMaintenance>,
         node_labels: BTreeMap<String, String>,
     ) -> Self {
-        let maintenances = all
-            .filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none())
-            .filter(|m| {
-                let reached = m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice());
-                reached.unwrap_or_default().iter().any(|e| e.pod_type == PodType::Static)
-            })
-            .map(|m| {
-                let mut m = m.clone();
-                m.metadata.managed_fields = None;
-                m
-            })
-            .collect();
+        let maintenances =
+            all.filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none()).map(slim).collect();
         HoldInput { maintenances, node_labels }
     }
+}
+
+fn slim(m: &NodeMaintenance) -> NodeMaintenance {
+    let mut out = NodeMaintenance::new(m.metadata.name.as_deref().unwrap_or_default(), m.spec.clone());
+    let status = m.status.as_ref().map(|s| NodeMaintenanceStatus {
+        drain_status: DrainStatus {
+            reached_drain_targets: s.drain_status.reached_drain_targets.clone(),
+            ..Default::default()
+        },
+        node_statuses: s
+            .node_statuses
+            .iter()
+            .map(|n| NodeStatus { node_name: n.node_name.clone(), ..Default::default() })
+            .collect(),
+        ..Default::default()
+    });
+    out.status = status;
+    out
 }
 
 pub fn holds_file(root_dir: &Path) -> PathBuf {
@@ -169,7 +177,7 @@ async fn node_labels(nodes: &Api<Node>, node: &str) -> BTreeMap<String, String> 
 
 #[cfg(test)]
 mod tests {
-    use gantry_maintenance::api::{NodeMaintenanceStatus, default_drain_plan};
+    use gantry_maintenance::api::default_drain_plan;
 
     use super::*;
 
@@ -188,7 +196,7 @@ mod tests {
     }
 
     #[test]
-    fn only_maintenances_that_can_hold_are_kept() {
+    fn only_draining_maintenances_are_kept_and_status_churn_is_ignored() {
         let all = [
             maintenance("cordon", Stage::Cordon, 0),
             maintenance("early", Stage::Drain, 8),
@@ -197,7 +205,18 @@ mod tests {
         ];
         let input = HoldInput::from_maintenances(all.iter(), BTreeMap::new());
         let names: Vec<_> = input.maintenances.iter().map(|m| m.metadata.name.clone().unwrap()).collect();
-        assert_eq!(names, ["static"]);
+        assert_eq!(names, ["early", "static"]);
+
+        let mut churned = all.clone();
+        churned[2].metadata.resource_version = Some("42".into());
+        let status = churned[2].status.as_mut().unwrap();
+        status.drain_status.pods_pending_eviction = 3;
+        status.node_statuses.push(NodeStatus { node_name: "n1".into(), pods_remaining: 2, ..Default::default() });
+        let with_node = HoldInput::from_maintenances(churned.iter(), BTreeMap::new());
+        assert_ne!(with_node, input, "a node joining the status matters");
+        churned[2].status.as_mut().unwrap().node_statuses[0].pods_remaining = 1;
+        churned[2].metadata.resource_version = Some("43".into());
+        assert_eq!(HoldInput::from_maintenances(churned.iter(), BTreeMap::new()), with_node, "counts do not");
     }
 
     #[test]

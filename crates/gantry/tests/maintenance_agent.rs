@@ -104,7 +104,9 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
         hold_line.contains(&static_name) && hold_line.contains(&name),
         "the hold names pod and maintenance: {hold_line}"
     );
-    if let Cluster::Test(_) = cluster {
+    if let Cluster::Real(_) = cluster {
+        eprintln!("SKIPPED missing-CRD warning check: a real cluster may have had the CRD before the agent started");
+    } else {
         let warnings = log.matches("cannot watch NodeMaintenances").count();
         assert_eq!(warnings, 1, "a missing CRD is reported once, then retried quietly");
     }

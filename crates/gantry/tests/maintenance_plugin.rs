@@ -51,7 +51,9 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     let client = cluster.admin().await;
     let help = plugin(&kubectl, &["--help"]).await;
     assert!(help.ok && help.stdout.contains("Usage: kubectl maintenance"), "{}", help.stdout);
-    if let Cluster::Test(_) = cluster {
+    if let Cluster::Real(_) = cluster {
+        eprintln!("SKIPPED missing-CRD message check: a real cluster may already have the CRD");
+    } else {
         // The CRD is not installed yet: the error says what to do.
         let out = plugin(&gantry, &["list"]).await;
         assert!(!out.ok && out.stderr.contains("install the CRD"), "{}", out.stderr);

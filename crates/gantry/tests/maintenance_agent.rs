@@ -72,6 +72,14 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     let spare_node: Node = serde_json::from_value(json!({"metadata": {"name": spare}})).unwrap();
     let _ = nodes.create(&PostParams::default(), &spare_node).await;
     let _controller = Controller::start(&cluster, &env.ctd.dir());
+    // The dry run shows the static pod under the first Static entry, left to the node agent.
+    let kubeconfig = cluster.admin_kubeconfig(&env.ctd.dir());
+    let kubectl = Invocation::Kubectl { link_dir: &env.ctd.dir(), kubeconfig: &kubeconfig };
+    let out = plugin(&kubectl, &["plan", "--nodes", &node]).await;
+    let row = out.stdout.lines().find(|l| l.contains(&format!("default/{static_name}")));
+    let row = row.unwrap_or_else(|| panic!("{}{}", out.stdout, out.stderr));
+    assert!(row.contains("9: Static priority<=1000000000") && row.ends_with("node agent stops it"), "{row}");
+
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let name = format!("static-{node}");
     let m: NodeMaintenance = serde_json::from_value(json!({
@@ -129,8 +137,6 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     assert!(!mirror_exists(&pods, &static_name).await, "no mirror pod while held");
 
     // Complete (through the kubectl plugin) releases the pod: it runs again, with its mirror.
-    let kubeconfig = cluster.admin_kubeconfig(&env.ctd.dir());
-    let kubectl = Invocation::Kubectl { link_dir: &env.ctd.dir(), kubeconfig: &kubeconfig };
     let out = plugin(&kubectl, &["complete", &name]).await;
     assert!(out.ok, "{}", out.stderr);
     eventually("the static pod running again after Complete", &gantry, || async {

@@ -77,7 +77,8 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         // Before the agent runs: pods a maintenance held when the last run ended stay stopped.
         let holds = agent.holds();
         holds.send_replace(maintenance::load(&maintenance::holds_file(&settings.root_dir)));
-        let watch = maintenance::run(c.client.clone(), settings.node_name.clone(), settings.root_dir.clone(), holds);
+        let (node, root) = (settings.node_name.clone(), settings.root_dir.clone());
+        let watch = maintenance::run(c.client.clone(), node, root, holds, c.mirrors.clone());
         tokio::spawn(watch);
         c.spawn_pod_side(&settings, &shared, agent.static_pods());
     }

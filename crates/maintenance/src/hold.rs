@@ -10,28 +10,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{NodeMaintenance, PodType, Stage};
+use crate::plan::pod_priority;
 use crate::selector::{labels_match, node_matches};
-
-/// The built-in priority classes, resolved as the API server's Priority admission resolves
-/// them on the mirror pod (a static pod file carries only the class name).
-const BUILTIN_PRIORITIES: [(&str, i32); 2] =
-    [("system-node-critical", 2_000_001_000), ("system-cluster-critical", 2_000_000_000)];
 
 /// The node the agent runs as.
 pub struct ThisNode<'a> {
     pub name: &'a str,
     /// The Node's labels, when known; the maintenance's status listing the node also counts.
     pub labels: &'a BTreeMap<String, String>,
-}
-
-/// A static pod's priority as the controller sees it on its mirror: `spec.priority`, else the
-/// built-in class's value, else 0.
-pub fn static_pod_priority(pod: &Pod) -> i32 {
-    let spec = pod.spec.as_ref();
-    spec.and_then(|s| s.priority).unwrap_or_else(|| {
-        let class = spec.and_then(|s| s.priority_class_name.as_deref()).unwrap_or_default();
-        BUILTIN_PRIORITIES.iter().find(|(name, _)| *name == class).map_or(0, |(_, p)| *p)
-    })
 }
 
 fn selects(m: &NodeMaintenance, node: &ThisNode) -> bool {
@@ -53,7 +39,7 @@ fn covers(m: &NodeMaintenance, priority: i32, labels: &BTreeMap<String, String>)
 /// planner, the least advanced drain wins, so one maintenance never stops a static pod that
 /// another one draining the same node still keeps.
 pub fn holder<'a>(maintenances: &'a [NodeMaintenance], node: &ThisNode, pod: &Pod) -> Option<&'a str> {
-    let priority = static_pod_priority(pod);
+    let priority = pod_priority(pod);
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let draining: Vec<&NodeMaintenance> = maintenances
         .iter()
@@ -110,10 +96,32 @@ mod tests {
 
     #[test]
     fn priority_comes_from_the_spec_or_the_builtin_class() {
-        assert_eq!(static_pod_priority(&static_pod("a", Some(7), Some("system-node-critical"))), 7);
-        assert_eq!(static_pod_priority(&static_pod("a", None, Some("system-node-critical"))), 2_000_001_000);
-        assert_eq!(static_pod_priority(&static_pod("a", None, Some("system-cluster-critical"))), 2_000_000_000);
-        assert_eq!(static_pod_priority(&static_pod("a", None, Some("custom"))), 0);
+        assert_eq!(pod_priority(&static_pod("a", Some(7), Some("system-node-critical"))), 7);
+        assert_eq!(pod_priority(&static_pod("a", None, Some("system-node-critical"))), 2_000_001_000);
+        assert_eq!(pod_priority(&static_pod("a", None, Some("system-cluster-critical"))), 2_000_000_000);
+        assert_eq!(pod_priority(&static_pod("a", None, Some("custom"))), 0);
+    }
+
+    /// Without Priority admission (the test server) a mirror has only the class name; the
+    /// planner and the agent must still see the same priority, or the drain would wait at a
+    /// Static entry the agent thinks does not cover the pod.
+    #[test]
+    fn planner_and_agent_agree_on_a_static_pod_with_only_a_class_name() {
+        let nodes = [node("n1", &[])];
+        let file_pod = static_pod("etcd-n1", None, Some("system-node-critical"));
+        let mirror_pod = mirror(file_pod.clone());
+        let mut m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+        let ms = [m.clone()];
+        let step = plan_drain(
+            &m,
+            Cluster { nodes: &nodes, pods: std::slice::from_ref(&mirror_pod), pdbs: &[], maintenances: &ms },
+            now(),
+        );
+        assert_eq!(step.reached, 11, "the planner waits at Static <= system-node-critical");
+        let mut status = NodeMaintenanceStatus { drain_status: step.drain_status, ..Default::default() };
+        status.node_statuses = step.node_statuses;
+        m.status = Some(status);
+        assert_eq!(held(std::slice::from_ref(&m), &[file_pod]).len(), 1, "and that entry makes the agent hold it");
     }
 
     #[test]

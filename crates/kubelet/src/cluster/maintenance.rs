@@ -18,6 +18,8 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::pod::spec;
+
 /// File under `--root-dir` holding the last hold input.
 pub const HOLDS_FILE: &str = "maintenance-holds.json";
 
@@ -28,6 +30,10 @@ pub struct HoldInput {
     pub maintenances: Vec<NodeMaintenance>,
     #[serde(default)]
     pub node_labels: BTreeMap<String, String>,
+    /// `namespace/name` → the priority the API server gave each static pod's mirror (Priority
+    /// admission resolves custom classes the file only names), which is what the planner reads.
+    #[serde(default)]
+    pub mirror_priorities: BTreeMap<String, i32>,
 }
 
 /// Compared as JSON: the generated `NodeMaintenance` has no `PartialEq`.
@@ -41,7 +47,17 @@ impl PartialEq for HoldInput {
 impl HoldInput {
     /// Static pod UID → the maintenance holding it.
     pub fn held(&self, node: &str, static_pods: &[Pod]) -> BTreeMap<String, String> {
-        hold::static_pods_to_hold(&self.maintenances, &ThisNode { name: node, labels: &self.node_labels }, static_pods)
+        let pods: Vec<Pod> = static_pods
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                if let Some(priority) = self.mirror_priorities.get(&spec::full_name(&p)) {
+                    p.spec.get_or_insert_default().priority = Some(*priority);
+                }
+                p
+            })
+            .collect();
+        hold::static_pods_to_hold(&self.maintenances, &ThisNode { name: node, labels: &self.node_labels }, &pods)
     }
 
     /// The maintenances in Drain (not being deleted), slimmed to what the decision reads, so
@@ -52,7 +68,7 @@ impl HoldInput {
     ) -> Self {
         let maintenances =
             all.filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none()).map(slim).collect();
-        HoldInput { maintenances, node_labels }
+        HoldInput { maintenances, node_labels, mirror_priorities: BTreeMap::new() }
     }
 }
 
@@ -105,64 +121,85 @@ async fn save(path: &Path, input: &HoldInput) {
     }
 }
 
-/// Watches NodeMaintenances forever and publishes (and saves) the hold input after every
-/// complete list and change. Until the first complete list, the saved input stays in force.
-pub async fn run(client: Client, node: String, root_dir: PathBuf, holds: watch::Sender<HoldInput>) {
+/// Watches NodeMaintenances (and this node's mirror pods, for their priorities) forever and
+/// publishes (and saves) the hold input after every complete list and change. Until the first
+/// complete list, the saved input stays in force.
+pub async fn run(
+    client: Client,
+    node: String,
+    root_dir: PathBuf,
+    holds: watch::Sender<HoldInput>,
+    mut mirrors: watch::Receiver<Vec<Pod>>,
+) {
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     let mut all: BTreeMap<String, NodeMaintenance> = BTreeMap::new();
     let mut initial: Option<BTreeMap<String, NodeMaintenance>> = None;
-    let mut failing = false;
+    let (mut listed, mut failing) = (false, false);
     let path = holds_file(&root_dir);
-    while let Some(event) = stream.next().await {
-        let key = |m: &NodeMaintenance| m.metadata.name.clone().unwrap_or_default();
-        match event {
-            Ok(Event::Init) => initial = Some(BTreeMap::new()),
-            Ok(Event::InitApply(m)) => {
-                if let Some(buffer) = initial.as_mut() {
-                    buffer.insert(key(&m), m);
+    loop {
+        tokio::select! {
+            event = stream.next() => {
+                let Some(event) = event else { return };
+                let key = |m: &NodeMaintenance| m.metadata.name.clone().unwrap_or_default();
+                match event {
+                    Ok(Event::Init) => initial = Some(BTreeMap::new()),
+                    Ok(Event::InitApply(m)) => {
+                        if let Some(buffer) = initial.as_mut() {
+                            buffer.insert(key(&m), m);
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        all = initial.take().unwrap_or_default();
+                        listed = true;
+                        tracing::info!(node = %node, maintenances = all.len(), "listed NodeMaintenances; static pod holds follow them");
+                    }
+                    Ok(Event::Apply(m)) => {
+                        all.insert(key(&m), m);
+                    }
+                    Ok(Event::Delete(m)) => {
+                        all.remove(&key(&m));
+                    }
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!(
+                                node = %node, error = %e,
+                                "cannot watch NodeMaintenances (is the maintenance.gantry.dev CRD installed and readable by nodes?); \
+                                 keeping the current static pod holds and retrying"
+                            );
+                        }
+                        failing = true;
+                        continue;
+                    }
+                }
+                if std::mem::take(&mut failing) {
+                    tracing::info!(node = %node, "watching NodeMaintenances");
                 }
             }
-            Ok(Event::InitDone) => {
-                all = initial.take().unwrap_or_default();
-                tracing::info!(node = %node, maintenances = all.len(), "listed NodeMaintenances; static pod holds follow them");
-            }
-            Ok(Event::Apply(m)) => {
-                all.insert(key(&m), m);
-            }
-            Ok(Event::Delete(m)) => {
-                all.remove(&key(&m));
-            }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(
-                        node = %node, error = %e,
-                        "cannot watch NodeMaintenances (is the maintenance.gantry.dev CRD installed and readable by nodes?); \
-                         keeping the current static pod holds and retrying"
-                    );
-                }
-                failing = true;
-                continue;
-            }
+            Ok(()) = mirrors.changed() => {}
         }
-        if std::mem::take(&mut failing) {
-            tracing::info!(node = %node, "watching NodeMaintenances");
-        }
-        if initial.is_some() {
+        if !listed || initial.is_some() {
             continue; // act on complete lists only
         }
-        let labels = if all.values().any(|m| m.spec.stage == Stage::Drain) {
-            node_labels(&nodes, &node).await
-        } else {
-            BTreeMap::new()
-        };
-        let input = HoldInput::from_maintenances(all.values(), labels);
+        let draining = all.values().any(|m| m.spec.stage == Stage::Drain);
+        let labels = if draining { node_labels(&nodes, &node).await } else { BTreeMap::new() };
+        let mut input = HoldInput::from_maintenances(all.values(), labels);
+        // A held pod's mirror is gone; its last known priority still applies.
+        input.mirror_priorities = holds.borrow().mirror_priorities.clone();
+        input.mirror_priorities.extend(mirror_priorities(&mirrors.borrow_and_update()));
+        if !draining {
+            input.mirror_priorities.clear();
+        }
         if *holds.borrow() != input {
             save(&path, &input).await;
             holds.send_replace(input);
         }
     }
+}
+
+fn mirror_priorities(mirrors: &[Pod]) -> BTreeMap<String, i32> {
+    mirrors.iter().filter_map(|m| Some((spec::full_name(m), m.spec.as_ref()?.priority?))).collect()
 }
 
 async fn node_labels(nodes: &Api<Node>, node: &str) -> BTreeMap<String, String> {
@@ -217,6 +254,19 @@ mod tests {
         churned[2].status.as_mut().unwrap().node_statuses[0].pods_remaining = 1;
         churned[2].metadata.resource_version = Some("43".into());
         assert_eq!(HoldInput::from_maintenances(churned.iter(), BTreeMap::new()), with_node, "counts do not");
+    }
+
+    #[test]
+    fn a_mirror_priority_wins_over_the_static_pod_file() {
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        pod.metadata.namespace = Some("kube-system".into());
+        pod.metadata.name = Some("db-n1".into());
+        // Reached Static <= 1e9 only: a pod whose (custom) class resolved to 1.5e9 is not covered.
+        let mut input = HoldInput::from_maintenances([maintenance("m", Stage::Drain, 9)].iter(), BTreeMap::new());
+        assert_eq!(input.held("n1", std::slice::from_ref(&pod)).len(), 1, "the file alone says priority 0");
+        input.mirror_priorities.insert("kube-system/db-n1".into(), 1_500_000_000);
+        assert!(input.held("n1", &[pod]).is_empty(), "the mirror's resolved priority is what the planner sees");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::api::{DrainPlanEntry, NodeMaintenance, PodType};
-use crate::plan::{effective_drain_plan, entry_matches, pod_type, selected_nodes};
+use crate::plan::{effective_drain_plan, entry_matches, pod_priority, pod_type, selected_nodes};
 
 use super::table::render;
 
@@ -43,7 +43,7 @@ pub fn steps(m: &NodeMaintenance, nodes: &[Node], pods: &[Pod]) -> Vec<Step> {
                 namespace: pod.metadata.namespace.clone().unwrap_or_default(),
                 pod: pod.metadata.name.clone().unwrap_or_default(),
                 pod_type: pod_type(pod),
-                priority: pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+                priority: pod_priority(pod),
             });
         }
     }

@@ -52,7 +52,11 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     let node = env.node.clone();
     env.write_manifest(
         "web-static.yaml",
-        &pod_yaml("web-static", "sleep 3600", "  terminationGracePeriodSeconds: 2\n"),
+        &pod_yaml(
+            "web-static",
+            "sleep 3600",
+            "  terminationGracePeriodSeconds: 2\n  priorityClassName: system-node-critical\n",
+        ),
     );
     let static_name = format!("web-static-{node}");
 
@@ -72,13 +76,14 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     let spare_node: Node = serde_json::from_value(json!({"metadata": {"name": spare}})).unwrap();
     let _ = nodes.create(&PostParams::default(), &spare_node).await;
     let _controller = Controller::start(&cluster, &env.ctd.dir());
-    // The dry run shows the static pod under the first Static entry, left to the node agent.
+    // The dry run shows the static pod under the Static entry of its class (planner and agent
+    // resolve system-node-critical alike), left to the node agent.
     let kubeconfig = cluster.admin_kubeconfig(&env.ctd.dir());
     let kubectl = Invocation::Kubectl { link_dir: &env.ctd.dir(), kubeconfig: &kubeconfig };
     let out = plugin(&kubectl, &["plan", "--nodes", &node]).await;
     let row = out.stdout.lines().find(|l| l.contains(&format!("default/{static_name}")));
     let row = row.unwrap_or_else(|| panic!("{}{}", out.stdout, out.stderr));
-    assert!(row.contains("9: Static priority<=1000000000") && row.ends_with("node agent stops it"), "{row}");
+    assert!(row.contains("11: Static priority<=2000001000") && row.ends_with("node agent stops it"), "{row}");
 
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let name = format!("static-{node}");

@@ -93,3 +93,17 @@ fn invoked_as(argv0: Option<&str>) -> Option<&'static str> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::invoked_as;
+
+    #[test]
+    fn link_names_select_the_command() {
+        assert_eq!(invoked_as(Some("/usr/bin/kubelet")), Some("kubelet"));
+        assert_eq!(invoked_as(Some("/home/u/bin/kubectl-maintenance")), Some("maintenance"));
+        assert_eq!(invoked_as(Some("kubectl-maintenance")), Some("maintenance"));
+        assert_eq!(invoked_as(Some("/usr/bin/gantry")), None);
+        assert_eq!(invoked_as(None), None);
+    }
+}

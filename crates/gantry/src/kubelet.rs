@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use gantry_kubelet::agent::{self, Agent, AgentError, Shared, runonce};
-use gantry_kubelet::cluster::{mirror, pod_source, status_sync};
+use gantry_kubelet::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_kubelet::config::{self, ConfigError, RUNONCE_DEPRECATION, Settings};
 use gantry_kubelet::image::collector::ImageCollector;
 use gantry_kubelet::node::{self, Startup};
@@ -90,8 +90,14 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let collector =
         ImageCollector::new(shared.driver.cri().clone(), settings.images.clone(), gc_events, &settings.node_name);
     tokio::spawn(collector.run());
-    let agent = Agent::new(shared.clone(), sources.kinds.clone());
+    let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
     if let Some(c) = cluster {
+        // Before the agent runs: pods a maintenance held when the last run ended stay stopped.
+        let holds = agent.holds();
+        holds.send_replace(maintenance::load(&maintenance::holds_file(&settings.root_dir)));
+        let (node, root) = (settings.node_name.clone(), settings.root_dir.clone());
+        let watch = maintenance::run(c.client.clone(), node, root, holds, c.mirrors.clone());
+        tokio::spawn(watch);
         c.spawn_pod_side(&settings, &shared, agent.static_pods());
     }
     drop(sources.tx);

@@ -1,9 +1,11 @@
 //! `gantry`: one binary, several commands. Invoked as `kubelet` (through a symlink) it is
-//! `gantry kubelet`, so it can replace the Go kubelet in an existing systemd unit.
+//! `gantry kubelet`, so it can replace the Go kubelet in an existing systemd unit; invoked as
+//! `kubectl-maintenance` (found by kubectl on the PATH) it is `gantry maintenance`.
 
 mod kubelet;
 mod logging;
 mod maintenance;
+mod plugin;
 mod pods;
 
 use std::path::{Path, PathBuf};
@@ -43,12 +45,17 @@ enum Command {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
+    /// Create, list, inspect, complete and dry-run NodeMaintenances (the `kubectl maintenance` plugin).
+    Maintenance(plugin::Plugin),
 }
 
 fn main() -> ExitCode {
     let mut argv: Vec<String> = std::env::args().collect();
-    if invoked_as_kubelet(argv.first().map(String::as_str)) {
-        argv.insert(1, "kubelet".to_string());
+    if let Some(command) = invoked_as(argv.first().map(String::as_str)) {
+        if command == "maintenance" {
+            argv[0] = "kubectl".to_string(); // usage lines then read `kubectl maintenance ...`
+        }
+        argv.insert(1, command.to_string());
     }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
@@ -59,6 +66,7 @@ fn main() -> ExitCode {
         Command::Pods { root_dir, output } => pods::main(&root_dir, &output),
         Command::Crd => print_crd(),
         Command::MaintenanceController { kubeconfig } => maintenance::controller(kubeconfig.as_deref()),
+        Command::Maintenance(p) => plugin::main(p),
     }
 }
 
@@ -75,6 +83,27 @@ fn print_crd() -> ExitCode {
     }
 }
 
-fn invoked_as_kubelet(argv0: Option<&str>) -> bool {
-    argv0.and_then(|a| Path::new(a).file_name()).is_some_and(|name| name == "kubelet")
+/// The command a link name stands for: `kubelet`, or `kubectl-maintenance` (kubectl runs
+/// plugins as `kubectl-<name>` with the remaining arguments).
+fn invoked_as(argv0: Option<&str>) -> Option<&'static str> {
+    let name = argv0.and_then(|a| Path::new(a).file_name())?.to_str()?;
+    match name {
+        "kubelet" => Some("kubelet"),
+        "kubectl-maintenance" => Some("maintenance"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::invoked_as;
+
+    #[test]
+    fn link_names_select_the_command() {
+        assert_eq!(invoked_as(Some("/usr/bin/kubelet")), Some("kubelet"));
+        assert_eq!(invoked_as(Some("/home/u/bin/kubectl-maintenance")), Some("maintenance"));
+        assert_eq!(invoked_as(Some("kubectl-maintenance")), Some("maintenance"));
+        assert_eq!(invoked_as(Some("/usr/bin/gantry")), None);
+        assert_eq!(invoked_as(None), None);
+    }
 }

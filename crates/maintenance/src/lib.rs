@@ -1,10 +1,13 @@
 //! Declarative node maintenance (KEP-4212) as a CustomResourceDefinition: the `NodeMaintenance`
 //! API (`api`), label and node selector matching (`selector`), the spec rules the CRD's CEL also
-//! states (`validate`), the pure drain planner (`plan`) and the pure reconcile step (`decide`).
+//! states (`validate`), the pure drain planner (`plan`), the pure reconcile step (`decide`), the node agent's
+//! static pod hold (`hold`) and the pure side of the `kubectl maintenance` plugin (`cli`).
 
 pub mod api;
+pub mod cli;
 pub mod controller;
 pub mod decide;
+pub mod hold;
 pub mod plan;
 pub mod selector;
 pub mod validate;

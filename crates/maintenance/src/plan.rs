@@ -82,8 +82,23 @@ pub fn pod_type(pod: &Pod) -> PodType {
     }
 }
 
+/// The built-in priority classes, as the API server's Priority admission resolves them.
+const BUILTIN_PRIORITIES: [(&str, i32); 2] =
+    [("system-node-critical", 2_000_001_000), ("system-cluster-critical", 2_000_000_000)];
+
+/// A pod's priority: `spec.priority`, else the built-in class's value (a mirror pod created
+/// where Priority admission does not run, or a static pod file, has only the class name),
+/// else 0. The node agent resolves static pods the same way, so both sides agree.
+pub fn pod_priority(pod: &Pod) -> i32 {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| s.priority).unwrap_or_else(|| {
+        let class = spec.and_then(|s| s.priority_class_name.as_deref()).unwrap_or_default();
+        BUILTIN_PRIORITIES.iter().find(|(name, _)| *name == class).map_or(0, |(_, p)| *p)
+    })
+}
+
 pub fn entry_matches(entry: &DrainPlanEntry, pod: &Pod) -> bool {
-    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    let priority = pod_priority(pod);
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     pod_type(pod) == entry.pod_type
         && priority <= entry.pod_priority

@@ -90,7 +90,14 @@ pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiErro
     set_default(spec, "schedulerName", json!("default-scheduler"));
     set_default(spec, "securityContext", json!({}));
     set_default(spec, "enableServiceLinks", json!(true));
-    set_default(spec, "priority", json!(0));
+    // Priority admission: the built-in classes resolve to their values (no PriorityClass
+    // objects are served, so any other class resolves like no class: 0).
+    let class_priority = match spec.get("priorityClassName").and_then(Value::as_str) {
+        Some("system-node-critical") => 2_000_001_000,
+        Some("system-cluster-critical") => 2_000_000_000,
+        _ => 0,
+    };
+    set_default(spec, "priority", json!(class_priority));
     set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
     for list in container_lists() {
         for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {

@@ -2,6 +2,7 @@
 //! runtime changes (the PLEG), orphan clean-up and garbage collection.
 
 pub mod events;
+mod holds;
 mod prober;
 pub mod runonce;
 pub mod status_store;
@@ -19,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::mpsc;
 
 use crate::cluster::ApiLink;
+use crate::cluster::maintenance::HoldInput;
 use crate::config::Settings;
 use crate::pod::gc::{self, Removal};
 use crate::pod::{ObservedPod, spec};
@@ -131,7 +133,15 @@ pub struct Agent {
     shared: Arc<Shared>,
     merger: Merger,
     configured: Vec<SourceKind>,
+    /// Everything the sources want.
+    merged: BTreeMap<String, Pod>,
+    /// What the node runs: `merged` minus the static pods a node maintenance holds.
     desired: BTreeMap<String, Pod>,
+    node: String,
+    holds: tokio::sync::watch::Sender<HoldInput>,
+    holds_rx: tokio::sync::watch::Receiver<HoldInput>,
+    /// Static pods held by node maintenances.
+    held: holds::Holds,
     workers: HashMap<String, worker::Handle>,
     done_tx: mpsc::UnboundedSender<String>,
     done_rx: mpsc::UnboundedReceiver<String>,
@@ -144,13 +154,19 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(shared: Arc<Shared>, configured: Vec<SourceKind>) -> Self {
+    pub fn new(shared: Arc<Shared>, configured: Vec<SourceKind>, node: &str) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let holds = tokio::sync::watch::Sender::new(HoldInput::default());
         Agent {
             shared,
             merger: Merger::default(),
             configured,
+            merged: BTreeMap::new(),
             desired: BTreeMap::new(),
+            node: node.to_string(),
+            holds_rx: holds.subscribe(),
+            holds,
+            held: holds::Holds::default(),
             workers: HashMap::new(),
             done_tx,
             done_rx,
@@ -161,9 +177,16 @@ impl Agent {
         }
     }
 
-    /// The static pods as they change (mirror pods follow them).
+    /// The static pods that have (or should have) a mirror pod, as they change: held static
+    /// pods lose their mirror once stopped, which is how the maintenance controller sees them go.
     pub fn static_pods(&self) -> tokio::sync::watch::Receiver<Vec<Pod>> {
         self.statics.subscribe()
+    }
+
+    /// Where the NodeMaintenance watch publishes the hold input. Set the saved input before
+    /// `run`, so held static pods are never started.
+    pub fn holds(&self) -> tokio::sync::watch::Sender<HoldInput> {
+        self.holds.clone()
     }
 
     /// Runs until the process ends. Pods keep running when it does.
@@ -175,8 +198,12 @@ impl Agent {
                 Some(update) = updates.recv() => self.apply(update),
                 Some(uid) = self.done_rx.recv() => {
                     self.workers.remove(&uid);
+                    if self.held.worker_done(&uid) {
+                        self.publish_statics();
+                    }
                     self.reconcile();
                 }
+                Ok(()) = self.holds_rx.changed() => self.refresh(),
                 _ = relist.tick() => self.housekeeping().await,
             }
         }
@@ -188,10 +215,31 @@ impl Agent {
         for message in &desired.rejected {
             tracing::error!("{message}");
         }
-        self.desired = desired.pods;
-        let statics = self.desired.values().filter(|p| !crate::cluster::is_api_pod(p)).cloned().collect();
-        self.statics.send_replace(statics);
+        self.merged = desired.pods;
+        self.refresh();
+    }
+
+    /// Applies the maintenance holds to the merged pods: a newly held static pod leaves the
+    /// desired set (its worker stops it gracefully), a released one comes back (and starts).
+    fn refresh(&mut self) {
+        let statics: Vec<Pod> = self.merged.values().filter(|p| !crate::cluster::is_api_pod(p)).cloned().collect();
+        let decision = self.holds_rx.borrow_and_update().held(&self.node, &statics);
+        let changes = self.held.update(decision, |uid| self.workers.contains_key(uid));
+        let name = |uid: &str| self.merged.get(uid).map(spec::full_name).unwrap_or_default();
+        for (uid, maintenance) in &changes.held {
+            tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "stopping static pod for node maintenance");
+        }
+        for (uid, maintenance) in &changes.released {
+            tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "node maintenance released static pod");
+        }
+        self.desired = self.held.desired(&self.merged);
+        self.publish_statics();
         self.reconcile();
+    }
+
+    /// Mirror pods follow the static pods, except held ones once stopped.
+    fn publish_statics(&self) {
+        self.statics.send_replace(self.held.mirrored(&self.merged));
     }
 
     /// Starts workers for new pods, forwards spec changes, and terminates pods that are

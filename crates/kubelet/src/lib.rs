@@ -10,6 +10,7 @@ pub mod api;
 pub mod cluster;
 pub mod config;
 pub mod image;
+pub mod logs;
 pub mod node;
 pub mod pod;
 pub mod runtime;

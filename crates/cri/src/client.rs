@@ -229,3 +229,13 @@ impl ImageClient {
         }
     }
 }
+
+/// Logs and stats (the node agent's HTTPS API and the log manager).
+impl RuntimeClient {
+    rpcs! {
+        reopen_container_log => "ReopenContainerLog": api::ReopenContainerLogRequest => api::ReopenContainerLogResponse;
+        container_stats => "ContainerStats": api::ContainerStatsRequest => api::ContainerStatsResponse;
+        list_container_stats => "ListContainerStats": api::ListContainerStatsRequest => api::ListContainerStatsResponse;
+        list_pod_sandbox_stats => "ListPodSandboxStats": api::ListPodSandboxStatsRequest => api::ListPodSandboxStatsResponse;
+    }
+}

@@ -65,6 +65,10 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "resolvConf",
     "allowedUnsafeSysctls",
     "seccompDefault",
+    "containerLogMaxSize",
+    "containerLogMaxFiles",
+    "containerLogMaxWorkers",
+    "containerLogMonitorInterval",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

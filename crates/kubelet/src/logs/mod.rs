@@ -8,5 +8,6 @@ pub mod format;
 pub mod options;
 pub mod reader;
 pub mod render;
+pub mod rotation;
 
 pub use options::{InvalidParam, LogOptions};

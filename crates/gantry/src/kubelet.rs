@@ -72,6 +72,11 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let collector =
         ImageCollector::new(shared.driver.cri().clone(), settings.images.clone(), gc_events, &settings.node_name);
     tokio::spawn(collector.run());
+    tokio::spawn(gantry_kubelet::logs::rotation::run(
+        shared.driver.cri().runtime.clone(),
+        settings.node_name.clone(),
+        settings.logs.clone(),
+    ));
     let agent = Agent::new(shared.clone(), sources.kinds.clone());
     if let Some(c) = cluster {
         c.spawn_pod_side(&settings, &shared, agent.static_pods());

@@ -9,5 +9,6 @@ pub mod options;
 pub mod reader;
 pub mod render;
 pub mod rotation;
+pub mod service;
 
 pub use options::{InvalidParam, LogOptions};

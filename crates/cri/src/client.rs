@@ -209,6 +209,16 @@ impl RuntimeClient {
     }
 }
 
+impl RuntimeClient {
+    // Streaming (exec, attach, port-forward): the runtime answers with a URL of its streaming
+    // server, which the node API proxies the client's connection to.
+    rpcs! {
+        exec => "Exec": api::ExecRequest => api::ExecResponse;
+        attach => "Attach": api::AttachRequest => api::AttachResponse;
+        port_forward => "PortForward": api::PortForwardRequest => api::PortForwardResponse;
+    }
+}
+
 impl ImageClient {
     rpcs! {
         list_images => "ListImages": api::ListImagesRequest => api::ListImagesResponse;

@@ -52,7 +52,7 @@ fn spawn_agent(ctd: &Containerd, server: &TestApiServer, dir: &std::path::Path) 
     std::fs::write(
         &config,
         format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
             dir.join("logs").display()
         ),
     )

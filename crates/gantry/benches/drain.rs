@@ -73,7 +73,7 @@ fn node_agent_args(ctd: &Containerd, server: &TestApiServer, dir: &std::path::Pa
     let kubeconfig = server.kubeconfig(dir, &User::Node(NODE.to_string()));
     let config = dir.join("config.yaml");
     let yaml = format!(
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
         dir.join("logs").display()
     );
     std::fs::write(&config, yaml).unwrap();

@@ -53,7 +53,7 @@ async fn gantry_run(ctd: &Containerd, pods: usize) -> (Duration, Duration) {
     }
     let config = dir.join("config.yaml");
     let config_yaml = format!(
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
         dir.join("logs").display()
     );
     std::fs::write(&config, config_yaml).unwrap();

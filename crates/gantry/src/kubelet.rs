@@ -8,6 +8,7 @@ use gantry_kubelet::cluster::{mirror, pod_source, status_sync};
 use gantry_kubelet::config::{self, ConfigError, RUNONCE_DEPRECATION, Settings};
 use gantry_kubelet::image::collector::ImageCollector;
 use gantry_kubelet::node::{self, Startup};
+use gantry_kubelet::server;
 use gantry_kubelet::source::SourceKind;
 
 use crate::logging;
@@ -64,6 +65,11 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         tracing::warn!(
             "no pod source is configured (--kubeconfig, --pod-manifest-path or --manifest-url); running no pods"
         );
+    }
+    if settings.server.enabled {
+        let client = cluster.as_ref().map(|c| c.client.clone());
+        let state = server::ServerState::new(&settings, shared.clone(), client);
+        server::start(&settings, state).await.context("cannot start the node API server")?;
     }
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();

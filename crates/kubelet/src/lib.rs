@@ -14,4 +14,5 @@ pub mod logs;
 pub mod node;
 pub mod pod;
 pub mod runtime;
+pub mod server;
 pub mod source;

@@ -42,8 +42,10 @@ impl Env {
             std::fs::create_dir_all(d).unwrap();
         }
         let config = dir.join("kubelet-config.yaml");
+        // Tests run many agents at once: the node API (fixed ports 10250/10248) is off unless a
+        // test turns it on with free ports (see `server_flags`).
         let yaml = format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nfileCheckFrequency: 20s\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nfileCheckFrequency: 20s\nenableServer: false\n",
             pod_logs.display()
         );
         std::fs::write(&config, yaml).unwrap();

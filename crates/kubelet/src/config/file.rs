@@ -69,6 +69,15 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "containerLogMaxFiles",
     "containerLogMaxWorkers",
     "containerLogMonitorInterval",
+    "enableServer",
+    "address",
+    "readOnlyPort",
+    "tlsCertFile",
+    "tlsPrivateKeyFile",
+    "authentication",
+    "authorization",
+    "healthzPort",
+    "healthzBindAddress",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

@@ -215,7 +215,74 @@ pub struct Flags {
     pub allow_privileged: Option<bool>,
 
     #[command(flatten)]
+    pub server: ServerFlags,
+
+    #[command(flatten)]
     pub compat: CompatFlags,
+}
+
+/// Flags of the node API server (see `config/server.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct ServerFlags {
+    /// Serve the node API (logs, exec, attach, port-forward, stats). (enableServer) [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub enable_server: Option<bool>,
+
+    /// IP address the node API listens on (0.0.0.0 or :: for all interfaces). (address) [default: 0.0.0.0]
+    #[arg(long, value_name = "IP")]
+    pub address: Option<String>,
+
+    /// Plain-HTTP port serving the read-only endpoints without authentication; 0 disables. (readOnlyPort) [default: 10255 without --config, else 0]
+    #[arg(long, value_name = "PORT", allow_negative_numbers = true, value_parser = go_int32)]
+    pub read_only_port: Option<i32>,
+
+    /// Port of the plain-HTTP /healthz endpoint; 0 disables. (healthzPort) [default: 10248]
+    #[arg(long, value_name = "PORT", allow_negative_numbers = true, value_parser = go_int32)]
+    pub healthz_port: Option<i32>,
+
+    /// IP address of the /healthz endpoint. (healthzBindAddress) [default: 127.0.0.1]
+    #[arg(long, value_name = "IP")]
+    pub healthz_bind_address: Option<String>,
+
+    /// Serving certificate (PEM, may include intermediates). Without it a self-signed one is generated in --cert-dir. (tlsCertFile)
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_file: Option<String>,
+
+    /// Private key of --tls-cert-file (PEM). (tlsPrivateKeyFile)
+    #[arg(long, value_name = "FILE")]
+    pub tls_private_key_file: Option<String>,
+
+    /// Directory of the self-signed serving certificate (kubelet.crt, kubelet.key). [default: <root-dir>/pki]
+    #[arg(long, value_name = "DIR")]
+    pub cert_dir: Option<String>,
+
+    /// CA bundle that client certificates must chain to; CN is the user, O the groups. (authentication.x509.clientCAFile)
+    #[arg(long, value_name = "FILE")]
+    pub client_ca_file: Option<String>,
+
+    /// Authenticate bearer tokens with the API server's TokenReview. (authentication.webhook.enabled) [default: false without --config, else true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub authentication_token_webhook: Option<bool>,
+
+    /// How long TokenReview answers are cached. (authentication.webhook.cacheTTL) [default: 2m]
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub authentication_token_webhook_cache_ttl: Option<GoDuration>,
+
+    /// Allow requests without credentials, as system:anonymous. (authentication.anonymous.enabled) [default: true without --config, else false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub anonymous_auth: Option<bool>,
+
+    /// AlwaysAllow or Webhook (SubjectAccessReview). (authorization.mode) [default: AlwaysAllow without --config, else Webhook]
+    #[arg(long, value_name = "MODE")]
+    pub authorization_mode: Option<String>,
+
+    /// How long allowed SubjectAccessReview answers are cached. (authorization.webhook.cacheAuthorizedTTL) [default: 5m]
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub authorization_webhook_cache_authorized_ttl: Option<GoDuration>,
+
+    /// How long denied SubjectAccessReview answers are cached. (authorization.webhook.cacheUnauthorizedTTL) [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub authorization_webhook_cache_unauthorized_ttl: Option<GoDuration>,
 }
 
 /// Unlike clap's `PathBuf` parser, accepts an empty value (`--kubeconfig=`),
@@ -332,14 +399,7 @@ pub const DOCKERSHIM_FLAGS: &[(&str, &str)] = &[
 /// Go-kubelet flags that take a value and that Gantry accepts without acting
 /// on them (yet).
 pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
-    "address",
-    "authentication-token-webhook-cache-ttl",
-    "authorization-mode",
-    "authorization-webhook-cache-authorized-ttl",
-    "authorization-webhook-cache-unauthorized-ttl",
     "bootstrap-kubeconfig",
-    "cert-dir",
-    "client-ca-file",
     "cloud-config",
     "cloud-provider",
     "config-dir",
@@ -357,8 +417,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "eviction-soft-grace-period",
     "experimental-mounter-path",
     "hairpin-mode",
-    "healthz-bind-address",
-    "healthz-port",
     "image-credential-provider-bin-dir",
     "image-credential-provider-config",
     "iptables-drop-bit",
@@ -382,7 +440,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "pod-max-pids",
     "provider-id",
     "qos-reserved",
-    "read-only-port",
     "registry-burst",
     "registry-qps",
     "reserved-cpus",
@@ -391,10 +448,8 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "streaming-connection-idle-timeout",
     "system-cgroups",
     "system-reserved-cgroup",
-    "tls-cert-file",
     "tls-cipher-suites",
     "tls-min-version",
-    "tls-private-key-file",
     "topology-manager-policy",
     "topology-manager-policy-options",
     "topology-manager-scope",
@@ -405,13 +460,10 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
 
 /// Go-kubelet boolean flags that Gantry accepts without acting on them (yet).
 pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
-    "anonymous-auth",
-    "authentication-token-webhook",
     "contention-profiling",
     "cpu-cfs-quota",
     "enable-controller-attach-detach",
     "enable-debugging-handlers",
-    "enable-server",
     "exit-on-lock-contention",
     "experimental-allocatable-ignore-eviction",
     "fail-swap-on",

@@ -22,6 +22,7 @@ mod gates;
 mod images;
 mod logs;
 mod pods;
+mod server;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +42,7 @@ pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_l
 pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use pods::{CgroupDriver, PodSettings};
+pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
@@ -149,6 +151,8 @@ pub struct Settings {
     pub pods: PodSettings,
     /// Container log rotation.
     pub logs: LogSettings,
+    /// The node API server (address, TLS, authentication, authorization).
+    pub server: ServerSettings,
 }
 
 /// The default `evictionHard` map.
@@ -196,6 +200,7 @@ impl Default for Settings {
             images: ImageSettings::default(),
             pods: PodSettings::default(),
             logs: LogSettings::default(),
+            server: ServerSettings::default(),
         }
     }
 }
@@ -330,6 +335,7 @@ impl fmt::Debug for Settings {
             .field("images", &self.images)
             .field("logs", &self.logs)
             .field("pods", &self.pods)
+            .field("server", &self.server)
             .finish()
     }
 }
@@ -407,6 +413,8 @@ pub fn resolve(flags: Flags, file: Option<(PathBuf, &str)>, machine_hostname: &s
 
     let mut s = Settings {
         config_file: file.as_ref().map(|(p, _)| p.clone()).or_else(|| flags.config.clone()),
+        // Without a config file upstream keeps its legacy (open) server defaults.
+        server: if file.is_some() { ServerSettings::default() } else { ServerSettings::legacy() },
         ..Settings::default()
     };
     // Who asked for RunOnce, for the error message.
@@ -540,6 +548,7 @@ fn apply_file(
     s.images.apply_file(c, &invalid)?;
     s.pods.apply_file(c, &invalid)?;
     s.logs.apply_file(c, &invalid)?;
+    s.server.apply_file(c, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
 
@@ -753,6 +762,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     s.images.apply_flags(f, &invalid)?;
     s.pods.apply_flags(f, &invalid)?;
     s.logs.apply_flags(f, &invalid)?;
+    s.server.apply_flags(f, &invalid)?;
     apply_flags_cluster(s, f, &invalid)
 }
 

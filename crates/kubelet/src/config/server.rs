@@ -1,0 +1,329 @@
+//! Settings of the node API server (issue 7): where it listens, its TLS certificate, and how
+//! it authenticates and authorizes requests, with upstream names, defaults and validation.
+//!
+//! Upstream applies "legacy" defaults when the kubelet runs from flags only (no `--config`):
+//! the read-only port 10255, anonymous requests allowed, webhook token authentication off and
+//! authorization `AlwaysAllow`. With a config file the defaults are the secure ones: no
+//! read-only port, anonymous off, webhook authentication on, authorization `Webhook`.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::file::KubeletConfiguration;
+use super::flags::Flags;
+use super::{ConfigError, GoDuration};
+
+pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
+pub const LEGACY_READ_ONLY_PORT: u16 = 10255;
+pub const DEFAULT_WEBHOOK_CACHE_TTL: Duration = Duration::from_secs(120);
+pub const DEFAULT_CACHE_AUTHORIZED_TTL: Duration = Duration::from_secs(300);
+pub const DEFAULT_CACHE_UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
+/// Upstream's names of the self-signed serving certificate in `--cert-dir`.
+pub const SELF_SIGNED_CERT: &str = "kubelet.crt";
+pub const SELF_SIGNED_KEY: &str = "kubelet.key";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthorizationMode {
+    AlwaysAllow,
+    Webhook,
+}
+
+impl AuthorizationMode {
+    fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "AlwaysAllow" => Ok(AuthorizationMode::AlwaysAllow),
+            "Webhook" => Ok(AuthorizationMode::Webhook),
+            other => Err(format!("authorization mode {other:?} is not supported; use AlwaysAllow or Webhook")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// `enableServer` / `--enable-server`, default true.
+    pub enabled: bool,
+    /// `address` / `--address`, default 0.0.0.0. The port is `Settings::port`.
+    pub address: IpAddr,
+    /// `readOnlyPort` / `--read-only-port`: 0 = off (config file default), 10255 with flags only.
+    pub read_only_port: u16,
+    /// `healthzPort` / `--healthz-port`, default 10248; 0 disables.
+    pub healthz_port: u16,
+    /// `healthzBindAddress` / `--healthz-bind-address`, default 127.0.0.1.
+    pub healthz_bind_address: IpAddr,
+    /// `tlsCertFile` / `--tls-cert-file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `tlsPrivateKeyFile` / `--tls-private-key-file`.
+    pub tls_private_key_file: Option<PathBuf>,
+    /// `--cert-dir`; None = `<root-dir>/pki`.
+    pub cert_dir: Option<PathBuf>,
+    /// `authentication.x509.clientCAFile` / `--client-ca-file`.
+    pub client_ca_file: Option<PathBuf>,
+    /// `authentication.webhook.enabled` / `--authentication-token-webhook`.
+    pub webhook_authentication: bool,
+    /// `authentication.webhook.cacheTTL` / `--authentication-token-webhook-cache-ttl`, default 2m.
+    pub webhook_cache_ttl: Duration,
+    /// `authentication.anonymous.enabled` / `--anonymous-auth`.
+    pub anonymous: bool,
+    /// `authorization.mode` / `--authorization-mode`.
+    pub authorization_mode: AuthorizationMode,
+    /// `authorization.webhook.cacheAuthorizedTTL`, default 5m.
+    pub cache_authorized_ttl: Duration,
+    /// `authorization.webhook.cacheUnauthorizedTTL`, default 30s.
+    pub cache_unauthorized_ttl: Duration,
+}
+
+impl Default for ServerSettings {
+    /// The config-file defaults (secure).
+    fn default() -> Self {
+        ServerSettings {
+            enabled: true,
+            address: IpAddr::from([0, 0, 0, 0]),
+            read_only_port: 0,
+            healthz_port: DEFAULT_HEALTHZ_PORT,
+            healthz_bind_address: IpAddr::from([127, 0, 0, 1]),
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            cert_dir: None,
+            client_ca_file: None,
+            webhook_authentication: true,
+            webhook_cache_ttl: DEFAULT_WEBHOOK_CACHE_TTL,
+            anonymous: false,
+            authorization_mode: AuthorizationMode::Webhook,
+            cache_authorized_ttl: DEFAULT_CACHE_AUTHORIZED_TTL,
+            cache_unauthorized_ttl: DEFAULT_CACHE_UNAUTHORIZED_TTL,
+        }
+    }
+}
+
+type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+
+fn port(field: &str, label: &str, value: i32, invalid: Invalid) -> Result<u16, ConfigError> {
+    u16::try_from(value).map_err(|_| {
+        invalid(field, format!("invalid configuration: {label} {value} must be between 0 and 65535, inclusive"))
+    })
+}
+
+fn ip(field: &str, value: &str, invalid: Invalid) -> Result<IpAddr, ConfigError> {
+    value.trim().parse().map_err(|_| invalid(field, format!("{value:?} is not an IP address")))
+}
+
+fn ttl(field: &str, value: GoDuration, invalid: Invalid) -> Result<Duration, ConfigError> {
+    value.to_std().ok_or_else(|| invalid(field, format!("{value} must not be negative")))
+}
+
+fn path(value: &str) -> Option<PathBuf> {
+    (!value.is_empty()).then(|| PathBuf::from(value))
+}
+
+impl ServerSettings {
+    /// Upstream's flag-only defaults (`applyLegacyDefaults`).
+    pub fn legacy() -> Self {
+        ServerSettings {
+            read_only_port: LEGACY_READ_ONLY_PORT,
+            anonymous: true,
+            webhook_authentication: false,
+            authorization_mode: AuthorizationMode::AlwaysAllow,
+            ..Default::default()
+        }
+    }
+
+    /// The directory of the self-signed certificate.
+    pub fn cert_dir(&self, root_dir: &Path) -> PathBuf {
+        self.cert_dir.clone().unwrap_or_else(|| root_dir.join("pki"))
+    }
+
+    pub(super) fn apply_file(&mut self, c: &KubeletConfiguration, invalid: Invalid) -> Result<(), ConfigError> {
+        if let Some(e) = c.enable_server {
+            self.enabled = e;
+        }
+        if let Some(a) = c.address.as_deref().filter(|a| !a.is_empty()) {
+            self.address = ip("address", a, invalid)?;
+        }
+        if let Some(p) = c.read_only_port {
+            self.read_only_port = port("readOnlyPort", "readOnlyPort (--read-only-port)", p, invalid)?;
+        }
+        if let Some(p) = c.healthz_port {
+            self.healthz_port = port("healthzPort", "healthzPort (--healthz-port)", p, invalid)?;
+        }
+        if let Some(a) = c.healthz_bind_address.as_deref().filter(|a| !a.is_empty()) {
+            self.healthz_bind_address = ip("healthzBindAddress", a, invalid)?;
+        }
+        if let Some(f) = c.tls_cert_file.as_deref() {
+            self.tls_cert_file = path(f);
+        }
+        if let Some(f) = c.tls_private_key_file.as_deref() {
+            self.tls_private_key_file = path(f);
+        }
+        if let Some(authn) = &c.authentication {
+            if let Some(f) = authn.x509.as_ref().and_then(|x| x.client_ca_file.as_deref()) {
+                self.client_ca_file = path(f);
+            }
+            if let Some(w) = &authn.webhook {
+                if let Some(e) = w.enabled {
+                    self.webhook_authentication = e;
+                }
+                if let Some(d) = w.cache_ttl.filter(|d| !d.is_zero()) {
+                    self.webhook_cache_ttl = ttl("authentication.webhook.cacheTTL", d, invalid)?;
+                }
+            }
+            if let Some(e) = authn.anonymous.as_ref().and_then(|a| a.enabled) {
+                self.anonymous = e;
+            }
+        }
+        if let Some(authz) = &c.authorization {
+            if let Some(m) = authz.mode.as_deref().filter(|m| !m.is_empty()) {
+                self.authorization_mode =
+                    AuthorizationMode::parse(m).map_err(|reason| invalid("authorization.mode", reason))?;
+            }
+            if let Some(w) = &authz.webhook {
+                if let Some(d) = w.cache_authorized_ttl.filter(|d| !d.is_zero()) {
+                    self.cache_authorized_ttl = ttl("authorization.webhook.cacheAuthorizedTTL", d, invalid)?;
+                }
+                if let Some(d) = w.cache_unauthorized_ttl.filter(|d| !d.is_zero()) {
+                    self.cache_unauthorized_ttl = ttl("authorization.webhook.cacheUnauthorizedTTL", d, invalid)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_flags(&mut self, f: &Flags, invalid: Invalid) -> Result<(), ConfigError> {
+        let s = &f.server;
+        if let Some(e) = s.enable_server {
+            self.enabled = e;
+        }
+        if let Some(a) = &s.address {
+            self.address = ip("--address", a, invalid)?;
+        }
+        if let Some(p) = s.read_only_port {
+            self.read_only_port = port("--read-only-port", "readOnlyPort (--read-only-port)", p, invalid)?;
+        }
+        if let Some(p) = s.healthz_port {
+            self.healthz_port = port("--healthz-port", "healthzPort (--healthz-port)", p, invalid)?;
+        }
+        if let Some(a) = &s.healthz_bind_address {
+            self.healthz_bind_address = ip("--healthz-bind-address", a, invalid)?;
+        }
+        if let Some(f) = &s.tls_cert_file {
+            self.tls_cert_file = path(f);
+        }
+        if let Some(f) = &s.tls_private_key_file {
+            self.tls_private_key_file = path(f);
+        }
+        if let Some(d) = &s.cert_dir {
+            self.cert_dir = path(d);
+        }
+        if let Some(f) = &s.client_ca_file {
+            self.client_ca_file = path(f);
+        }
+        if let Some(e) = s.authentication_token_webhook {
+            self.webhook_authentication = e;
+        }
+        if let Some(d) = s.authentication_token_webhook_cache_ttl {
+            self.webhook_cache_ttl = ttl("--authentication-token-webhook-cache-ttl", d, invalid)?;
+        }
+        if let Some(e) = s.anonymous_auth {
+            self.anonymous = e;
+        }
+        if let Some(m) = &s.authorization_mode {
+            self.authorization_mode =
+                AuthorizationMode::parse(m).map_err(|reason| invalid("--authorization-mode", reason))?;
+        }
+        if let Some(d) = s.authorization_webhook_cache_authorized_ttl {
+            self.cache_authorized_ttl = ttl("--authorization-webhook-cache-authorized-ttl", d, invalid)?;
+        }
+        if let Some(d) = s.authorization_webhook_cache_unauthorized_ttl {
+            self.cache_unauthorized_ttl = ttl("--authorization-webhook-cache-unauthorized-ttl", d, invalid)?;
+        }
+        self.check(invalid)
+    }
+
+    fn check(&self, invalid: Invalid) -> Result<(), ConfigError> {
+        // Upstream needs both files or neither (then it generates a self-signed pair).
+        match (&self.tls_cert_file, &self.tls_private_key_file) {
+            (Some(_), None) => Err(invalid(
+                "tlsPrivateKeyFile",
+                "tlsCertFile (--tls-cert-file) is set but tlsPrivateKeyFile (--tls-private-key-file) is not".into(),
+            )),
+            (None, Some(_)) => Err(invalid(
+                "tlsCertFile",
+                "tlsPrivateKeyFile (--tls-private-key-file) is set but tlsCertFile (--tls-cert-file) is not".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Input;
+
+    fn invalid(field: &str, reason: String) -> ConfigError {
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), reason }
+    }
+
+    fn resolve(file: Option<&str>, flags: &[&str]) -> Result<ServerSettings, String> {
+        let f = Flags::parse_args(flags).map_err(|e| e.to_string())?;
+        let mut s = if file.is_some() { ServerSettings::default() } else { ServerSettings::legacy() };
+        if let Some(file) = file {
+            let c: KubeletConfiguration = serde_yaml_ng::from_str(file).unwrap();
+            s.apply_file(&c, &invalid).map_err(|e| e.to_string())?;
+        }
+        s.apply_flags(&f, &invalid).map_err(|e| e.to_string())?;
+        Ok(s)
+    }
+
+    #[test]
+    fn config_file_defaults_are_secure_and_flag_only_defaults_are_legacy() {
+        let s = resolve(Some("{}"), &[]).unwrap();
+        assert_eq!((s.anonymous, s.webhook_authentication, s.read_only_port), (false, true, 0));
+        assert_eq!(s.authorization_mode, AuthorizationMode::Webhook);
+        assert_eq!(
+            (s.cache_authorized_ttl, s.cache_unauthorized_ttl),
+            (Duration::from_secs(300), Duration::from_secs(30))
+        );
+        let s = resolve(None, &[]).unwrap();
+        assert_eq!((s.anonymous, s.webhook_authentication, s.read_only_port), (true, false, 10255));
+        assert_eq!(s.authorization_mode, AuthorizationMode::AlwaysAllow);
+        assert_eq!(s.cert_dir(Path::new("/var/lib/kubelet")), PathBuf::from("/var/lib/kubelet/pki"));
+    }
+
+    #[test]
+    fn file_fields_use_upstream_names_and_flags_override_them() {
+        let file = "address: 127.0.0.1\nreadOnlyPort: 10255\nhealthzPort: 0\ntlsCertFile: /c\ntlsPrivateKeyFile: /k\n\
+                    authentication: {x509: {clientCAFile: /ca}, webhook: {enabled: false, cacheTTL: 10s}, anonymous: {enabled: true}}\n\
+                    authorization: {mode: AlwaysAllow, webhook: {cacheAuthorizedTTL: 1m, cacheUnauthorizedTTL: 5s}}\n";
+        let s = resolve(Some(file), &[]).unwrap();
+        assert_eq!(s.address, IpAddr::from([127, 0, 0, 1]));
+        assert_eq!((s.read_only_port, s.healthz_port), (10255, 0));
+        assert_eq!(s.client_ca_file, Some(PathBuf::from("/ca")));
+        assert_eq!(
+            (s.webhook_authentication, s.webhook_cache_ttl, s.anonymous),
+            (false, Duration::from_secs(10), true)
+        );
+        assert_eq!(s.authorization_mode, AuthorizationMode::AlwaysAllow);
+        assert_eq!(s.cache_unauthorized_ttl, Duration::from_secs(5));
+        let s = resolve(
+            Some(file),
+            &["--anonymous-auth=false", "--authorization-mode=Webhook", "--address=::1", "--cert-dir=/certs"],
+        )
+        .unwrap();
+        assert_eq!((s.anonymous, s.authorization_mode), (false, AuthorizationMode::Webhook));
+        assert_eq!(s.address, "::1".parse::<IpAddr>().unwrap());
+        assert_eq!(s.cert_dir(Path::new("/r")), PathBuf::from("/certs"));
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let err = resolve(Some("authorization: {mode: RBAC}"), &[]).unwrap_err();
+        assert!(err.contains("authorization.mode") && err.contains("AlwaysAllow or Webhook"), "{err}");
+        let err = resolve(Some("healthzPort: 70000"), &[]).unwrap_err();
+        assert!(err.contains("healthzPort (--healthz-port) 70000 must be between 0 and 65535"), "{err}");
+        let err = resolve(None, &["--address=nowhere"]).unwrap_err();
+        assert!(err.contains("--address") && err.contains("not an IP address"), "{err}");
+        let err = resolve(None, &["--tls-cert-file=/c"]).unwrap_err();
+        assert!(err.contains("tlsPrivateKeyFile (--tls-private-key-file) is not"), "{err}");
+    }
+}

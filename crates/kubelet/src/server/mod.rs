@@ -1,0 +1,143 @@
+//! The node API server (issue 7): what `kubectl logs/exec/attach/port-forward`, metrics-server
+//! and Prometheus reach through port 10250.
+//!
+//! * `routes.rs` lists every route and the authorization subresource of every path;
+//!   new endpoints go there.
+//! * `serve.rs` accepts connections (TLS with optional client certificates, or plain HTTP
+//!   for the healthz and read-only ports) and hands them to axum with HTTP upgrades enabled.
+//! * `authn.rs` / `authz.rs` / `cache.rs`: who is asking (client certificate, bearer token
+//!   via TokenReview, anonymous) and whether they may (SubjectAccessReview or AlwaysAllow).
+//! * `tls.rs`: the serving certificate (given files, or a self-signed pair in `--cert-dir`).
+//! * `pods.rs`: `/pods` and pod/container lookup; `streaming.rs`: `/exec`, `/attach`,
+//!   `/portForward`, `/run`; `proxy.rs`: the upgrade proxy to the runtime's streaming server.
+
+pub mod authn;
+pub mod authz;
+mod cache;
+pub mod pods;
+mod proxy;
+pub mod routes;
+mod serve;
+pub mod streaming;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use gantry_cri::Cri;
+
+use crate::agent::Shared;
+use crate::config::{ServerSettings, Settings};
+
+pub use routes::{read_only_router, router};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// What every handler can reach. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct ServerState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node_name: String,
+    shared: Arc<Shared>,
+    settings: ServerSettings,
+    authenticator: authn::Authenticator,
+    authorizer: authz::Authorizer,
+}
+
+impl ServerState {
+    /// `client` is the API client in cluster mode (TokenReview, SubjectAccessReview).
+    pub fn new(settings: &Settings, shared: Arc<Shared>, client: Option<kube::Client>) -> Self {
+        let server = settings.server.clone();
+        let authenticator = authn::Authenticator::new(&server, client.clone());
+        let authorizer = authz::Authorizer::new(&server, &settings.node_name, client);
+        ServerState {
+            inner: Arc::new(Inner {
+                node_name: settings.node_name.clone(),
+                shared,
+                settings: server,
+                authenticator,
+                authorizer,
+            }),
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.inner.node_name
+    }
+
+    /// The CRI clients (runtime and images).
+    pub fn cri(&self) -> &Cri {
+        self.inner.shared.driver.cri()
+    }
+
+    /// The agent's shared state: the status store (pods and their statuses), the observer
+    /// (what the runtime holds per pod), the driver.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    pub fn settings(&self) -> &ServerSettings {
+        &self.inner.settings
+    }
+
+    pub fn authenticator(&self) -> &authn::Authenticator {
+        &self.inner.authenticator
+    }
+
+    pub fn authorizer(&self) -> &authz::Authorizer {
+        &self.inner.authorizer
+    }
+}
+
+/// The addresses the server listens on (ports resolved, for logs and tests).
+#[derive(Debug, Clone)]
+pub struct Listening {
+    pub secure: SocketAddr,
+    pub healthz: Option<SocketAddr>,
+    pub read_only: Option<SocketAddr>,
+}
+
+/// Binds every configured port (an error names the address, as upstream fails start-up when
+/// it cannot listen), then serves in the background.
+pub async fn start(settings: &Settings, state: ServerState) -> Result<Listening, ServerError> {
+    let s = &settings.server;
+    let tls = tls::server_config(s, settings, &settings.root_dir).await?;
+    let secure = bind(SocketAddr::new(s.address, settings.port), "port").await?;
+    let healthz = match s.healthz_port {
+        0 => None,
+        p => Some(bind(SocketAddr::new(s.healthz_bind_address, p), "healthzPort").await?),
+    };
+    let read_only = match s.read_only_port {
+        0 => None,
+        p => Some(bind(SocketAddr::new(s.address, p), "readOnlyPort").await?),
+    };
+    let listening = Listening {
+        secure: secure.local_addr().expect("bound"),
+        healthz: healthz.as_ref().map(|l| l.local_addr().expect("bound")),
+        read_only: read_only.as_ref().map(|l| l.local_addr().expect("bound")),
+    };
+    tracing::info!(node = %settings.node_name, address = %listening.secure, "serving the node API (HTTPS)");
+    tokio::spawn(serve::https(secure, tls, router(state.clone())));
+    if let Some(l) = healthz {
+        tracing::info!(address = %listening.healthz.unwrap(), "serving /healthz (HTTP)");
+        tokio::spawn(serve::http(l, routes::healthz_router()));
+    }
+    if let Some(l) = read_only {
+        tracing::info!(address = %listening.read_only.unwrap(), "serving the read-only node API (HTTP, no authentication)");
+        tokio::spawn(serve::http(l, read_only_router(state)));
+    }
+    Ok(listening)
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, ServerError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, what, source })
+}

@@ -1,0 +1,89 @@
+//! The route table of the node API: the one place that lists every endpoint.
+//!
+//! To add an endpoint, add it to `secure_routes` (authenticated and authorized) and, if it
+//! is read-only and upstream serves it on the read-only port, to `read_only_routes` too.
+//! Authorization attributes come from the path alone (`authz::subresources`): `/stats*` →
+//! `stats`, `/metrics*` → `metrics`, `/logs*` → `log`, `/pods` → `pods` (then `proxy`),
+//! everything else → `proxy`. A new path prefix that needs its own subresource goes in that
+//! table, not here.
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+
+use super::authz::{self, Decision};
+use super::serve::PeerCertificate;
+use super::{ServerState, authn, pods, streaming};
+
+/// The secure port: every route below, behind authentication and authorization.
+pub fn router(state: ServerState) -> Router {
+    secure_routes().layer(middleware::from_fn_with_state(state.clone(), auth)).with_state(state)
+}
+
+/// The read-only port: read-only endpoints, no authentication (upstream's `readOnlyPort`).
+pub fn read_only_router(state: ServerState) -> Router {
+    read_only_routes().with_state(state)
+}
+
+/// The healthz port.
+pub fn healthz_router() -> Router {
+    Router::new().route("/healthz", get(healthz))
+}
+
+fn read_only_routes() -> Router<ServerState> {
+    Router::new().route("/healthz", get(healthz)).route("/pods", get(pods::list)).route("/pods/", get(pods::list))
+}
+
+fn secure_routes() -> Router<ServerState> {
+    read_only_routes()
+        // Debugging handlers (upstream `enableDebuggingHandlers`).
+        .route("/run/{namespace}/{pod}/{container}", post(streaming::run))
+        .route("/run/{namespace}/{pod}/{uid}/{container}", post(streaming::run_uid))
+        .route("/exec/{namespace}/{pod}/{container}", any(streaming::exec))
+        .route("/exec/{namespace}/{pod}/{uid}/{container}", any(streaming::exec_uid))
+        .route("/attach/{namespace}/{pod}/{container}", any(streaming::attach))
+        .route("/attach/{namespace}/{pod}/{uid}/{container}", any(streaming::attach_uid))
+        .route("/portForward/{namespace}/{pod}", any(streaming::port_forward))
+        .route("/portForward/{namespace}/{pod}/{uid}", any(streaming::port_forward_uid))
+}
+
+/// `/healthz`: the agent answers, so it is healthy.
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Authentication, then authorization; 401 `Unauthorized`, 403 with upstream's message.
+async fn auth(State(state): State<ServerState>, req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<PeerCertificate>().cloned().unwrap_or_default();
+    let header = authorization_header(req.headers());
+    let creds = authn::credentials(peer.0.as_ref(), header.as_deref());
+    let user = match state.authenticator().authenticate(creds).await {
+        Ok(user) => user,
+        Err(e) => {
+            tracing::info!(path = %req.uri().path(), reason = %e, "unauthenticated node API request");
+            return (StatusCode::UNAUTHORIZED, "Unauthorized").into_response();
+        }
+    };
+    let path = req.uri().path().to_string();
+    let attrs = authz::attributes(req.method(), &path);
+    match state.authorizer().authorize(&user, &attrs, &path).await {
+        Ok(Decision::Allow) => next.run(req).await,
+        Ok(Decision::Deny) => {
+            let message = authz::forbidden_message(&user.username, &attrs);
+            tracing::info!(user = %user.username, %path, "{message}");
+            (StatusCode::FORBIDDEN, message).into_response()
+        }
+        Err(e) => {
+            let message = authz::error_message(&user.username, &attrs);
+            tracing::warn!(user = %user.username, %path, error = %e, "{message}");
+            (StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
+        }
+    }
+}
+
+fn authorization_header(headers: &HeaderMap) -> Option<String> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(String::from)
+}

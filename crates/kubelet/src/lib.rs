@@ -16,3 +16,4 @@ pub mod pod;
 pub mod runtime;
 pub mod server;
 pub mod source;
+pub mod stats;

@@ -1,0 +1,10 @@
+//! Node and pod statistics: `/stats/summary` (`summary`, shape in `types`), the node's own
+//! counters (`host`), CPU rates from two samples (`rate`), and the Prometheus text of
+//! `/metrics/resource` (`resource_metrics`).
+
+pub mod host;
+pub mod rate;
+pub mod summary;
+pub mod types;
+
+pub use types::Summary;

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod image;
 pub mod logs;
+pub mod metrics;
 pub mod node;
 pub mod pod;
 pub mod runtime;

@@ -5,6 +5,7 @@
 
 pub mod files;
 pub mod format;
+pub mod http;
 pub mod options;
 pub mod reader;
 pub mod render;

@@ -3,7 +3,9 @@
 //! `/metrics/resource` (`resource_metrics`).
 
 pub mod host;
+pub mod http;
 pub mod rate;
+pub mod resource_metrics;
 pub mod summary;
 pub mod types;
 

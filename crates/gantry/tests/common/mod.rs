@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cluster;
+pub mod node_api;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

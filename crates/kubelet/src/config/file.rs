@@ -765,10 +765,7 @@ volumeStatsAggPeriod: 0s
         assert_eq!(f.config.sync_frequency, Some(GoDuration::ZERO));
         assert_eq!(f.config.container_runtime_endpoint.as_deref(), Some(""));
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(0));
-        assert_eq!(
-            f.unimplemented,
-            vec!["authentication", "authorization", "healthzBindAddress", "healthzPort", "rotateCertificates"]
-        );
+        assert_eq!(f.unimplemented, vec!["rotateCertificates"]);
     }
 
     #[test]
@@ -906,7 +903,8 @@ userNamespaces: {idsPerPod: 65536}
         let f = ok(&text);
         assert_eq!(f.config.max_pods, Some(110));
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(2));
-        assert!(f.unimplemented.contains(&"address".to_string()));
+        assert!(!f.unimplemented.contains(&"address".to_string()));
+        assert!(f.unimplemented.contains(&"tlsCipherSuites".to_string()));
         assert!(f.unimplemented.contains(&"logging.format".to_string()));
         assert!(f.unimplemented.contains(&"enableContentionProfiling".to_string()), "false counts as set");
         assert!(!f.unimplemented.iter().any(|u| IMPLEMENTED_FIELDS.contains(&u.as_str())));

@@ -50,7 +50,12 @@ fn defaults_without_flags_or_file() {
     assert_eq!(s.verbosity, 0);
     assert_eq!(s.max_pods, 110);
     assert_eq!(s.config_file, None);
-    assert_eq!(s, Settings { node_name: "machine-1".into(), hostname: "machine-1".into(), ..Settings::default() });
+    // Without a config file the node API keeps upstream's legacy (open) defaults.
+    let server = crate::config::ServerSettings::legacy();
+    assert_eq!(
+        s,
+        Settings { node_name: "machine-1".into(), hostname: "machine-1".into(), server, ..Settings::default() }
+    );
 }
 
 const FULL_FILE: &str = "staticPodPath: /file/manifests

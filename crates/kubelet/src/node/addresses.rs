@@ -60,6 +60,17 @@ pub fn validate_node_ip(ip: &IpAddr, local_ips: &[IpAddr]) -> Result<(), String>
     Err(format!("node IP: {:?} not found in the host's network interfaces", ip.to_string()))
 }
 
+/// `--node-ip` as given: unlike upstream, a loopback address is accepted (with a warning) so
+/// that a single-machine cluster, whose API server reaches the node API on 127.0.0.1, works.
+/// Loopback answers from DNS are still skipped.
+fn validate_given_node_ip(ip: &IpAddr, local_ips: &[IpAddr]) -> Result<(), String> {
+    if ip.is_loopback() {
+        tracing::warn!(node_ip = %ip, "--node-ip is a loopback address: only processes on this machine can reach the node");
+        return Ok(());
+    }
+    validate_node_ip(ip, local_ips)
+}
+
 /// Chooses the node's addresses. `node_ips` is `--node-ip` (unspecified
 /// addresses only set the preferred family), `dns` the node name's DNS
 /// answers.
@@ -77,10 +88,10 @@ pub fn choose(
     let preferred = |ip: &IpAddr| ip.is_ipv6() == prefer_v6;
 
     if let Some(ip) = primary {
-        validate_node_ip(ip, &net.local_ips).map_err(|e| format!("failed to validate nodeIP: {e}"))?;
+        validate_given_node_ip(ip, &net.local_ips).map_err(|e| format!("failed to validate nodeIP: {e}"))?;
     }
     if let Some(ip) = secondary {
-        validate_node_ip(ip, &net.local_ips).map_err(|e| format!("failed to validate secondaryNodeIP: {e}"))?;
+        validate_given_node_ip(ip, &net.local_ips).map_err(|e| format!("failed to validate secondaryNodeIP: {e}"))?;
     }
 
     let mut last_error = String::new();
@@ -274,9 +285,12 @@ mod tests {
         assert_eq!(addrs(&a), vec!["InternalIP=10.1.0.5", "Hostname=n1"]);
         let a = choose(&[ip("10.1.0.5"), ip("fd00::2")], "n1", "n1", &[], &net()).unwrap();
         assert_eq!(addrs(&a), vec!["InternalIP=10.1.0.5", "InternalIP=fd00::2", "Hostname=n1"]);
+        // Loopback is allowed when given explicitly (single-machine clusters).
+        let a = choose(&[ip("127.0.0.1")], "n1", "n1", &[], &net()).unwrap();
+        assert_eq!(addrs(&a), vec!["InternalIP=127.0.0.1", "Hostname=n1"]);
         assert_eq!(
-            choose(&[ip("127.0.0.1")], "n1", "n1", &[], &net()).unwrap_err(),
-            "failed to validate nodeIP: nodeIP can't be loopback address"
+            validate_node_ip(&ip("127.0.0.1"), &net().local_ips).unwrap_err(),
+            "nodeIP can't be loopback address"
         );
         assert_eq!(
             choose(&[ip("10.9.9.9")], "n1", "n1", &[], &net()).unwrap_err(),

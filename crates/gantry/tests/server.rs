@@ -1,0 +1,403 @@
+//! End-to-end: the node API (issue 7): serving, authentication, authorization, `/pods`,
+//! `/run`, and exec/attach/port-forward proxied to containerd's streaming server.
+//!
+//! WebSocket clients speak `v4.channel.k8s.io`: every binary frame starts with a channel
+//! byte (exec/attach: 0 stdin, 1 stdout, 2 stderr, 3 status; port-forward: 2i data and
+//! 2i+1 errors of the i-th port, each channel's first frame starting with the port number).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::node_api::{Identity, NodeApi, TestCa, WebSocket};
+use common::{DEADLINE, Env, Gantry, eventually, pod_yaml, static_name};
+use futures::{SinkExt, StreamExt};
+use gantry_test_apiserver::{AccessRequest, Decision, UserInfo};
+use k8s_openapi::api::core::v1::Pod;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+
+const CHANNEL: &str = "v4.channel.k8s.io";
+
+/// A node agent serving the node API with the test certificates, plus `extra` flags.
+async fn start(env: &Env, api: &NodeApi, extra: &[&str]) -> Gantry {
+    let mut flags: Vec<String> = api.flags();
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gantry = env.kubelet(&refs);
+    let healthz = format!("http://127.0.0.1:{}/healthz", api.healthz_port);
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    eventually("the healthz port to answer", &gantry, || async {
+        let resp = plain.get(&healthz).send().await.ok()?;
+        (resp.status() == 200).then_some(())
+    })
+    .await;
+    gantry
+}
+
+/// `path?query` with the pairs URL-encoded.
+fn with_query(path: &str, pairs: &[(&str, &str)]) -> String {
+    let url = reqwest::Url::parse_with_params(&format!("https://x{path}"), pairs).unwrap();
+    format!("{}?{}", url.path(), url.query().unwrap_or_default())
+}
+
+async fn wait_running(gantry: &Gantry, name: &str) -> Pod {
+    eventually(&format!("pod {name} running"), gantry, || async { gantry.pod_in_phase(name, "Running") }).await
+}
+
+/// Reads frames until `done` says the collected per-channel output is complete, or the
+/// socket closes; returns (stdout, stderr, status).
+async fn read_channels(ws: &mut WebSocket, done: impl Fn(&[Vec<u8>; 4]) -> bool) -> [Vec<u8>; 4] {
+    let mut out: [Vec<u8>; 4] = Default::default();
+    let deadline = Instant::now() + DEADLINE;
+    while !done(&out) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let msg = match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(msg))) => msg,
+            Ok(_) => break,
+            Err(_) => panic!("timed out reading the stream; so far: {:?}", text(&out)),
+        };
+        if let Message::Binary(data) = msg
+            && let Some((channel, rest)) = data.split_first()
+            && (*channel as usize) < out.len()
+        {
+            out[*channel as usize].extend_from_slice(rest);
+        }
+    }
+    out
+}
+
+fn text(out: &[Vec<u8>; 4]) -> [String; 4] {
+    out.clone().map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+fn stdin_frame(data: &str) -> Message {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(data.as_bytes());
+    Message::binary(frame)
+}
+
+/// Standalone node: client certificates from the test CA, AlwaysAllow.
+async fn standalone(pods: &[(&str, String)]) -> Option<(Env, NodeApi, Gantry, Identity)> {
+    let env = Env::start().await?;
+    for (file, yaml) in pods {
+        env.write_manifest(file, yaml);
+    }
+    let api = NodeApi::new(&env.ctd.dir());
+    let gantry = start(&env, &api, &["--authorization-mode=AlwaysAllow"]).await;
+    let alice = api.ca.client("alice", &["dev"]);
+    Some((env, api, gantry, alice))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_pods_and_client_certificates() {
+    let sleeper = pod_yaml("sleeper", "sleep 3600", "");
+    let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
+    wait_running(&gantry, "sleeper").await;
+
+    // /healthz on the secure port too.
+    let resp = api.client(Some(&alice)).get(api.url("/healthz")).send().await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (200, "ok".to_string()));
+
+    // No credentials and anonymous requests off (config-file default): 401.
+    let resp = api.client(None).get(api.url("/pods")).send().await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (401, "Unauthorized".to_string()));
+
+    // A client certificate from another CA never gets through.
+    let mallory = TestCa::new("other-ca").client("mallory", &["system:masters"]);
+    match api.client(Some(&mallory)).get(api.url("/pods")).send().await {
+        Ok(resp) => assert_eq!(resp.status().as_u16(), 401),
+        Err(e) => assert!(e.is_connect() || e.is_request(), "expected a TLS failure: {e:?}"),
+    }
+
+    // A valid certificate: the PodList with the running pod and its status.
+    let resp = api.client(Some(&alice)).get(api.url("/pods")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let list: serde_json::Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    let pod = list["items"].as_array().unwrap().iter().find(|p| p["metadata"]["name"] == static_name("sleeper"));
+    let pod = pod.unwrap_or_else(|| panic!("sleeper not in /pods: {list}"));
+    assert_eq!(pod["status"]["phase"], "Running");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
+    let Some(env) = Env::start().await else { return };
+    let api = NodeApi::new(&env.ctd.dir());
+    // No --tls-cert-file: a self-signed pair in <root-dir>/pki.
+    let flags = [
+        "--enable-server=true".to_string(),
+        "--address=127.0.0.1".to_string(),
+        format!("--port={}", api.port),
+        format!("--healthz-port={}", api.healthz_port),
+        "--anonymous-auth=true".to_string(),
+        "--authorization-mode=AlwaysAllow".to_string(),
+    ];
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut gantry = env.kubelet(&refs);
+    let insecure = reqwest::Client::builder().danger_accept_invalid_certs(true).no_proxy().build().unwrap();
+    let pods = api.url("/pods");
+    let resp = eventually("anonymous /pods", &gantry, || async { insecure.get(&pods).send().await.ok() }).await;
+    assert_eq!(resp.status().as_u16(), 200, "anonymous is allowed when enabled");
+    let cert = env.root.join("pki/kubelet.crt");
+    let first = std::fs::read(&cert).expect("self-signed kubelet.crt in <root-dir>/pki");
+    assert!(env.root.join("pki/kubelet.key").exists());
+    // Trusting the generated certificate for the node's name works (it is self-signed).
+    let trusted = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&first).unwrap())
+        .tls_built_in_root_certs(false)
+        .resolve(common::NODE, format!("127.0.0.1:{}", api.port).parse().unwrap())
+        .no_proxy()
+        .build()
+        .unwrap();
+    let by_name = format!("https://{}:{}/healthz", common::NODE, api.port);
+    let verified = trusted.get(&by_name).send().await;
+    eprintln!("self-signed certificate verified by name: {:?}", verified.as_ref().map(|r| r.status()));
+
+    // A restart reuses the pair.
+    gantry.kill();
+    let gantry = env.kubelet(&refs);
+    eventually("anonymous /pods after restart", &gantry, || async { insecure.get(&pods).send().await.ok() }).await;
+    assert_eq!(std::fs::read(&cert).unwrap(), first, "the self-signed certificate is reused");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_over_websocket_with_stdin_output_and_exit_code() {
+    let sleeper = pod_yaml("sleeper", "sleep 3600", "");
+    let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
+    wait_running(&gantry, "sleeper").await;
+    let pod = static_name("sleeper");
+
+    let script = "read line; echo got:$line; echo oops >&2; exit 3";
+    let path = with_query(
+        &format!("/exec/default/{pod}/main"),
+        &[("command", "sh"), ("command", "-c"), ("command", script), ("input", "1"), ("output", "1"), ("error", "1")],
+    );
+    let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
+    ws.send(stdin_frame("hello\n")).await.unwrap();
+    let out = text(&read_channels(&mut ws, |o| !o[3].is_empty()).await);
+    assert_eq!(out[1], "got:hello\n");
+    assert_eq!(out[2], "oops\n");
+    let status: serde_json::Value = serde_json::from_str(&out[3]).unwrap();
+    assert_eq!(status["status"], "Failure", "{status}");
+    assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
+    assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
+
+    // A zero exit reports Success.
+    let path = with_query(&format!("/exec/default/{pod}/main"), &[("command", "true"), ("output", "1")]);
+    let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
+    let out = text(&read_channels(&mut ws, |o| !o[3].is_empty()).await);
+    assert!(out[3].contains("Success"), "{:?}", out[3]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attach_to_a_container_reading_stdin() {
+    let echo = pod_yaml("echoer", "while read l; do echo attached:$l; done", "")
+        .replace("    command:", "    stdin: true\n    command:");
+    let Some((_env, api, gantry, alice)) = standalone(&[("echoer.yaml", echo)]).await else { return };
+    wait_running(&gantry, "echoer").await;
+    let path =
+        with_query(&format!("/attach/default/{}/main", static_name("echoer")), &[("input", "1"), ("output", "1")]);
+    let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("attach upgrade");
+    ws.send(stdin_frame("ping\n")).await.unwrap();
+    let out = read_channels(&mut ws, |o| String::from_utf8_lossy(&o[1]).contains("attached:ping")).await;
+    assert!(String::from_utf8_lossy(&out[1]).contains("attached:ping"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn port_forward_over_websocket_reaches_a_server_in_the_pod() {
+    let web =
+        pod_yaml("web", "mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www", "");
+    let Some((_env, api, gantry, alice)) = standalone(&[("web.yaml", web)]).await else { return };
+    wait_running(&gantry, "web").await;
+    let path = format!("/portForward/default/{}?port=8080", static_name("web"));
+    // httpd may not listen yet right after the container started: retry whole exchanges.
+    let body = eventually("an HTTP answer through the port-forward", &gantry, || async {
+        let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.ok()?;
+        ws.send(stdin_frame("GET /index.html HTTP/1.0\r\n\r\n")).await.ok()?;
+        let mut data = Vec::new();
+        let mut headers_seen = [false; 2];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !String::from_utf8_lossy(&data).contains("hello-from-pod") {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let Ok(Some(Ok(Message::Binary(frame)))) = tokio::time::timeout(left, ws.next()).await else { break };
+            let Some((&channel, rest)) = frame.split_first() else { continue };
+            let channel = channel as usize;
+            // The first frame of each channel starts with the port (2 bytes, little endian).
+            let rest = if channel < 2 && !headers_seen[channel] {
+                headers_seen[channel] = true;
+                assert_eq!(rest.get(..2), Some(&8080u16.to_le_bytes()[..]), "port header on channel {channel}");
+                &rest[2..]
+            } else {
+                rest
+            };
+            if channel == 0 {
+                data.extend_from_slice(rest);
+            }
+        }
+        let body = String::from_utf8_lossy(&data).into_owned();
+        body.contains("hello-from-pod").then_some(body)
+    })
+    .await;
+    assert!(body.starts_with("HTTP/1.") && body.contains(" 200 "), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spdy_upgrade_handshake_is_proxied() {
+    let sleeper = pod_yaml("sleeper", "sleep 3600", "");
+    let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
+    wait_running(&gantry, "sleeper").await;
+    let path =
+        with_query(&format!("/exec/default/{}/main", static_name("sleeper")), &[("command", "true"), ("output", "1")]);
+    let mut tls = api.tls(Some(&alice)).await;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\nX-Stream-Protocol-Version: channel.k8s.io\r\nContent-Length: 0\r\n\r\n"
+    );
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(DEADLINE, tls.read(&mut byte)).await.expect("response head").unwrap();
+        assert_eq!(n, 1, "connection closed; got {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: spdy/3.1"), "{head}");
+    assert!(head.contains("x-stream-protocol-version: v4.channel.k8s.io"), "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_errors_and_disconnects() {
+    let sleeper = pod_yaml("sleeper", "sleep 3600", "");
+    let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
+    wait_running(&gantry, "sleeper").await;
+    let pod = static_name("sleeper");
+    let client = api.client(Some(&alice));
+
+    // /run: output in the body; a failing command is a 500 with upstream's message.
+    let resp = client
+        .post(api.url(&with_query(&format!("/run/default/{pod}/main"), &[("cmd", "echo hello there")])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (200, "hello there\n".to_string()));
+    let resp = client.post(api.url(&format!("/run/default/{pod}/main?cmd=false"))).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 500);
+    assert!(resp.text().await.unwrap().contains("command '[false]' exited with 1"));
+    let resp = client.post(api.url(&format!("/run/default/{pod}/main"))).send().await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.text().await.unwrap()),
+        (400, "missing required query parameter \"cmd\"".into())
+    );
+
+    // Unknown pod or container: 404 with a message; bad parameters: 400 naming them.
+    let exec = |p: &str| with_query(p, &[("command", "true"), ("output", "1")]);
+    let err = api.websocket(Some(&alice), &exec("/exec/default/nope/main"), CHANNEL).await.unwrap_err();
+    assert_eq!(err, (404, "pod does not exist".into()));
+    let err = api.websocket(Some(&alice), &exec(&format!("/exec/default/{pod}/nope")), CHANNEL).await.unwrap_err();
+    assert_eq!(err, (404, "container not found (\"nope\")".into()));
+    let err = api.websocket(Some(&alice), &format!("/exec/default/{pod}/main?output=1"), CHANNEL).await.unwrap_err();
+    assert_eq!(err, (400, "missing required query parameter \"command\"".into()));
+    let err = api.websocket(Some(&alice), &format!("/portForward/default/{pod}?port=http"), CHANNEL).await.unwrap_err();
+    assert_eq!(err.0, 400);
+    assert!(err.1.contains("\"port\""), "{}", err.1);
+    let resp = client.get(api.url(&exec(&format!("/exec/default/{pod}/main")))).send().await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (400, "Upgrade request required".into()));
+
+    // A client that goes away mid-stream: the runtime's exec session ends, the agent lives on.
+    let path =
+        with_query(&format!("/exec/default/{pod}/main"), &[("command", "sleep"), ("command", "7777"), ("output", "1")]);
+    let ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
+    let ps = api.url(&format!("/run/default/{pod}/main?cmd=ps"));
+    eventually("the exec'd sleep to run", &gantry, || async {
+        let out = client.post(&ps).send().await.ok()?.text().await.ok()?;
+        out.contains("sleep 7777").then_some(())
+    })
+    .await;
+    drop(ws);
+    eventually("the exec'd sleep to end after the client left", &gantry, || async {
+        let out = client.post(&ps).send().await.ok()?.text().await.ok()?;
+        (!out.contains("sleep 7777")).then_some(())
+    })
+    .await;
+    let resp = client.get(api.url("/healthz")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+/// Who asked the test API server what, through SubjectAccessReviews.
+type Reviews = Arc<Mutex<Vec<AccessRequest>>>;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_are_reviewed_and_subresources_authorized_by_the_api_server() {
+    let mut cluster = Cluster::start().await;
+    let Some(server) = cluster.test_server("node API token and SubjectAccessReview hooks") else { return };
+    let user = |name: &str| UserInfo { username: name.into(), groups: vec!["dev".into()], ..Default::default() };
+    let (alice, bob) = (user("alice"), user("bob"));
+    server.set_token_review(move |token, _| match token {
+        "alice-token" => Some(alice.clone()),
+        "bob-token" => Some(bob.clone()),
+        _ => None,
+    });
+    let reviews: Reviews = Arc::default();
+    let seen = reviews.clone();
+    server.set_authorizer(move |req| {
+        if req.resource != "nodes" {
+            return Decision::NoOpinion(String::new());
+        }
+        seen.lock().unwrap().push(req.clone());
+        match (req.user.username.as_str(), req.subresource.as_str()) {
+            ("alice", _) | ("bob", "stats") => Decision::Allow,
+            _ => Decision::Deny("bob may only read stats".into()),
+        }
+    });
+    let Some(env) = Env::start_as(&cluster.node_name()).await else { return };
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    // The config file's defaults: webhook authentication, Webhook authorization, no anonymous.
+    let gantry = start(&env, &api, &[&format!("--kubeconfig={}", kubeconfig.display())]).await;
+    let client = api.client(None);
+    let get = |token: &str, path: &str| client.get(api.url(path)).bearer_auth(token).send();
+
+    let resp = get("alice-token", "/pods").await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{}", gantry.log());
+    let resp = get("bob-token", "/pods").await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.text().await.unwrap()),
+        (403, "Forbidden (user=bob, verb=get, resource=nodes, subresource(s)=[pods proxy])".to_string())
+    );
+    let resp = client.post(api.url("/run/default/x/main?cmd=ls")).bearer_auth("bob-token").send().await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), resp.text().await.unwrap()),
+        (403, "Forbidden (user=bob, verb=create, resource=nodes, subresource(s)=[proxy])".to_string())
+    );
+    // Allowed for bob: the stats subresource (no route yet on this branch: 404 past auth).
+    let resp = get("bob-token", "/stats/summary").await.unwrap();
+    assert_ne!(resp.status().as_u16(), 403);
+    assert_ne!(resp.status().as_u16(), 401);
+    let resp = get("who-knows", "/pods").await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = client.get(api.url("/pods")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+
+    // The reviews name the node, the resource and the subresource; answers are cached.
+    let count = |user: &str, sub: &str| {
+        reviews.lock().unwrap().iter().filter(|r| r.user.username == user && r.subresource == sub).count()
+    };
+    {
+        let all = reviews.lock().unwrap();
+        let r = all.iter().find(|r| r.user.username == "alice").expect("a review for alice");
+        assert_eq!(
+            (r.verb.as_str(), r.resource.as_str(), r.subresource.as_str(), r.name.as_str()),
+            ("get", "nodes", "pods", env.node.as_str())
+        );
+        assert!(r.user.groups.contains(&"system:authenticated".to_string()), "{r:?}");
+    }
+    let before = (count("bob", "pods"), count("alice", "pods"));
+    assert_eq!(get("bob-token", "/pods").await.unwrap().status().as_u16(), 403);
+    assert_eq!(get("alice-token", "/pods").await.unwrap().status().as_u16(), 200);
+    assert_eq!((count("bob", "pods"), count("alice", "pods")), before, "denied and allowed answers are cached");
+}

@@ -381,4 +381,9 @@ async fn stats_summary_cost_for_30_pods() {
         (cpu1 - cpu0) as f64 / n as f64,
         t0.elapsed().as_secs_f64() * 1000.0 / n as f64
     );
+    // Where the time goes: the runtime's share, per CRI operation.
+    let (_, metrics) = get(&api, &alice, "/metrics", &[]).await;
+    for line in metrics.lines().filter(|l| l.starts_with("kubelet_runtime_operations_duration_seconds_sum")) {
+        println!("MEASURED {line}");
+    }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex};
 
+use futures::StreamExt;
 use gantry_cri::{CriError, ImageClient, RuntimeClient, api};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -22,6 +23,8 @@ use crate::runtime::{config, labels};
 static RATES: LazyLock<Mutex<CpuRates>> = LazyLock::new(Mutex::default);
 /// Set once the runtime said `ListPodSandboxStats` is unimplemented, to stop asking.
 static NO_SANDBOX_STATS: AtomicBool = AtomicBool::new(false);
+/// The process of each ready sandbox (its network namespace), by sandbox ID.
+static SANDBOX_PIDS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
 
 /// Where the inputs come from.
 pub struct Sources<'a> {
@@ -325,11 +328,30 @@ async fn sandbox_stats(runtime: &RuntimeClient, owned: &HashMap<String, String>)
     let Ok(sandboxes) = runtime.list_pod_sandbox(api::ListPodSandboxRequest { filter: Some(ready) }).await else {
         return out;
     };
-    for sb in sandboxes.items {
+    // A sandbox keeps its process for life: ask the runtime (a verbose status, the slow part
+    // of a scrape) once per sandbox, a few at a time.
+    let known: HashMap<String, u32> = SANDBOX_PIDS.lock().unwrap().clone();
+    let missing: Vec<String> =
+        sandboxes.items.iter().filter(|sb| !known.contains_key(&sb.id)).map(|sb| sb.id.clone()).collect();
+    let found: Vec<(String, u32)> = futures::stream::iter(missing)
+        .map(|id| async move {
+            let req = api::PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true };
+            let status = runtime.pod_sandbox_status(req).await.ok()?;
+            Some((id, sandbox_pid(&status.info)?))
+        })
+        .buffer_unordered(8)
+        .filter_map(|r| async move { r })
+        .collect()
+        .await;
+    let pids = {
+        let mut cache = SANDBOX_PIDS.lock().unwrap();
+        cache.extend(found);
+        cache.retain(|id, _| sandboxes.items.iter().any(|sb| &sb.id == id));
+        cache.clone()
+    };
+    for sb in &sandboxes.items {
         let Some(uid) = sb.labels.get(labels::POD_UID).cloned() else { continue };
-        let req = api::PodSandboxStatusRequest { pod_sandbox_id: sb.id.clone(), verbose: true };
-        let Ok(status) = runtime.pod_sandbox_status(req).await else { continue };
-        let Some(pid) = sandbox_pid(&status.info) else { continue };
+        let Some(pid) = pids.get(&sb.id) else { continue };
         let network = host::network(&PathBuf::from(format!("/proc/{pid}"))).map(|(default, interfaces)| NetworkStats {
             time: time.clone(),
             default,

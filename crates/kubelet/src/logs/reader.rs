@@ -297,6 +297,26 @@ mod tests {
         assert_eq!(read(&log, &[("sinceTime", "2024-01-01T00:00:03Z")]), "c\nde\n");
     }
 
+    /// A client that went away ends a follow even when no new line comes.
+    #[test]
+    fn follow_ends_when_the_client_is_gone() {
+        struct Gone;
+        impl Sink for Gone {
+            fn write(&mut self, _: &[u8]) -> bool {
+                true
+            }
+            fn closed(&self) -> bool {
+                true
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        std::fs::write(&log, record(1, "a")).unwrap();
+        let opts = LogOptions { follow: true, ..Default::default() };
+        let end = stream(&log, &opts, Timestamp::now(), &mut Gone, &mut Always(true), FollowTiming::default()).unwrap();
+        assert_eq!(end, End::ClientGone);
+    }
+
     /// Follow sees lines appended later and continues on the new file after a rename +
     /// reopen, without losing the lines written to the old file in between.
     #[test]

@@ -44,7 +44,8 @@ fn with_query(path: &str, pairs: &[(&str, &str)]) -> String {
 }
 
 async fn wait_running(gantry: &Gantry, name: &str) -> Pod {
-    eventually(&format!("pod {name} running"), gantry, || async { gantry.pod_in_phase(name, "Running") }).await
+    eventually(&format!("pod {name} running"), gantry, || async { gantry.pod_in_phase(&static_name(name), "Running") })
+        .await
 }
 
 /// Reads frames until `done` says the collected per-channel output is complete, or the
@@ -81,12 +82,18 @@ fn stdin_frame(data: &str) -> Message {
 
 /// Standalone node: client certificates from the test CA, AlwaysAllow.
 async fn standalone(pods: &[(&str, String)]) -> Option<(Env, NodeApi, Gantry, Identity)> {
+    standalone_with(pods, &[]).await
+}
+
+async fn standalone_with(pods: &[(&str, String)], extra: &[&str]) -> Option<(Env, NodeApi, Gantry, Identity)> {
     let env = Env::start().await?;
     for (file, yaml) in pods {
         env.write_manifest(file, yaml);
     }
     let api = NodeApi::new(&env.ctd.dir());
-    let gantry = start(&env, &api, &["--authorization-mode=AlwaysAllow"]).await;
+    let mut flags = vec!["--authorization-mode=AlwaysAllow"];
+    flags.extend_from_slice(extra);
+    let gantry = start(&env, &api, &flags).await;
     let alice = api.ca.client("alice", &["dev"]);
     Some((env, api, gantry, alice))
 }
@@ -94,8 +101,20 @@ async fn standalone(pods: &[(&str, String)]) -> Option<(Env, NodeApi, Gantry, Id
 #[tokio::test(flavor = "multi_thread")]
 async fn healthz_pods_and_client_certificates() {
     let sleeper = pod_yaml("sleeper", "sleep 3600", "");
-    let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
+    let read_only = common::node_api::free_port();
+    let flag = format!("--read-only-port={read_only}");
+    let Some((_env, api, gantry, alice)) = standalone_with(&[("sleeper.yaml", sleeper)], &[&flag]).await else {
+        return;
+    };
     wait_running(&gantry, "sleeper").await;
+
+    // The read-only port: plain HTTP, no authentication, read-only endpoints only.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = plain.get(format!("http://127.0.0.1:{read_only}/pods")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.text().await.unwrap().contains(&static_name("sleeper")));
+    let exec = format!("http://127.0.0.1:{read_only}/exec/default/{}/main?command=ls&output=1", static_name("sleeper"));
+    assert_eq!(plain.post(exec).send().await.unwrap().status().as_u16(), 404, "no exec on the read-only port");
 
     // /healthz on the secure port too.
     let resp = api.client(Some(&alice)).get(api.url("/healthz")).send().await.unwrap();
@@ -123,7 +142,7 @@ async fn healthz_pods_and_client_certificates() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
+async fn anonymous_requests_self_signed_certificate_and_debugging_handlers_off() {
     let Some(env) = Env::start().await else { return };
     let api = NodeApi::new(&env.ctd.dir());
     // No --tls-cert-file: a self-signed pair in <root-dir>/pki.
@@ -134,6 +153,7 @@ async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
         format!("--healthz-port={}", api.healthz_port),
         "--anonymous-auth=true".to_string(),
         "--authorization-mode=AlwaysAllow".to_string(),
+        "--enable-debugging-handlers=false".to_string(),
     ];
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut gantry = env.kubelet(&refs);
@@ -141,6 +161,9 @@ async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
     let pods = api.url("/pods");
     let resp = eventually("anonymous /pods", &gantry, || async { insecure.get(&pods).send().await.ok() }).await;
     assert_eq!(resp.status().as_u16(), 200, "anonymous is allowed when enabled");
+    // Debugging handlers off: the container endpoints answer 405 as upstream.
+    let resp = insecure.post(api.url("/run/default/p/main?cmd=ls")).send().await.unwrap();
+    assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (405, "Debug endpoints are disabled.".into()));
     let cert = env.root.join("pki/kubelet.crt");
     let first = std::fs::read(&cert).expect("self-signed kubelet.crt in <root-dir>/pki");
     assert!(env.root.join("pki/kubelet.key").exists());
@@ -153,8 +176,8 @@ async fn anonymous_requests_when_enabled_and_self_signed_certificate() {
         .build()
         .unwrap();
     let by_name = format!("https://{}:{}/healthz", common::NODE, api.port);
-    let verified = trusted.get(&by_name).send().await;
-    eprintln!("self-signed certificate verified by name: {:?}", verified.as_ref().map(|r| r.status()));
+    let verified = trusted.get(&by_name).send().await.expect("the self-signed certificate names the node");
+    assert_eq!(verified.status().as_u16(), 200);
 
     // A restart reuses the pair.
     gantry.kill();
@@ -185,11 +208,14 @@ async fn exec_over_websocket_with_stdin_output_and_exit_code() {
     assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
     assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
 
-    // A zero exit reports Success.
-    let path = with_query(&format!("/exec/default/{pod}/main"), &[("command", "true"), ("output", "1")]);
+    // A zero exit reports Success (here through the `/{podUID}/` form of the path).
+    let uid = gantry.pod(&pod).unwrap().metadata.uid.unwrap();
+    let path = with_query(&format!("/exec/default/{pod}/{uid}/main"), &[("command", "true"), ("output", "1")]);
     let mut ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
     let out = text(&read_channels(&mut ws, |o| !o[3].is_empty()).await);
     assert!(out[3].contains("Success"), "{:?}", out[3]);
+    let wrong_uid = with_query(&format!("/exec/default/{pod}/not-{uid}/main"), &[("command", "true"), ("output", "1")]);
+    assert_eq!(api.websocket(Some(&alice), &wrong_uid, CHANNEL).await.unwrap_err(), (404, "pod does not exist".into()));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -309,19 +335,22 @@ async fn run_errors_and_disconnects() {
     assert_eq!((resp.status().as_u16(), resp.text().await.unwrap()), (400, "Upgrade request required".into()));
 
     // A client that goes away mid-stream: the runtime's exec session ends, the agent lives on.
-    let path =
-        with_query(&format!("/exec/default/{pod}/main"), &[("command", "sleep"), ("command", "7777"), ("output", "1")]);
+    // containerd runs exec'd processes detached from the request, but closes their stdin when
+    // the stream ends: a process reading stdin ends when the client is gone.
+    let script = "cat >/dev/null; echo tick-7777";
+    let exec_args = [("command", "sh"), ("command", "-c"), ("command", script), ("input", "1"), ("output", "1")];
+    let path = with_query(&format!("/exec/default/{pod}/main"), &exec_args);
     let ws = api.websocket(Some(&alice), &path, CHANNEL).await.expect("exec upgrade");
     let ps = api.url(&format!("/run/default/{pod}/main?cmd=ps"));
-    eventually("the exec'd sleep to run", &gantry, || async {
+    eventually("the exec'd loop to run", &gantry, || async {
         let out = client.post(&ps).send().await.ok()?.text().await.ok()?;
-        out.contains("sleep 7777").then_some(())
+        out.contains("tick-7777").then_some(())
     })
     .await;
     drop(ws);
-    eventually("the exec'd sleep to end after the client left", &gantry, || async {
+    eventually("the exec'd loop to end after the client left", &gantry, || async {
         let out = client.post(&ps).send().await.ok()?.text().await.ok()?;
-        (!out.contains("sleep 7777")).then_some(())
+        (!out.contains("tick-7777")).then_some(())
     })
     .await;
     let resp = client.get(api.url("/healthz")).send().await.unwrap();
@@ -400,4 +429,115 @@ async fn tokens_are_reviewed_and_subresources_authorized_by_the_api_server() {
     assert_eq!(get("bob-token", "/pods").await.unwrap().status().as_u16(), 403);
     assert_eq!(get("alice-token", "/pods").await.unwrap().status().as_u16(), 200);
     assert_eq!((count("bob", "pods"), count("alice", "pods")), before, "denied and allowed answers are cached");
+}
+
+/// `kubectl exec` and `kubectl port-forward` the way they really travel: client → API server
+/// → this node's API (authenticated with the API server's kubelet client certificate,
+/// authorized by SubjectAccessReview) → containerd. Needs a real cluster that can reach this
+/// machine (`GANTRY_E2E_KUBECONFIG`); the in-process test server does not proxy to nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_and_port_forward_through_the_api_server() {
+    use base64::Engine;
+    use kube::Api;
+    use kube::api::{AttachParams, PostParams};
+
+    let Some((env, cluster)) = common::cluster::setup().await else { return };
+    if matches!(cluster, Cluster::Test(_)) {
+        eprintln!("SKIPPED exec/port-forward through the API server: needs GANTRY_E2E_KUBECONFIG (a real API server)");
+        return;
+    }
+    // The API server's kubelet client certificate chains to the cluster CA.
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let ca_pem = match (config.root_cert, config.root_cert_file) {
+        (Some(ders), _) => {
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let pem = |der: &Vec<u8>| {
+                let b = b64.encode(der);
+                let lines: Vec<&str> = b.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
+                format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", lines.join("\n"))
+            };
+            ders.iter().map(pem).collect::<String>()
+        }
+        (None, Some(file)) => std::fs::read_to_string(file).unwrap(),
+        (None, None) => panic!("the kubeconfig names no cluster CA"),
+    };
+    let ca = env.ctd.dir().join("cluster-ca.crt");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let port = common::node_api::free_port();
+    let flags = [
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--enable-server=true".into(),
+        format!("--port={port}"),
+        format!("--healthz-port={}", common::node_api::free_port()),
+        format!("--client-ca-file={}", ca.display()),
+    ];
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gantry = env.kubelet(&refs);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let spec = format!(
+        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n",
+        env.node
+    );
+    let web = "mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www";
+    let pod: Pod = serde_yaml_ng::from_str(&pod_yaml("web", web, &spec)).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("the pod Running in the API", &gantry, || async {
+        let p = pods.get("web").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+
+    let ap = AttachParams::default().stdin(false).stdout(true).stderr(false);
+    let mut proc = pods.exec("web", ["sh", "-c", "echo through-the-api; exit 4"], &ap).await.unwrap();
+    let mut out = String::new();
+    proc.stdout().unwrap().read_to_string(&mut out).await.unwrap();
+    let status = proc.take_status().unwrap().await.unwrap();
+    assert_eq!(out, "through-the-api\n");
+    assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"), "{status:?}");
+
+    let mut pf = pods.portforward("web", &[8080]).await.unwrap();
+    let mut stream = pf.take_stream(8080).unwrap();
+    stream.write_all(b"GET /index.html HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).await.unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("hello-from-pod"));
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn start_up_fails_clearly_when_the_port_is_taken_or_the_certificate_is_missing() {
+    let Some(env) = Env::start().await else { return };
+    let api = NodeApi::new(&env.ctd.dir());
+    let taken = std::net::TcpListener::bind(("127.0.0.1", api.port)).unwrap();
+    let mut gantry = env.kubelet(&api.flags().iter().map(String::as_str).collect::<Vec<_>>());
+    let status = wait_exit(&mut gantry).await;
+    assert!(!status.success());
+    let log = gantry.log();
+    assert!(log.contains(&format!("cannot listen on 127.0.0.1:{} (port)", api.port)), "{log}");
+    drop(taken);
+
+    let missing = env.ctd.dir().join("missing.crt");
+    let mut flags = api.flags();
+    flags.retain(|f| !f.starts_with("--tls-cert-file="));
+    flags.push(format!("--tls-cert-file={}", missing.display()));
+    let log_before = gantry.log().len();
+    let mut gantry = env.kubelet(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let status = wait_exit(&mut gantry).await;
+    assert!(!status.success());
+    let log = gantry.log()[log_before..].to_string();
+    assert!(log.contains(&format!("cannot read tlsCertFile {}", missing.display())), "{log}");
+}
+
+/// Polls until the agent process exits (with a deadline).
+async fn wait_exit(gantry: &mut Gantry) -> std::process::ExitStatus {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = gantry.try_exit() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the agent did not exit\n{}", common::tail(&gantry.log(), 20));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -78,6 +78,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "authorization",
     "healthzPort",
     "healthzBindAddress",
+    "enableDebuggingHandlers",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

@@ -142,7 +142,7 @@ pub struct Flags {
     #[arg(long, value_name = "SIGNAL<QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
     pub eviction_hard: Vec<String>,
 
-    /// Port of the kubelet server, reported in the node status. (port) [default: 10250]
+    /// Port of the node API (HTTPS: exec, attach, port-forward, logs, stats), also reported in the node status. (port) [default: 10250]
     #[arg(long, value_name = "PORT", allow_negative_numbers = true, value_parser = go_int32)]
     pub port: Option<i32>,
 
@@ -227,6 +227,10 @@ pub struct ServerFlags {
     /// Serve the node API (logs, exec, attach, port-forward, stats). (enableServer) [default: true]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub enable_server: Option<bool>,
+
+    /// Serve /run, /exec, /attach, /portForward and /containerLogs; when off they answer 405. (enableDebuggingHandlers) [default: true]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub enable_debugging_handlers: Option<bool>,
 
     /// IP address the node API listens on (0.0.0.0 or :: for all interfaces). (address) [default: 0.0.0.0]
     #[arg(long, value_name = "IP")]
@@ -463,7 +467,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "contention-profiling",
     "cpu-cfs-quota",
     "enable-controller-attach-detach",
-    "enable-debugging-handlers",
     "exit-on-lock-contention",
     "experimental-allocatable-ignore-eviction",
     "fail-swap-on",

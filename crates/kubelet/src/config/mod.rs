@@ -236,7 +236,7 @@ impl Settings {
              containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
              verbosity={} featureGates={} nodeIP={} nodeLabels={} registerNode={} registerWithTaints={} \
              kubeAPIQPS={} kubeAPIBurst={} nodeStatusUpdateFrequency={} nodeStatusReportFrequency={} \
-             nodeLeaseDuration={}s kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={}",
+             nodeLeaseDuration={}s kubeReserved={} systemReserved={} evictionHard={} port={} podsPerCore={} {}",
             self.node_name,
             self.hostname,
             self.root_dir.display(),
@@ -274,6 +274,7 @@ impl Settings {
             map_summary(&self.eviction_hard, "<"),
             self.port,
             self.pods_per_core,
+            self.server.summary(),
         )
     }
 

@@ -43,6 +43,9 @@ impl AuthorizationMode {
 pub struct ServerSettings {
     /// `enableServer` / `--enable-server`, default true.
     pub enabled: bool,
+    /// `enableDebuggingHandlers` / `--enable-debugging-handlers`, default true: `/run`, `/exec`,
+    /// `/attach`, `/portForward`, `/containerLogs`; when off they answer 405.
+    pub debugging_handlers: bool,
     /// `address` / `--address`, default 0.0.0.0. The port is `Settings::port`.
     pub address: IpAddr,
     /// `readOnlyPort` / `--read-only-port`: 0 = off (config file default), 10255 with flags only.
@@ -78,6 +81,7 @@ impl Default for ServerSettings {
     fn default() -> Self {
         ServerSettings {
             enabled: true,
+            debugging_handlers: true,
             address: IpAddr::from([0, 0, 0, 0]),
             read_only_port: 0,
             healthz_port: DEFAULT_HEALTHZ_PORT,
@@ -128,6 +132,26 @@ impl ServerSettings {
         }
     }
 
+    /// The server settings for the start-up log line.
+    pub fn summary(&self) -> String {
+        let opt = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "<none>".to_string(), |p| p.display().to_string());
+        format!(
+            "enableServer={} enableDebuggingHandlers={} address={} readOnlyPort={} healthzPort={} healthzBindAddress={} tlsCertFile={} \
+             clientCAFile={} anonymousAuth={} authenticationTokenWebhook={} authorizationMode={:?}",
+            self.enabled,
+            self.debugging_handlers,
+            self.address,
+            self.read_only_port,
+            self.healthz_port,
+            self.healthz_bind_address,
+            opt(&self.tls_cert_file),
+            opt(&self.client_ca_file),
+            self.anonymous,
+            self.webhook_authentication,
+            self.authorization_mode,
+        )
+    }
+
     /// The directory of the self-signed certificate.
     pub fn cert_dir(&self, root_dir: &Path) -> PathBuf {
         self.cert_dir.clone().unwrap_or_else(|| root_dir.join("pki"))
@@ -136,6 +160,9 @@ impl ServerSettings {
     pub(super) fn apply_file(&mut self, c: &KubeletConfiguration, invalid: Invalid) -> Result<(), ConfigError> {
         if let Some(e) = c.enable_server {
             self.enabled = e;
+        }
+        if let Some(e) = c.enable_debugging_handlers {
+            self.debugging_handlers = e;
         }
         if let Some(a) = c.address.as_deref().filter(|a| !a.is_empty()) {
             self.address = ip("address", a, invalid)?;
@@ -192,6 +219,9 @@ impl ServerSettings {
         let s = &f.server;
         if let Some(e) = s.enable_server {
             self.enabled = e;
+        }
+        if let Some(e) = s.enable_debugging_handlers {
+            self.debugging_handlers = e;
         }
         if let Some(a) = &s.address {
             self.address = ip("--address", a, invalid)?;
@@ -296,6 +326,9 @@ mod tests {
                     authentication: {x509: {clientCAFile: /ca}, webhook: {enabled: false, cacheTTL: 10s}, anonymous: {enabled: true}}\n\
                     authorization: {mode: AlwaysAllow, webhook: {cacheAuthorizedTTL: 1m, cacheUnauthorizedTTL: 5s}}\n";
         let s = resolve(Some(file), &[]).unwrap();
+        assert!(s.debugging_handlers);
+        assert!(!resolve(Some("enableDebuggingHandlers: false"), &[]).unwrap().debugging_handlers);
+        assert!(!resolve(None, &["--enable-debugging-handlers=false"]).unwrap().debugging_handlers);
         assert_eq!(s.address, IpAddr::from([127, 0, 0, 1]));
         assert_eq!((s.read_only_port, s.healthz_port), (10255, 0));
         assert_eq!(s.client_ca_file, Some(PathBuf::from("/ca")));

@@ -110,7 +110,11 @@ pub struct Listening {
 /// it cannot listen), then serves in the background.
 pub async fn start(settings: &Settings, state: ServerState) -> Result<Listening, ServerError> {
     let s = &settings.server;
-    let tls = tls::server_config(s, settings, &settings.root_dir).await?;
+    // The node's addresses: `--node-ip`, and in cluster mode the InternalIP it registered.
+    let mut node_ips = settings.node_ips.clone();
+    node_ips.extend(state.shared().host_ip.as_deref().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()));
+    node_ips.dedup();
+    let tls = tls::server_config(s, settings, &node_ips).await?;
     let secure = bind(SocketAddr::new(s.address, settings.port), "port").await?;
     let healthz = match s.healthz_port {
         0 => None,

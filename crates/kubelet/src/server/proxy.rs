@@ -106,18 +106,29 @@ async fn try_upgrade(req: &mut Request, url: &str) -> Result<Response, ApiError>
                 return;
             }
         };
-        let (mut client, mut runtime) = (TokioIo::new(client), TokioIo::new(runtime));
-        match tokio::io::copy_bidirectional(&mut client, &mut runtime).await {
-            Ok((up, down)) => tracing::debug!(bytes_to_runtime = up, bytes_to_client = down, "stream closed"),
-            Err(e) => tracing::debug!(error = %e, "stream closed with an error"),
-        }
-        // Both ends drop here: the runtime sees its connection close and ends the session.
+        relay(TokioIo::new(client), TokioIo::new(runtime)).await;
     });
     let mut out = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
     for (name, value) in resp.headers() {
         out = out.header(name, value);
     }
     out.body(Body::empty()).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// Copies bytes both ways until either direction ends (EOF or error), then drops both
+/// connections, as upstream does: a client that goes away must not leave the runtime's
+/// stream open (a half-closed copy would wait for the runtime forever).
+async fn relay<A, B>(client: A, runtime: B)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut client_rx, mut client_tx) = tokio::io::split(client);
+    let (mut runtime_rx, mut runtime_tx) = tokio::io::split(runtime);
+    tokio::select! {
+        r = tokio::io::copy(&mut client_rx, &mut runtime_tx) => tracing::debug!(result = ?r, "client side of the stream ended"),
+        r = tokio::io::copy(&mut runtime_rx, &mut client_tx) => tracing::debug!(result = ?r, "runtime side of the stream ended"),
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +143,22 @@ mod tests {
         assert!(!is_upgrade(&h), "Upgrade header missing");
         h.insert(header::UPGRADE, "SPDY/3.1".parse().unwrap());
         assert!(is_upgrade(&h));
+    }
+
+    #[tokio::test]
+    async fn relay_closes_the_runtime_side_when_the_client_leaves() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, mut client_peer) = tokio::io::duplex(64);
+        let (runtime, mut runtime_peer) = tokio::io::duplex(64);
+        let relay = tokio::spawn(relay(client, runtime));
+        client_peer.write_all(b"in").await.unwrap();
+        let mut buf = [0u8; 2];
+        runtime_peer.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"in");
+        drop(client_peer);
+        relay.await.unwrap();
+        // The runtime's end reads EOF: its connection is gone, not half-open.
+        assert_eq!(runtime_peer.read(&mut buf).await.unwrap(), 0);
     }
 
     #[test]

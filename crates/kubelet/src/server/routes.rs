@@ -1,7 +1,9 @@
 //! The route table of the node API: the one place that lists every endpoint.
 //!
-//! To add an endpoint, add it to `secure_routes` (authenticated and authorized) and, if it
-//! is read-only and upstream serves it on the read-only port, to `read_only_routes` too.
+//! To add an endpoint, add it to `read_only_routes` if upstream also serves it on the
+//! read-only port (stats, metrics, pods), else to `debugging_routes` if it reaches into
+//! containers (upstream's debugging handlers, e.g. `/containerLogs`), else to
+//! `secure_routes`. Everything on the secure port is authenticated and authorized.
 //! Authorization attributes come from the path alone (`authz::subresources`): `/stats*` →
 //! `stats`, `/metrics*` → `metrics`, `/logs*` → `log`, `/pods` → `pods` (then `proxy`),
 //! everything else → `proxy`. A new path prefix that needs its own subresource goes in that
@@ -20,7 +22,9 @@ use super::{ServerState, authn, pods, streaming};
 
 /// The secure port: every route below, behind authentication and authorization.
 pub fn router(state: ServerState) -> Router {
-    secure_routes().layer(middleware::from_fn_with_state(state.clone(), auth)).with_state(state)
+    secure_routes(state.settings().debugging_handlers)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .with_state(state)
 }
 
 /// The read-only port: read-only endpoints, no authentication (upstream's `readOnlyPort`).
@@ -45,9 +49,15 @@ fn read_only_routes() -> Router<ServerState> {
         .route("/metrics/probes", get(crate::metrics::http::probes))
 }
 
-fn secure_routes() -> Router<ServerState> {
-    read_only_routes()
-        // Debugging handlers (upstream `enableDebuggingHandlers`).
+fn secure_routes(debugging: bool) -> Router<ServerState> {
+    let routes = read_only_routes();
+    if debugging { routes.merge(debugging_routes()) } else { routes.merge(debugging_disabled()) }
+}
+
+/// Upstream's "debugging handlers" (`enableDebuggingHandlers`): the endpoints that reach into
+/// containers. `/containerLogs` belongs here too.
+fn debugging_routes() -> Router<ServerState> {
+    Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", get(crate::logs::http::container_logs))
         .route("/run/{namespace}/{pod}/{container}", post(streaming::run))
         .route("/run/{namespace}/{pod}/{uid}/{container}", post(streaming::run_uid))
@@ -57,6 +67,17 @@ fn secure_routes() -> Router<ServerState> {
         .route("/attach/{namespace}/{pod}/{uid}/{container}", any(streaming::attach_uid))
         .route("/portForward/{namespace}/{pod}", any(streaming::port_forward))
         .route("/portForward/{namespace}/{pod}/{uid}", any(streaming::port_forward_uid))
+}
+
+/// The path prefixes upstream answers with 405 when debugging handlers are off.
+pub const DEBUGGING_PREFIXES: &[&str] = &["/run", "/exec", "/attach", "/portForward", "/containerLogs", "/runningpods"];
+
+fn debugging_disabled() -> Router<ServerState> {
+    DEBUGGING_PREFIXES.iter().fold(Router::new(), |r, prefix| r.route(&format!("{prefix}/{{*rest}}"), any(disabled)))
+}
+
+async fn disabled() -> (StatusCode, &'static str) {
+    (StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.")
 }
 
 /// `/healthz`: the agent answers, so it is healthy.
@@ -79,7 +100,12 @@ async fn auth(State(state): State<ServerState>, req: Request, next: Next) -> Res
     let path = req.uri().path().to_string();
     let attrs = authz::attributes(req.method(), &path);
     match state.authorizer().authorize(&user, &attrs, &path).await {
-        Ok(Decision::Allow) => next.run(req).await,
+        Ok(Decision::Allow) => {
+            let method = req.method().clone();
+            let resp = next.run(req).await;
+            tracing::debug!(user = %user.username, %method, %path, status = resp.status().as_u16(), "node API request");
+            resp
+        }
         Ok(Decision::Deny) => {
             let message = authz::forbidden_message(&user.username, &attrs);
             tracing::info!(user = %user.username, %path, "{message}");

@@ -81,17 +81,17 @@ pub fn generate_self_signed(hostname: &str, names: Vec<String>) -> Result<(Strin
 async fn serving_files(
     s: &ServerSettings,
     settings: &Settings,
-    root_dir: &Path,
+    node_ips: &[IpAddr],
 ) -> Result<(PathBuf, PathBuf), TlsError> {
     if let (Some(cert), Some(key)) = (&s.tls_cert_file, &s.tls_private_key_file) {
         return Ok((cert.clone(), key.clone()));
     }
-    let dir = s.cert_dir(root_dir);
+    let dir = s.cert_dir(&settings.root_dir);
     let (cert, key) = (dir.join(SELF_SIGNED_CERT), dir.join(SELF_SIGNED_KEY));
     if cert.exists() && key.exists() {
         return Ok((cert, key));
     }
-    let names = self_signed_names(&settings.hostname, &settings.node_ips);
+    let names = self_signed_names(&settings.hostname, node_ips);
     let (cert_pem, key_pem) = generate_self_signed(&settings.hostname, names)?;
     tokio::fs::create_dir_all(&dir).await.map_err(write_err(&dir))?;
     tokio::fs::write(&cert, cert_pem).await.map_err(write_err(&cert))?;
@@ -112,13 +112,14 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
-/// The rustls configuration of the secure port (HTTP/1.1: upgrades need it).
+/// The rustls configuration of the secure port (HTTP/1.1: upgrades need it). `node_ips` go
+/// into a generated certificate.
 pub async fn server_config(
     s: &ServerSettings,
     settings: &Settings,
-    root_dir: &Path,
+    node_ips: &[IpAddr],
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let (cert_path, key_path) = serving_files(s, settings, root_dir).await?;
+    let (cert_path, key_path) = serving_files(s, settings, node_ips).await?;
     let certs = load_certs(&cert_path, "tlsCertFile")?;
     let key = load_key(&key_path)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -1,8 +1,9 @@
 //! End-to-end: the node API's logs, stats and metrics (issue 7, part 2) against a real
 //! containerd: `/containerLogs` with every query parameter, follow across a log rotation,
 //! `previous`, the 400/404 cases; `/stats/summary` with a memory hog; `/metrics/resource`,
-//! `/metrics` and `/metrics/probes`. The agent runs standalone (static pods), so these tests
-//! run the same way when `GANTRY_E2E_KUBECONFIG` points at a real cluster.
+//! `/metrics` and `/metrics/probes`. Most tests run the agent standalone (static pods), so they
+//! run the same way when `GANTRY_E2E_KUBECONFIG` points at a real cluster; one joins the
+//! cluster (the test API server, or the real one) for API pods and API request metrics.
 
 mod common;
 
@@ -386,4 +387,50 @@ async fn stats_summary_cost_for_30_pods() {
     for line in metrics.lines().filter(|l| l.starts_with("kubelet_runtime_operations_duration_seconds_sum")) {
         println!("MEASURED {line}");
     }
+}
+
+/// Cluster mode: the logs of a pod from the API server, and the agent's API request counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn cluster_pod_logs_and_api_request_metrics() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::Api;
+    use kube::api::PostParams;
+
+    let Some((env, cluster)) = common::cluster::setup().await else { return };
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let mut flags = api.flags();
+    flags.push(format!("--kubeconfig={}", kubeconfig.display()));
+    flags.push("--authorization-mode=AlwaysAllow".into());
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gantry = env.kubelet(&refs);
+    let alice = api.ca.client("alice", &["dev"]);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let spec = format!(
+        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n",
+        env.node
+    );
+    let pod: Pod = serde_yaml_ng::from_str(&pod_yaml("talker", "echo hello-api; sleep 3600", &spec)).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    let logs = eventually("the API pod's log through the node API", &gantry, || async {
+        // The server starts after the agent joined the cluster: connection refused until then.
+        let resp = api.client(Some(&alice)).get(api.url("/containerLogs/default/talker/main")).send().await.ok()?;
+        let (code, body) = (resp.status().as_u16(), resp.text().await.ok()?);
+        (code == 200 && !body.is_empty()).then_some(body)
+    })
+    .await;
+    assert_eq!(logs, "hello-api\n");
+
+    // The Node was registered (POST 201) and its status / lease kept fresh through the client.
+    let (code, text) = get(&api, &alice, "/metrics", &[]).await;
+    assert_eq!(code, 200);
+    let counted = |code: &str, method: &str| -> f64 {
+        let prefix = format!("rest_client_requests_total{{code=\"{code}\",method=\"{method}\",host=\"");
+        text.lines().filter(|l| l.starts_with(&prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+    };
+    assert!(counted("201", "POST") >= 1.0, "{text}");
+    assert!(counted("200", "GET") >= 1.0, "{text}");
+    let _ = pods.delete("talker", &Default::default()).await;
+    cluster.cleanup(&env.node).await;
 }

@@ -143,11 +143,14 @@ macro_rules! client_type {
             {
                 let mut request = tonic::Request::new(req);
                 request.set_timeout(timeout);
-                match tokio::time::timeout(timeout, f(self.inner.clone(), request)).await {
+                let started = std::time::Instant::now();
+                let result = match tokio::time::timeout(timeout, f(self.inner.clone(), request)).await {
                     Ok(Ok(resp)) => Ok(resp.into_inner()),
                     Ok(Err(status)) => Err(CriError::call(op, status)),
                     Err(_) => Err(CriError::Timeout { op, timeout }),
-                }
+                };
+                crate::observe::observe(op, started.elapsed(), result.is_ok());
+                result
             }
 
             /// The timeout applied to each call.
@@ -233,9 +236,22 @@ impl ImageClient {
     /// longer than any per-call timeout, and the runtime bounds a stalled pull itself.
     pub async fn pull_image(&self, req: api::PullImageRequest) -> Result<api::PullImageResponse, CriError> {
         let mut client = self.inner.clone();
-        match client.pull_image(tonic::Request::new(req)).await {
+        let started = std::time::Instant::now();
+        let result = client.pull_image(tonic::Request::new(req)).await;
+        crate::observe::observe("PullImage", started.elapsed(), result.is_ok());
+        match result {
             Ok(resp) => Ok(resp.into_inner()),
             Err(status) => Err(CriError::call("PullImage", status)),
         }
+    }
+}
+
+/// Logs and stats (the node agent's HTTPS API and the log manager).
+impl RuntimeClient {
+    rpcs! {
+        reopen_container_log => "ReopenContainerLog": api::ReopenContainerLogRequest => api::ReopenContainerLogResponse;
+        container_stats => "ContainerStats": api::ContainerStatsRequest => api::ContainerStatsResponse;
+        list_container_stats => "ListContainerStats": api::ListContainerStatsRequest => api::ListContainerStatsResponse;
+        list_pod_sandbox_stats => "ListPodSandboxStats": api::ListPodSandboxStatsRequest => api::ListPodSandboxStatsResponse;
     }
 }

@@ -90,6 +90,11 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     let collector =
         ImageCollector::new(shared.driver.cri().clone(), settings.images.clone(), gc_events, &settings.node_name);
     tokio::spawn(collector.run());
+    tokio::spawn(gantry_kubelet::logs::rotation::run(
+        shared.driver.cri().runtime.clone(),
+        settings.node_name.clone(),
+        settings.logs.clone(),
+    ));
     let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
     if let Some(c) = cluster {
         // Before the agent runs: pods a maintenance held when the last run ended stay stopped.

@@ -155,6 +155,11 @@ impl Gantry {
         Gantry { child: Some(child), log: log.to_path_buf(), root }
     }
 
+    /// The agent's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or_default()
+    }
+
     /// The pods in the status file (empty until the agent wrote it).
     pub fn pods(&self) -> Vec<Pod> {
         gantry_kubelet::agent::status_store::read_pod_list(&self.root.join("pods.json")).unwrap_or_default()

@@ -62,6 +62,7 @@ pub struct Shared {
 impl Shared {
     /// Connects to the runtime named in `settings` and validates it.
     pub async fn connect(settings: &Settings) -> Result<Arc<Self>, AgentError> {
+        crate::metrics::install();
         let cri = gantry_cri::connect(
             &settings.container_runtime_endpoint,
             settings.image_service_endpoint.as_deref(),

@@ -104,6 +104,15 @@ impl Task {
             let timeout =
                 probes.params(kind).map_or(Duration::from_secs(1), |p| Duration::from_nanos(p.timeout as u64));
             let outcome = self.probe_once(kind, timeout).await;
+            let result = if outcome == Outcome::Success { "successful" } else { "failed" };
+            crate::metrics::record_probe(
+                kind.title(),
+                result,
+                &self.container.name,
+                spec::name(&self.pod),
+                spec::namespace(&self.pod),
+                spec::uid(&self.pod),
+            );
             if let Some(health) = probes.record(kind, outcome, now()) {
                 tracing::info!(pod = %spec::full_name(&self.pod), container = %self.container.name, probe = kind.title(), ?health, "probe result changed");
                 self.health.lock().unwrap().insert(self.container_id.clone(), health);

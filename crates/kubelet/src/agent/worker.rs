@@ -67,6 +67,8 @@ struct Worker {
     image_retry: Option<Duration>,
     start_time: Option<Nanos>,
     probers: Probers,
+    /// When this worker first saw the pod; None once its start duration was recorded.
+    seen_at: Option<std::time::Instant>,
 }
 
 impl Worker {
@@ -80,6 +82,7 @@ impl Worker {
             image_retry: None,
             start_time: None,
             probers,
+            seen_at: Some(std::time::Instant::now()),
         }
     }
 
@@ -401,6 +404,11 @@ impl Worker {
         let old_phase = previous.as_ref().and_then(|s| s.phase.clone());
         if old_phase != status.phase {
             tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = spec::uid(&self.pod), phase = status.phase.as_deref().unwrap_or_default(), "pod phase changed");
+        }
+        if status.phase.as_deref() == Some("Running")
+            && let Some(seen) = self.seen_at.take()
+        {
+            crate::metrics::METRICS.pod_start_duration.observe(seen.elapsed().as_secs_f64());
         }
         self.shared.statuses.set(&self.pod, status);
     }

@@ -11,6 +11,7 @@
 //! of the shared QPS budget so that a busy agent never looks dead.
 
 mod ratelimit;
+mod request_metrics;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -133,12 +134,14 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     let invalid = |e: kube::Error| ApiError::InvalidKubeconfig { path: path.clone(), reason: error_chain(&e) };
 
     let (qps, burst) = effective_rate(settings.kube_api_qps, settings.kube_api_burst);
-    let client = ClientBuilder::try_from(config.clone()).map_err(invalid)?;
+    let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
+    let counted = request_metrics::RequestMetricsLayer::new(host);
+    let client = ClientBuilder::try_from(config.clone()).map_err(invalid)?.with_layer(&counted);
     let client = match qps {
         Some(qps) => client.with_layer(&RateLimitLayer::new(qps, burst)).build(),
         None => client.build(),
     };
-    let heartbeat = ClientBuilder::try_from(config).map_err(invalid)?.build();
+    let heartbeat = ClientBuilder::try_from(config).map_err(invalid)?.with_layer(&counted).build();
     Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path })
 }
 

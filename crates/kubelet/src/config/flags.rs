@@ -166,6 +166,14 @@ pub struct Flags {
     #[arg(long, value_name = "IMAGE")]
     pub pod_infra_container_image: Option<String>,
 
+    /// Maximum size of a container log file before it is rotated, e.g. 10Mi. (containerLogMaxSize) [default: 10Mi]
+    #[arg(long, value_name = "QUANTITY", allow_hyphen_values = true)]
+    pub container_log_max_size: Option<String>,
+
+    /// Maximum number of log files kept per container, the current one included; must be > 1. (containerLogMaxFiles) [default: 5]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
+    pub container_log_max_files: Option<i32>,
+
     /// Pull images one at a time. (serializeImagePulls) [default: true]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub serialize_image_pulls: Option<bool>,
@@ -399,8 +407,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "cloud-config",
     "cloud-provider",
     "config-dir",
-    "container-log-max-files",
-    "container-log-max-size",
     "cpu-cfs-quota-period",
     "cpu-manager-policy",
     "cpu-manager-policy-options",

@@ -20,6 +20,7 @@ mod file;
 mod flags;
 mod gates;
 mod images;
+mod logs;
 mod pods;
 mod server;
 
@@ -39,6 +40,7 @@ pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
 pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 pub use images::ImageSettings;
+pub use logs::LogSettings;
 pub use pods::{CgroupDriver, PodSettings};
 pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings};
 
@@ -147,6 +149,8 @@ pub struct Settings {
     pub images: ImageSettings,
     /// Pod cgroups, DNS and security.
     pub pods: PodSettings,
+    /// Container log rotation.
+    pub logs: LogSettings,
     /// The node API server (address, TLS, authentication, authorization).
     pub server: ServerSettings,
 }
@@ -195,6 +199,7 @@ impl Default for Settings {
             pods_per_core: 0,
             images: ImageSettings::default(),
             pods: PodSettings::default(),
+            logs: LogSettings::default(),
             server: ServerSettings::default(),
         }
     }
@@ -329,6 +334,7 @@ impl fmt::Debug for Settings {
             .field("port", &self.port)
             .field("pods_per_core", &self.pods_per_core)
             .field("images", &self.images)
+            .field("logs", &self.logs)
             .field("pods", &self.pods)
             .field("server", &self.server)
             .finish()
@@ -542,6 +548,7 @@ fn apply_file(
     }
     s.images.apply_file(c, &invalid)?;
     s.pods.apply_file(c, &invalid)?;
+    s.logs.apply_file(c, &invalid)?;
     s.server.apply_file(c, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
@@ -755,6 +762,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     }
     s.images.apply_flags(f, &invalid)?;
     s.pods.apply_flags(f, &invalid)?;
+    s.logs.apply_flags(f, &invalid)?;
     s.server.apply_flags(f, &invalid)?;
     apply_flags_cluster(s, f, &invalid)
 }

@@ -1,6 +1,6 @@
 //! Executes the core's actions through CRI.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -173,6 +173,11 @@ impl Driver {
 
     pub fn runtime_name(&self) -> &str {
         &self.cri.version.runtime_name
+    }
+
+    /// `--root-dir` (pod directories, volumes).
+    pub fn root_dir(&self) -> &Path {
+        &self.root_dir
     }
 
     pub fn cri(&self) -> &Cri {

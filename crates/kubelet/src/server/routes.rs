@@ -38,7 +38,15 @@ pub fn healthz_router() -> Router {
 }
 
 fn read_only_routes() -> Router<ServerState> {
-    Router::new().route("/healthz", get(healthz)).route("/pods", get(pods::list)).route("/pods/", get(pods::list))
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/pods", get(pods::list))
+        .route("/pods/", get(pods::list))
+        // Stats and metrics (issue 7, part 2).
+        .route("/stats/summary", get(crate::stats::http::summary).post(crate::stats::http::summary))
+        .route("/metrics", get(crate::metrics::http::metrics))
+        .route("/metrics/resource", get(crate::stats::http::resource_metrics))
+        .route("/metrics/probes", get(crate::metrics::http::probes))
 }
 
 fn secure_routes(debugging: bool) -> Router<ServerState> {
@@ -50,6 +58,7 @@ fn secure_routes(debugging: bool) -> Router<ServerState> {
 /// containers. `/containerLogs` belongs here too.
 fn debugging_routes() -> Router<ServerState> {
     Router::new()
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(crate::logs::http::container_logs))
         .route("/run/{namespace}/{pod}/{container}", post(streaming::run))
         .route("/run/{namespace}/{pod}/{uid}/{container}", post(streaming::run_uid))
         .route("/exec/{namespace}/{pod}/{container}", any(streaming::exec))

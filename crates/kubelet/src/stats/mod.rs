@@ -1,0 +1,12 @@
+//! Node and pod statistics: `/stats/summary` (`summary`, shape in `types`), the node's own
+//! counters (`host`), CPU rates from two samples (`rate`), and the Prometheus text of
+//! `/metrics/resource` (`resource_metrics`).
+
+pub mod host;
+pub mod http;
+pub mod rate;
+pub mod resource_metrics;
+pub mod summary;
+pub mod types;
+
+pub use types::Summary;

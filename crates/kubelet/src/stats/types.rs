@@ -1,0 +1,149 @@
+//! The `/stats/summary` JSON shape, as upstream's `stats/v1alpha1` (field names, omitted
+//! empty fields).
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub node: NodeStats,
+    pub pods: Vec<PodStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStats {
+    pub node_name: String,
+    pub start_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fs: Option<FsStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeStats {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_fs: Option<FsStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_fs: Option<FsStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuStats {
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_nano_cores: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_core_nano_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStats {
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_set_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_faults: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub major_page_faults: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStats {
+    pub name: String,
+    pub rx_bytes: u64,
+    pub rx_errors: u64,
+    pub tx_bytes: u64,
+    pub tx_errors: u64,
+}
+
+/// The default interface's counters inline, plus every interface.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct NetworkStats {
+    pub time: String,
+    #[serde(flatten)]
+    pub default: InterfaceStats,
+    pub interfaces: Vec<InterfaceStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsStats {
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inodes_free: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inodes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inodes_used: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PodReference {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStats {
+    pub pod_ref: PodReference,
+    pub start_time: String,
+    pub containers: Vec<ContainerStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkStats>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volume: Vec<VolumeStats>,
+    #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
+    pub ephemeral_storage: Option<FsStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStats {
+    pub name: String,
+    pub start_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<FsStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logs: Option<FsStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStats {
+    #[serde(flatten)]
+    pub fs: FsStats,
+    pub name: String,
+}

@@ -26,18 +26,7 @@ const TTY_SCRIPT: &str =
 
 /// A node agent serving the node API with the test certificates, plus `extra` flags.
 async fn start(env: &Env, api: &NodeApi, extra: &[&str]) -> Gantry {
-    let mut flags: Vec<String> = api.flags();
-    flags.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let gantry = env.kubelet(&refs);
-    let healthz = format!("http://127.0.0.1:{}/healthz", api.healthz_port);
-    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
-    eventually("the healthz port to answer", &gantry, || async {
-        let resp = plain.get(&healthz).send().await.ok()?;
-        (resp.status() == 200).then_some(())
-    })
-    .await;
-    gantry
+    api.start_agent(env, extra).await
 }
 
 /// `path?query` with the pairs URL-encoded.

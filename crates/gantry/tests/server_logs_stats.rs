@@ -26,18 +26,9 @@ async fn start(pods: &[(&str, String)], config: &str, extra: &[&str]) -> Option<
         env.write_manifest(file, yaml);
     }
     let api = NodeApi::new(&env.ctd.dir());
-    let mut flags = api.flags();
-    flags.push("--authorization-mode=AlwaysAllow".into());
-    flags.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let gantry = env.kubelet(&refs);
-    let healthz = format!("http://127.0.0.1:{}/healthz", api.healthz_port);
-    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
-    eventually("the healthz port to answer", &gantry, || async {
-        let resp = plain.get(&healthz).send().await.ok()?;
-        (resp.status() == 200).then_some(())
-    })
-    .await;
+    let mut flags = vec!["--authorization-mode=AlwaysAllow"];
+    flags.extend_from_slice(extra);
+    let gantry = api.start_agent(&env, &flags).await;
     let alice = api.ca.client("alice", &["dev"]);
     Some((env, api, gantry, alice))
 }

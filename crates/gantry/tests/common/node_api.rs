@@ -96,6 +96,22 @@ impl NodeApi {
         ]
     }
 
+    /// A node agent serving this node API, plus `extra` flags; returns once healthz answers.
+    pub async fn start_agent(&self, env: &super::Env, extra: &[&str]) -> super::Gantry {
+        let mut flags = self.flags();
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let gantry = env.kubelet(&refs);
+        let healthz = format!("http://127.0.0.1:{}/healthz", self.healthz_port);
+        let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+        super::eventually("the healthz port to answer", &gantry, || async {
+            let resp = plain.get(&healthz).send().await.ok()?;
+            (resp.status() == 200).then_some(())
+        })
+        .await;
+        gantry
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("https://127.0.0.1:{}{path}", self.port)
     }

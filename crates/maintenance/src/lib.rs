@@ -1,10 +1,12 @@
 //! Declarative node maintenance (KEP-4212) as a CustomResourceDefinition: the `NodeMaintenance`
 //! API (`api`), label and node selector matching (`selector`), the spec rules the CRD's CEL also
-//! states (`validate`), the pure drain planner (`plan`) and the pure reconcile step (`decide`).
+//! states (`validate`), the pure drain planner (`plan`), the pure reconcile step (`decide`), leader election rules
+//! (`leader`) and the controller that runs them (`controller`).
 
 pub mod api;
 pub mod controller;
 pub mod decide;
+pub mod leader;
 pub mod plan;
 pub mod selector;
 pub mod validate;

@@ -63,12 +63,21 @@ impl Controller {
         }
     }
 
-    /// SIGTERM, as the kubelet stops a pod, then waits for the exit.
-    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
+    /// SIGTERM, as the kubelet stops a pod; then the exit status, or `None` if the process
+    /// did not exit within the deadline.
+    async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
         let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().ok()?;
         assert!(status.success(), "kill -TERM failed");
-        child.wait().ok()
+        let start = Instant::now();
+        while start.elapsed() < common::DEADLINE {
+            if let Some(status) = child.try_wait().ok()? {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
     }
 }
 
@@ -569,7 +578,8 @@ async fn a_controller_killed_mid_drain_continues_without_evicting_a_pod_twice() 
 
     let evicted_first = kubelet.order()[0].clone();
     let metrics_flag = format!("--metrics-bind-address=127.0.0.1:{metrics_port}");
-    let second = Controller::start_as(&bench.cluster, bench.dir.path(), "second", &["--leader-elect=false", &metrics_flag]);
+    let second =
+        Controller::start_as(&bench.cluster, bench.dir.path(), "second", &["--leader-elect=false", &metrics_flag]);
     // The second controller has reconciled once it reports the maintenance in its gauge.
     until("the restarted controller to reconcile", &[&second], || async {
         let text = http_get(metrics_port, "/metrics").await?;
@@ -582,8 +592,10 @@ async fn a_controller_killed_mid_drain_continues_without_evicting_a_pod_twice() 
 
     // The terminating pod goes; the PDB still allows nothing (2 healthy, 2 required).
     kubelet.release();
-    until("the evicted pod to be gone", &[&second], || async { gone(&bench.pods(), &evicted_first).await.then_some(()) })
-        .await;
+    until("the evicted pod to be gone", &[&second], || async {
+        gone(&bench.pods(), &evicted_first).await.then_some(())
+    })
+    .await;
     bench.set_pdb("web", 0).await;
     until("the drain to finish after the restart", &[&second], || async { bench.drained(&name).await.then_some(()) })
         .await;
@@ -711,7 +723,8 @@ async fn two_replicas_only_the_lease_holder_acts_and_the_other_takes_over() {
         .await;
 
     // A clean shutdown releases the Lease at once and exits 0.
-    let status = two.terminate().expect("the second replica exits");
+    let status =
+        two.terminate().await.unwrap_or_else(|| panic!("no exit on SIGTERM\n{}", common::tail(&two.log(), 40)));
     assert!(status.success(), "exit status on SIGTERM: {status}");
     assert_eq!(lease_holder(&bench.client, &namespace).await, None, "the Lease is released");
     bench.cleanup(&[&name]).await;

@@ -3,7 +3,7 @@
 //! finalizer is removed only after every node is restored. Every step gets an event.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
@@ -44,12 +44,19 @@ pub(super) async fn apply(
     }
     for node in &d.cordon {
         set_unschedulable(ctx, node, true).await?;
-        event(ctx, m, EventType::Normal, "Cordoned", format!("Cordoned node {node}")).await;
+        event(ctx, m, About::Node(node), EventType::Normal, "Cordoned", format!("Cordoned node {node}")).await;
     }
     for node in &d.taint {
         set_drain_taint(ctx, nodes, node, true).await?;
-        event(ctx, m, EventType::Normal, "Tainted", format!("Tainted node {node} with {DRAIN_TAINT_KEY}:NoSchedule"))
-            .await;
+        event(
+            ctx,
+            m,
+            About::Node(node),
+            EventType::Normal,
+            "Tainted",
+            format!("Tainted node {node} with {DRAIN_TAINT_KEY}:NoSchedule"),
+        )
+        .await;
     }
     let held = evict_all(ctx, m, &d.evict, pods, pdbs).await;
     if !held.is_empty() {
@@ -58,16 +65,31 @@ pub(super) async fn apply(
     }
     for node in &d.untaint {
         set_drain_taint(ctx, nodes, node, false).await?;
-        event(ctx, m, EventType::Normal, "Untainted", format!("Removed the taint {DRAIN_TAINT_KEY} from node {node}"))
-            .await;
+        event(
+            ctx,
+            m,
+            About::Node(node),
+            EventType::Normal,
+            "Untainted",
+            format!("Removed the taint {DRAIN_TAINT_KEY} from node {node}"),
+        )
+        .await;
     }
     for node in &d.uncordon {
         set_unschedulable(ctx, node, false).await?;
-        event(ctx, m, EventType::Normal, "Uncordoned", format!("Uncordoned node {node}")).await;
+        event(ctx, m, About::Node(node), EventType::Normal, "Uncordoned", format!("Uncordoned node {node}")).await;
     }
     if d.remove_finalizer {
         set_finalizer(&api, m, false).await?;
-        event(ctx, m, EventType::Normal, "Completed", "Maintenance complete; nodes restored".to_string()).await;
+        event(
+            ctx,
+            m,
+            About::Maintenance,
+            EventType::Normal,
+            "Completed",
+            "Maintenance complete; nodes restored".to_string(),
+        )
+        .await;
     }
     Ok(())
 }
@@ -168,17 +190,19 @@ async fn evict_all(
             Ok(()) => {
                 ctx.evicted.lock().unwrap_or_else(|p| p.into_inner()).insert(pod.uid.clone());
                 let message = format!("Evicted pod {}/{} from node {}", pod.namespace, pod.name, pod.node);
-                event(ctx, m, EventType::Normal, "Evicted", message).await;
+                event(ctx, m, About::Pod(&pod.namespace, &pod.name), EventType::Normal, "Evicted", message).await;
             }
             Err(Refusal::Refused(reason)) => {
                 let budget = guarding_budget(pod, pods, pdbs);
                 let message = format!("Eviction of pod {}/{} refused by {budget}: {reason}", pod.namespace, pod.name);
-                event(ctx, m, EventType::Warning, "EvictionRefused", message).await;
+                event(ctx, m, About::Pod(&pod.namespace, &pod.name), EventType::Warning, "EvictionRefused", message)
+                    .await;
                 held.push((pod.clone(), format!("eviction refused by {budget}: {reason}")));
             }
             Err(Refusal::Failed(reason)) => {
                 let message = format!("Eviction of pod {}/{} failed: {reason}", pod.namespace, pod.name);
-                event(ctx, m, EventType::Warning, "EvictionFailed", message).await;
+                event(ctx, m, About::Pod(&pod.namespace, &pod.name), EventType::Warning, "EvictionFailed", message)
+                    .await;
                 held.push((pod.clone(), format!("eviction failed: {reason}")));
             }
         }
@@ -244,7 +268,15 @@ async fn announce_progress(
     new: &NodeMaintenanceStatus,
 ) {
     for stage in new.stage_statuses.iter().filter(|s| !old.stage_statuses.iter().any(|o| o.name == s.name)) {
-        event(ctx, m, EventType::Normal, "StageStarted", format!("Stage {:?} started", stage.name)).await;
+        event(
+            ctx,
+            m,
+            About::Step(format!("Start{:?}", stage.name)),
+            EventType::Normal,
+            "StageStarted",
+            format!("Stage {:?} started", stage.name),
+        )
+        .await;
     }
     let (before, targets) = (old.drain_status.reached_drain_targets.len(), &new.drain_status.reached_drain_targets);
     for (i, entry) in targets.iter().enumerate().skip(before) {
@@ -256,7 +288,15 @@ async fn announce_progress(
             entry.pod_type,
             entry.pod_priority
         );
-        event(ctx, m, EventType::Normal, "DrainTargetReached", message).await;
+        event(
+            ctx,
+            m,
+            About::Step(format!("ReachDrainTarget{}", i + 1)),
+            EventType::Normal,
+            "DrainTargetReached",
+            message,
+        )
+        .await;
     }
     let was_held = |node: &str, b: &BlockingPod| {
         old.node_statuses.iter().filter(|s| s.node_name == node).flat_map(|s| &s.blocking_pods).any(|o| o == b)
@@ -264,7 +304,7 @@ async fn announce_progress(
     for status in &new.node_statuses {
         for b in status.blocking_pods.iter().filter(|b| !was_held(&status.node_name, b)) {
             let message = format!("Pod {}/{} on node {} held: {}", b.namespace, b.name, status.node_name, b.reason);
-            event(ctx, m, EventType::Warning, "EvictionBlocked", message).await;
+            event(ctx, m, About::Pod(&b.namespace, &b.name), EventType::Warning, "EvictionBlocked", message).await;
         }
     }
 }
@@ -285,7 +325,7 @@ async fn announce_conditions(
         if was_true(new, type_) && !was_true(old, type_) {
             let message =
                 new.conditions.iter().find(|c| c.type_ == type_).map(|c| c.message.clone()).unwrap_or_default();
-            event(ctx, m, kind, type_, message).await;
+            event(ctx, m, About::Maintenance, kind, type_, message).await;
             if type_ == CONDITION_DRAINED {
                 observe_drain_duration(ctx, new);
             }
@@ -302,11 +342,33 @@ fn observe_drain_duration(ctx: &Context, status: &NodeMaintenanceStatus) {
     }
 }
 
+/// What else an event is about. kube's `Recorder` folds events with the same reason,
+/// action and related object into one series (keeping the first note), so each pod, node or
+/// step gets its own related object or action to stay visible.
+enum About<'a> {
+    Maintenance,
+    Node(&'a str),
+    Pod(&'a str, &'a str),
+    Step(String),
+}
+
 /// Events are best effort: a failure to publish one never fails the reconcile.
-async fn event(ctx: &Context, m: &NodeMaintenance, type_: EventType, reason: &str, note: String) {
+async fn event(ctx: &Context, m: &NodeMaintenance, about: About<'_>, type_: EventType, reason: &str, note: String) {
     tracing::info!(maintenance = %m.name_any(), reason, "{note}");
-    let event =
-        Event { type_, reason: reason.to_string(), note: Some(note), action: reason.to_string(), secondary: None };
+    let reference = |kind: &str, namespace: Option<&str>, name: &str| ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some(kind.to_string()),
+        namespace: namespace.map(str::to_string),
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    let (action, secondary) = match about {
+        About::Maintenance => (reason.to_string(), None),
+        About::Node(node) => (reason.to_string(), Some(reference("Node", None, node))),
+        About::Pod(namespace, name) => (reason.to_string(), Some(reference("Pod", Some(namespace), name))),
+        About::Step(action) => (action, None),
+    };
+    let event = Event { type_, reason: reason.to_string(), note: Some(note), action, secondary };
     if let Err(e) = ctx.recorder.publish(&event, &m.object_ref(&())).await {
         tracing::debug!(error = %e, "cannot publish event");
     }

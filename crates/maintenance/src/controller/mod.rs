@@ -203,9 +203,9 @@ where
     (store, rx)
 }
 
-fn snapshot<K: Clone>(store: &Store<K>) -> Vec<K>
+fn snapshot<K>(store: &Store<K>) -> Vec<K>
 where
-    K: Resource<DynamicType = ()> + 'static,
+    K: Resource<DynamicType = ()> + Clone + 'static,
 {
     store.state().iter().map(|o| (**o).clone()).collect()
 }

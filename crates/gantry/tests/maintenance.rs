@@ -574,6 +574,12 @@ async fn a_controller_killed_mid_drain_continues_without_evicting_a_pod_twice() 
     })
     .await;
     assert_eq!(held, Some(false), "the cordon memory is the node's state before the maintenance");
+    until("an event naming the PDB for each held pod", &[&first], || async {
+        let events = event_reasons(&bench.client, &name).await;
+        let by_pdb = events.iter().filter(|(r, note)| r == "EvictionBlocked" && note.contains("default/web")).count();
+        (by_pdb == 2).then_some(())
+    })
+    .await;
     first.kill();
 
     let evicted_first = kubelet.order()[0].clone();

@@ -301,8 +301,12 @@ async fn announce_progress(
     let was_held = |node: &str, b: &BlockingPod| {
         old.node_statuses.iter().filter(|s| s.node_name == node).flat_map(|s| &s.blocking_pods).any(|o| o == b)
     };
+    // A pod terminating after its eviction, or a DaemonSet pod waiting for the taint this
+    // very reconcile adds, is progress, not a block.
+    let transient =
+        |b: &BlockingPod| b.reason == "terminating" || b.reason.starts_with("waiting for the maintenance taint");
     for status in &new.node_statuses {
-        for b in status.blocking_pods.iter().filter(|b| !was_held(&status.node_name, b)) {
+        for b in status.blocking_pods.iter().filter(|b| !transient(b) && !was_held(&status.node_name, b)) {
             let message = format!("Pod {}/{} on node {} held: {}", b.namespace, b.name, status.node_name, b.reason);
             event(ctx, m, About::Pod(&b.namespace, &b.name), EventType::Warning, "EvictionBlocked", message).await;
         }

@@ -66,12 +66,17 @@ impl Controller {
     /// SIGTERM, as the kubelet stops a pod; then the exit status, or `None` if the process
     /// did not exit within the deadline.
     async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let child = self.child.as_mut()?;
-        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().ok()?;
+        let pid = self.child.as_ref()?.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().ok()?;
         assert!(status.success(), "kill -TERM failed");
+        self.exit().await
+    }
+
+    /// Waits (without blocking the in-process API server) for the process to exit on its own.
+    async fn exit(&mut self) -> Option<std::process::ExitStatus> {
         let start = Instant::now();
         while start.elapsed() < common::DEADLINE {
-            if let Some(status) = child.try_wait().ok()? {
+            if let Some(status) = self.child.as_mut()?.try_wait().ok()? {
                 self.child = None;
                 return Some(status);
             }
@@ -734,4 +739,26 @@ async fn two_replicas_only_the_lease_holder_acts_and_the_other_takes_over() {
     assert!(status.success(), "exit status on SIGTERM: {status}");
     assert_eq!(lease_holder(&bench.client, &namespace).await, None, "the Lease is released");
     bench.cleanup(&[&name]).await;
+}
+
+#[tokio::test]
+async fn a_leader_that_loses_the_lease_stops_at_once_with_a_failure_exit() {
+    let mut bench = Bench::start().await;
+    if bench.cluster.test_server("losing the Lease (overwrites the shared Lease)").is_none() {
+        return;
+    }
+    let flags = ["--leader-elect=true", "--leader-elect-namespace=kube-system", "--metrics-bind-address=0"];
+    let mut leader = Controller::start_as(&bench.cluster, bench.dir.path(), "leader", &flags);
+    until("the replica to lead", &[&leader], || async { acquired(&leader).then_some(()) }).await;
+
+    // Someone else takes the Lease (as after a partition during which it expired).
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(bench.client.clone(), "kube-system");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let patch = json!({"spec": {"holderIdentity": "usurper_1", "renewTime": now, "leaseDurationSeconds": 15}});
+    leases.patch(gantry_maintenance::leader::LEASE_NAME, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+
+    let status = leader.exit().await.unwrap_or_else(|| panic!("still running\n{}", common::tail(&leader.log(), 40)));
+    assert!(!status.success(), "losing the Lease is a failure exit (the Deployment restarts it): {status}");
+    assert!(leader.log().contains("leader election lost"), "{}", leader.log());
+    assert_eq!(lease_holder(&bench.client, "kube-system").await.as_deref(), Some("usurper_1"), "not released");
 }

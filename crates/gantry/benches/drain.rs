@@ -89,7 +89,13 @@ fn node_agent_args(ctd: &Containerd, server: &TestApiServer, dir: &std::path::Pa
 
 fn controller_args(server: &TestApiServer, dir: &std::path::Path) -> Vec<String> {
     let kubeconfig = server.kubeconfig(dir, &User::Admin);
-    vec!["maintenance-controller".into(), format!("--kubeconfig={}", kubeconfig.display())]
+    // One replica, no metrics port to collide with: only the drain is measured.
+    vec![
+        "maintenance-controller".into(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--leader-elect=false".into(),
+        "--metrics-bind-address=0".into(),
+    ]
 }
 
 fn spawn(dir: &std::path::Path, log: &str, args: &[String]) -> Child {

@@ -44,6 +44,8 @@ enum Command {
         /// Kubeconfig to use; without it, the in-cluster service account.
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
+        #[command(flatten)]
+        options: maintenance::ControllerFlags,
     },
     /// Create, list, inspect, complete and dry-run NodeMaintenances (the `kubectl maintenance` plugin).
     Maintenance(plugin::Plugin),
@@ -65,7 +67,9 @@ fn main() -> ExitCode {
         Command::Kubelet { args } => kubelet::main(&args),
         Command::Pods { root_dir, output } => pods::main(&root_dir, &output),
         Command::Crd => print_crd(),
-        Command::MaintenanceController { kubeconfig } => maintenance::controller(kubeconfig.as_deref()),
+        Command::MaintenanceController { kubeconfig, options } => {
+            maintenance::controller(kubeconfig.as_deref(), &options)
+        }
         Command::Maintenance(p) => plugin::main(p),
     }
 }

@@ -1,10 +1,19 @@
 //! End-to-end: `gantry maintenance-controller` draining a real Gantry node (containerd, the
 //! test API server or a real cluster): the drain waits on a PodDisruptionBudget and goes on as
 //! soon as the budget allows, and Complete restores the node.
+//!
+//! The controller-side cases (plan order, restart mid-drain, overlapping maintenances, two
+//! replicas, metrics) need no containerd: the test stands in for the kubelet by finishing the
+//! deletion of pods the controller evicted (see [`KubeletStandIn`]), which also records the
+//! order in which pods started terminating.
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::cluster::{self, Cluster};
 use common::{Gantry, eventually, pod_yaml};
@@ -17,26 +26,69 @@ use kube::{Api, CustomResourceExt};
 use serde_json::json;
 
 /// The controller process; killed on drop.
-struct Controller(Child);
+struct Controller {
+    child: Option<Child>,
+    log: PathBuf,
+}
 
 impl Controller {
-    fn start(cluster: &Cluster, dir: &std::path::Path) -> Controller {
+    /// One controller, without leader election or metrics (tests run in parallel).
+    fn start(cluster: &Cluster, dir: &Path) -> Controller {
+        Self::start_as(cluster, dir, "maintenance-controller", &["--leader-elect=false", "--metrics-bind-address=0"])
+    }
+
+    fn start_as(cluster: &Cluster, dir: &Path, name: &str, flags: &[&str]) -> Controller {
         let kubeconfig = cluster.admin_kubeconfig(dir);
-        let log = std::fs::File::create(dir.join("maintenance-controller.log")).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
             .args(["maintenance-controller", &format!("--kubeconfig={}", kubeconfig.display())])
+            .args(flags)
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(file)
             .spawn()
             .expect("spawn the controller");
-        Controller(child)
+        Controller { child: Some(child), log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash or a node failure would.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; then the exit status, or `None` if the process
+    /// did not exit within the deadline.
+    async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.as_ref()?.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().ok()?;
+        assert!(status.success(), "kill -TERM failed");
+        self.exit().await
+    }
+
+    /// Waits (without blocking the in-process API server) for the process to exit on its own.
+    async fn exit(&mut self) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < common::DEADLINE {
+            if let Some(status) = self.child.as_mut()?.try_wait().ok()? {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.kill();
     }
 }
 
@@ -222,4 +274,491 @@ async fn deleting_a_maintenance_restores_exactly_the_previous_cordon_state() {
         let _ = nodes.delete(extra, &DeleteParams::default()).await;
     }
     cluster.cleanup(&node).await;
+}
+
+// ---- Controller-side cases: no containerd, the test stands in for the kubelet. ----
+
+/// An API server, an admin client knowing the CRD, a scratch folder, and two Nodes: the one
+/// to maintain and a spare (so the safety check does not refuse the maintenance).
+struct Bench {
+    cluster: Cluster,
+    client: kube::Client,
+    dir: tempfile::TempDir,
+    node: String,
+    spare: String,
+}
+
+impl Bench {
+    async fn start() -> Bench {
+        gantry_testkit::init_test_tracing();
+        let cluster = Cluster::start().await;
+        let client = cluster.admin().await;
+        install_crd(&client).await;
+        let (node, spare) = (cluster.unique_node_name("maintained"), cluster.unique_node_name("spare"));
+        let nodes: Api<Node> = Api::all(client.clone());
+        for name in [&node, &spare] {
+            let n: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+            nodes.create(&PostParams::default(), &n).await.unwrap();
+        }
+        Bench { cluster, client, dir: tempfile::tempdir().unwrap(), node, spare }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    fn maintenances(&self) -> Api<NodeMaintenance> {
+        Api::all(self.client.clone())
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// A pod bound to `node`, of the given priority class (with its value, which the
+    /// test server does not resolve) and owner kind.
+    async fn pod(&self, node: &str, name: &str, app: &str, priority: Option<(&str, i32)>, daemon_set: bool) {
+        let mut pod = json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {
+                "nodeName": node,
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "main", "image": gantry_testkit::BUSYBOX_IMAGE}],
+            },
+        });
+        if let Some((class, value)) = priority {
+            pod["spec"]["priorityClassName"] = json!(class);
+            pod["spec"]["priority"] = json!(value);
+        }
+        if daemon_set {
+            pod["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": format!("ds-{app}"),
+                "uid": "5a0b6d1e-0000-4000-8000-000000000001", "controller": true,
+            }]);
+        }
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        self.pods().create(&PostParams::default(), &pod).await.unwrap();
+        // Running and Ready, as a kubelet would report, so PodDisruptionBudgets count it.
+        let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        self.pods().patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+    }
+
+    async fn pdb(&self, app: &str, min_available: i32) {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": app},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+        }))
+        .unwrap();
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &pdb)
+            .await
+            .unwrap();
+    }
+
+    async fn set_pdb(&self, app: &str, min_available: i32) {
+        let patch = Patch::Merge(json!({"spec": {"minAvailable": min_available}}));
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), "default")
+            .patch(app, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    }
+
+    async fn set_stage(&self, name: &str, stage: &str) {
+        let patch = Patch::Merge(json!({"spec": {"stage": stage}}));
+        self.maintenances().patch(name, &PatchParams::default(), &patch).await.unwrap();
+    }
+
+    async fn status(&self, name: &str) -> Option<gantry_maintenance::api::NodeMaintenanceStatus> {
+        self.maintenances().get(name).await.ok()?.status
+    }
+
+    async fn drained(&self, name: &str) -> bool {
+        let status = self.status(name).await.unwrap_or_default();
+        status.conditions.iter().any(|c| c.type_ == CONDITION_DRAINED && c.status == "True")
+    }
+
+    async fn cordoned(&self, node: &str) -> bool {
+        self.nodes().get(node).await.is_ok_and(|n| unschedulable(&n))
+    }
+
+    /// Removes what the test made on a real cluster.
+    async fn cleanup(&self, maintenances: &[&str]) {
+        if let Cluster::Real(_) = self.cluster {
+            for name in maintenances {
+                let _ = self.maintenances().delete(name, &DeleteParams::default()).await;
+            }
+            let _ = self.nodes().delete(&self.spare, &DeleteParams::default()).await;
+            self.cluster.cleanup(&self.node).await;
+        }
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after the deadline with `what` and the
+/// controller logs.
+async fn until<T, F, Fut>(what: &str, controllers: &[&Controller], mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if start.elapsed() > common::DEADLINE {
+            let logs: Vec<String> = controllers.iter().map(|c| common::tail(&c.log(), 60)).collect();
+            panic!("timed out waiting for {what}\n--- controller logs ---\n{}", logs.join("\n---\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stands in for the kubelet of one node: records the order in which its pods start
+/// terminating, and (unless held) finishes their deletion as a kubelet does once the
+/// containers stopped. The next drain entry cannot start before it does, so the recorded
+/// order is exactly the eviction order.
+struct KubeletStandIn {
+    order: Arc<Mutex<Vec<String>>>,
+    hold: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KubeletStandIn {
+    fn start(pods: Api<Pod>, node: &str, hold: bool) -> KubeletStandIn {
+        let (order, hold) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(hold)));
+        let (seen, held) = (order.clone(), hold.clone());
+        let on_node = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let task = tokio::spawn(async move {
+            loop {
+                for pod in pods.list(&on_node).await.map(|l| l.items).unwrap_or_default() {
+                    if pod.metadata.deletion_timestamp.is_none() {
+                        continue;
+                    }
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    {
+                        let mut seen = seen.lock().unwrap();
+                        if !seen.contains(&name) {
+                            seen.push(name.clone());
+                        }
+                    }
+                    if !held.load(Ordering::SeqCst) {
+                        let _ = pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        KubeletStandIn { order, hold, task }
+    }
+
+    fn order(&self) -> Vec<String> {
+        self.order.lock().unwrap().clone()
+    }
+
+    fn release(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for KubeletStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET over plain HTTP/1.0 (the endpoint closes the connection after answering).
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    Some(response)
+}
+
+/// The value of one sample line (`name{labels} value`) in a metrics exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+async fn event_reasons(client: &kube::Client, maintenance: &str) -> Vec<(String, String)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let list = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+    list.into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(maintenance))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn drain_evicts_in_plan_order_across_pod_types_and_priorities_and_metrics_count_it() {
+    let bench = Bench::start().await;
+    let node = bench.node.clone();
+    // Created in an order unlike the plan's, so creation order cannot pass for plan order.
+    bench.pod(&node, "ds-critical", "ds", Some(("system-node-critical", 2_000_001_000)), true).await;
+    bench.pod(&node, "node-critical", "nc", Some(("system-node-critical", 2_000_001_000)), false).await;
+    bench.pod(&node, "ds-plain", "dsp", None, true).await;
+    bench.pod(&node, "cluster-critical", "cc", Some(("system-cluster-critical", 2_000_000_000)), false).await;
+    bench.pod(&node, "plain", "plain", None, false).await;
+    bench.pod(&bench.spare, "elsewhere", "plain", None, false).await;
+    let kubelet = KubeletStandIn::start(bench.pods(), &node, false);
+    let spare_kubelet = KubeletStandIn::start(bench.pods(), &bench.spare, false);
+
+    let port = free_port();
+    let metrics_flag = format!("--metrics-bind-address=127.0.0.1:{port}");
+    let controller =
+        Controller::start_as(&bench.cluster, bench.dir.path(), "controller", &["--leader-elect=false", &metrics_flag]);
+    let name = format!("order-{node}");
+    bench.maintenances().create(&PostParams::default(), &maintenance_for(&name, &[&node], "Drain")).await.unwrap();
+    until("the drain to finish", &[&controller], || async { bench.drained(&name).await.then_some(()) }).await;
+
+    // The default plan: Default pods by priority (≤1e9, ≤2e9, ≤2000001000), then DaemonSet
+    // pods by priority, each entry only once the previous one's pods are gone.
+    assert_eq!(kubelet.order(), ["plain", "cluster-critical", "node-critical", "ds-plain", "ds-critical"]);
+    assert!(spare_kubelet.order().is_empty(), "pods on other nodes are left alone");
+    assert!(gone(&bench.pods(), "ds-critical").await);
+    let taints = bench.nodes().get(&node).await.unwrap().spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(taints.iter().any(|t| t.key == gantry_maintenance::api::DRAIN_TAINT_KEY), "DaemonSet pods need the taint");
+
+    // Every step is in the events.
+    let events = until("the Drained event", &[&controller], || async {
+        let events = event_reasons(&bench.client, &name).await;
+        events.iter().any(|(reason, _)| reason == CONDITION_DRAINED).then_some(events)
+    })
+    .await;
+    for reason in ["StageStarted", "Cordoned", "Tainted", "Evicted", "DrainTargetReached"] {
+        assert!(events.iter().any(|(r, _)| r == reason), "no {reason} event in {events:?}");
+    }
+    let evicted: Vec<&String> = events.iter().filter(|(r, _)| r == "Evicted").map(|(_, note)| note).collect();
+    assert_eq!(evicted.len(), 5, "one Evicted event per pod: {evicted:?}");
+
+    let metrics = until("the metrics to show the drain", &[&controller], || async {
+        let text = http_get(port, "/metrics").await?;
+        (sample(&text, "gantry_maintenance_drain_duration_seconds_count") == Some(1.0)).then_some(text)
+    })
+    .await;
+    assert_eq!(sample(&metrics, "gantry_maintenance_evictions_total{result=\"attempted\"}"), Some(5.0), "{metrics}");
+    assert_eq!(sample(&metrics, "gantry_maintenance_evictions_total{result=\"refused\"}"), Some(0.0), "{metrics}");
+    assert_eq!(sample(&metrics, "gantry_maintenance_evictions_total{result=\"failed\"}"), Some(0.0), "{metrics}");
+    assert_eq!(sample(&metrics, "gantry_maintenance_maintenances{stage=\"Drain\"}"), Some(1.0), "{metrics}");
+    for path in ["/healthz", "/readyz"] {
+        let answer = http_get(port, path).await.unwrap_or_default();
+        assert!(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
+    bench.cleanup(&[&name]).await;
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_drain_continues_without_evicting_a_pod_twice() {
+    let mut bench = Bench::start().await;
+    let Some(server) = bench.cluster.test_server("controller restart (counts eviction requests)") else { return };
+    let _ = server;
+    let node = bench.node.clone();
+    for pod in ["web-a", "web-b", "web-c"] {
+        bench.pod(&node, pod, "web", None, false).await;
+    }
+    // One disruption allowed: one pod goes, the PDB holds the other two.
+    bench.pdb("web", 2).await;
+    // The evicted pod stays terminating (as with a long grace period) across the restart.
+    let kubelet = KubeletStandIn::start(bench.pods(), &node, true);
+
+    let metrics_port = free_port();
+    let flags = ["--leader-elect=false", "--metrics-bind-address=0"];
+    let mut first = Controller::start_as(&bench.cluster, bench.dir.path(), "first", &flags);
+    let name = format!("restart-{node}");
+    bench.maintenances().create(&PostParams::default(), &maintenance_for(&name, &[&node], "Drain")).await.unwrap();
+    let held = until("one eviction, the others held by the PDB", &[&first], || async {
+        let status = bench.status(&name).await?;
+        let node_status = status.node_statuses.iter().find(|s| s.node_name == node)?;
+        let by_pdb = node_status.blocking_pods.iter().filter(|b| b.reason.contains("PodDisruptionBudget")).count();
+        (kubelet.order().len() == 1 && by_pdb == 2).then_some(node_status.was_unschedulable)
+    })
+    .await;
+    assert_eq!(held, Some(false), "the cordon memory is the node's state before the maintenance");
+    until("an event naming the PDB for each held pod", &[&first], || async {
+        let events = event_reasons(&bench.client, &name).await;
+        let by_pdb = events.iter().filter(|(r, note)| r == "EvictionBlocked" && note.contains("default/web")).count();
+        (by_pdb == 2).then_some(())
+    })
+    .await;
+    first.kill();
+
+    let evicted_first = kubelet.order()[0].clone();
+    let metrics_flag = format!("--metrics-bind-address=127.0.0.1:{metrics_port}");
+    let second =
+        Controller::start_as(&bench.cluster, bench.dir.path(), "second", &["--leader-elect=false", &metrics_flag]);
+    // The second controller has reconciled once it reports the maintenance in its gauge.
+    until("the restarted controller to reconcile", &[&second], || async {
+        let text = http_get(metrics_port, "/metrics").await?;
+        (sample(&text, "gantry_maintenance_maintenances{stage=\"Drain\"}") == Some(1.0)).then_some(())
+    })
+    .await;
+    let status = bench.status(&name).await.unwrap();
+    let memory = status.node_statuses.iter().find(|s| s.node_name == node).and_then(|s| s.was_unschedulable);
+    assert_eq!(memory, Some(false), "the restart did not take the controller's own cordon for the old state");
+
+    // The terminating pod goes; the PDB still allows nothing (2 healthy, 2 required).
+    kubelet.release();
+    until("the evicted pod to be gone", &[&second], || async {
+        gone(&bench.pods(), &evicted_first).await.then_some(())
+    })
+    .await;
+    bench.set_pdb("web", 0).await;
+    until("the drain to finish after the restart", &[&second], || async { bench.drained(&name).await.then_some(()) })
+        .await;
+
+    let server = bench.cluster.test_server("controller restart").unwrap();
+    let evictions = server.evictions();
+    assert!(evictions.iter().all(|e| !e.terminating), "no eviction of a terminating pod: {evictions:#?}");
+    for pod in ["web-a", "web-b", "web-c"] {
+        let accepted = evictions.iter().filter(|e| e.name == pod && (200..300).contains(&e.code)).count();
+        assert_eq!(accepted, 1, "{pod} evicted exactly once: {evictions:#?}");
+    }
+    let mut order = kubelet.order();
+    order.sort();
+    assert_eq!(order, ["web-a", "web-b", "web-c"]);
+    assert!(bench.cordoned(&node).await);
+}
+
+#[tokio::test]
+async fn overlapping_maintenances_least_advanced_wins_and_the_cordon_stays_until_both_complete() {
+    let bench = Bench::start().await;
+    let node = bench.node.clone();
+    bench.pod(&node, "batch", "batch", None, false).await;
+    bench.pod(&node, "critical", "critical", Some(("system-cluster-critical", 2_000_000_000)), false).await;
+    let kubelet = KubeletStandIn::start(bench.pods(), &node, false);
+    let controller = Controller::start(&bench.cluster, bench.dir.path());
+
+    // `low` only drains pods up to priority 1e9; `full` uses the default plan.
+    let low = format!("low-{node}");
+    let mut m = maintenance_for(&low, &[&node], "Drain");
+    m.spec.drain_plan = serde_json::from_value(json!([{"podType": "Default", "podPriority": 1_000_000_000}])).unwrap();
+    bench.maintenances().create(&PostParams::default(), &m).await.unwrap();
+    until("low to drain its pods", &[&controller], || async { bench.drained(&low).await.then_some(()) }).await;
+    let full = format!("full-{node}");
+    bench.maintenances().create(&PostParams::default(), &maintenance_for(&full, &[&node], "Drain")).await.unwrap();
+
+    let reached = until("full to be limited by low", &[&controller], || async {
+        let status = bench.status(&full).await?;
+        let node_status = status.node_statuses.iter().find(|s| s.node_name == node)?;
+        let limited = node_status.blocking_pods.iter().any(|b| b.name == "critical" && b.reason.contains(&low));
+        limited.then_some(status.drain_status.reached_drain_targets.len())
+    })
+    .await;
+    assert_eq!(kubelet.order(), ["batch"], "the critical pod stays while `low` does not target it");
+    assert!(!gone(&bench.pods(), "critical").await);
+
+    // `low` completes: the node stays cordoned because `full` still covers it.
+    bench.set_stage(&low, "Complete").await;
+    until("full to drain once low completed", &[&controller], || async { bench.drained(&full).await.then_some(()) })
+        .await;
+    let status = bench.status(&full).await.unwrap();
+    assert!(status.drain_status.reached_drain_targets.len() >= reached, "drain targets never go back");
+    assert_eq!(kubelet.order(), ["batch", "critical"]);
+    let low_done = bench.maintenances().get(&low).await.unwrap();
+    assert!(!low_done.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER));
+    assert!(bench.cordoned(&node).await, "Complete of one keeps the cordon while the other covers the node");
+    let memory = status.node_statuses.iter().find(|s| s.node_name == node).and_then(|s| s.was_unschedulable);
+    assert_eq!(memory, Some(false), "full took low's memory, not the cordon low made");
+
+    bench.set_stage(&full, "Complete").await;
+    until("the node to be restored", &[&controller], || async { (!bench.cordoned(&node).await).then_some(()) }).await;
+    bench.cleanup(&[&low, &full]).await;
+}
+
+async fn lease_holder(client: &kube::Client, namespace: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), namespace);
+    leases.get_opt(gantry_maintenance::leader::LEASE_NAME).await.ok()??.spec?.holder_identity
+}
+
+fn acquired(controller: &Controller) -> bool {
+    controller.log().contains("successfully acquired lease")
+}
+
+#[tokio::test]
+async fn two_replicas_only_the_lease_holder_acts_and_the_other_takes_over() {
+    let bench = Bench::start().await;
+    let node = bench.node.clone();
+    // Its own namespace for the Lease, so parallel tests on a real cluster do not compete.
+    let namespace = match bench.cluster {
+        Cluster::Test(_) => "kube-system".to_string(),
+        Cluster::Real(_) => {
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(bench.client.clone());
+            let ns = bench.cluster.unique_node_name("lease");
+            let object = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+            namespaces.create(&PostParams::default(), &object).await.unwrap();
+            ns
+        }
+    };
+    let flags = ["--leader-elect=true", &format!("--leader-elect-namespace={namespace}"), "--metrics-bind-address=0"];
+    let mut one = Controller::start_as(&bench.cluster, bench.dir.path(), "one", &flags);
+    until("the first replica to lead", &[&one], || async { acquired(&one).then_some(()) }).await;
+    let mut two = Controller::start_as(&bench.cluster, bench.dir.path(), "two", &flags);
+    until("the second replica to wait on the Lease", &[&one, &two], || async {
+        two.log().contains("held by another replica").then_some(())
+    })
+    .await;
+    let leader = lease_holder(&bench.client, &namespace).await.expect("a holder");
+
+    let name = format!("lease-{node}");
+    bench.maintenances().create(&PostParams::default(), &maintenance_for(&name, &[&node], "Cordon")).await.unwrap();
+    until("the node to be cordoned", &[&one, &two], || async { bench.cordoned(&node).await.then_some(()) }).await;
+    let events = until("the Cordoned event", &[&one, &two], || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(bench.client.clone());
+        let list = events.list(&Default::default()).await.ok()?.items;
+        let cordoned: Vec<_> = list
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+            .filter(|e| e.reason.as_deref() == Some("Cordoned"))
+            .collect();
+        (!cordoned.is_empty()).then_some(cordoned)
+    })
+    .await;
+    for event in &events {
+        assert_eq!(event.reporting_instance.as_deref(), Some(leader.as_str()), "only the Lease holder acts");
+    }
+    assert!(!acquired(&two), "the second replica never led while the first lived");
+    assert!(!two.log().contains("maintenance controller running"));
+
+    // The leader dies without releasing: the other takes over once the Lease expires.
+    one.kill();
+    until("the second replica to take over", &[&two], || async { acquired(&two).then_some(()) }).await;
+    let successor = lease_holder(&bench.client, &namespace).await.expect("a holder");
+    assert_ne!(successor, leader);
+    bench.set_stage(&name, "Complete").await;
+    until("the new leader to restore the node", &[&two], || async { (!bench.cordoned(&node).await).then_some(()) })
+        .await;
+
+    // A clean shutdown releases the Lease at once and exits 0.
+    let status =
+        two.terminate().await.unwrap_or_else(|| panic!("no exit on SIGTERM\n{}", common::tail(&two.log(), 40)));
+    assert!(status.success(), "exit status on SIGTERM: {status}");
+    assert_eq!(lease_holder(&bench.client, &namespace).await, None, "the Lease is released");
+    bench.cleanup(&[&name]).await;
+}
+
+#[tokio::test]
+async fn a_leader_that_loses_the_lease_stops_at_once_with_a_failure_exit() {
+    let mut bench = Bench::start().await;
+    if bench.cluster.test_server("losing the Lease (overwrites the shared Lease)").is_none() {
+        return;
+    }
+    let flags = ["--leader-elect=true", "--leader-elect-namespace=kube-system", "--metrics-bind-address=0"];
+    let mut leader = Controller::start_as(&bench.cluster, bench.dir.path(), "leader", &flags);
+    until("the replica to lead", &[&leader], || async { acquired(&leader).then_some(()) }).await;
+
+    // Someone else takes the Lease (as after a partition during which it expired).
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(bench.client.clone(), "kube-system");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let patch = json!({"spec": {"holderIdentity": "usurper_1", "renewTime": now, "leaseDurationSeconds": 15}});
+    leases.patch(gantry_maintenance::leader::LEASE_NAME, &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+
+    let status = leader.exit().await.unwrap_or_else(|| panic!("still running\n{}", common::tail(&leader.log(), 40)));
+    assert!(!status.success(), "losing the Lease is a failure exit (the Deployment restarts it): {status}");
+    assert!(leader.log().contains("leader election lost"), "{}", leader.log());
+    assert_eq!(lease_holder(&bench.client, "kube-system").await.as_deref(), Some("usurper_1"), "not released");
 }

@@ -157,7 +157,8 @@ fn pdb_selector(pdb: &PodDisruptionBudget) -> Option<LabelSelector> {
     serde_json::to_value(selector).ok().and_then(|v| serde_json::from_value(v).ok())
 }
 
-fn pdbs_of<'a>(pod: &Pod, pdbs: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
+/// The PodDisruptionBudgets whose selector matches the pod (same namespace).
+pub fn pdbs_of<'a>(pod: &Pod, pdbs: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     pdbs.iter()
         .filter(|b| b.metadata.namespace == pod.metadata.namespace)

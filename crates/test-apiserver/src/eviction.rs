@@ -16,6 +16,32 @@ use crate::store::StoreInner;
 /// Above this many unconfirmed evictions a PDB refuses more (upstream's MaxDisruptedPodSize).
 const MAX_DISRUPTED_PODS: usize = 2000;
 
+/// One eviction request as the server saw it, for tests that count evictions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictionRecord {
+    pub namespace: String,
+    pub name: String,
+    /// The pod's UID when the request came (empty if there was no such pod).
+    pub uid: String,
+    /// The pod was already terminating (had a deletionTimestamp) when the request came.
+    pub terminating: bool,
+    /// The HTTP status code of the answer.
+    pub code: u16,
+}
+
+pub fn record(ns: &str, name: &str, pod: Option<&Value>, result: &ApiResult<(u16, Value)>) -> EvictionRecord {
+    EvictionRecord {
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        uid: pod.map(|p| meta::uid(p).to_string()).unwrap_or_default(),
+        terminating: pod.and_then(|p| p.pointer("/metadata/deletionTimestamp")).is_some_and(|t| !t.is_null()),
+        code: match result {
+            Ok((code, _)) => *code,
+            Err(e) => e.code,
+        },
+    }
+}
+
 /// Handles POST pods/<name>/eviction; returns the HTTP code and Status body.
 pub fn evict(
     inner: &mut StoreInner,

@@ -429,7 +429,10 @@ impl Call {
         match (sub, self.rp.name.is_some()) {
             (None, false) => Ok(json_response(201, &ops::create(&mut inner, &self.ctx(), obj)?)),
             (Some(Subresource::Eviction), true) => {
-                let (code, status) = eviction::evict(&mut inner, &self.user, &self.rt, self.ns(), self.name(), &obj)?;
+                let before = inner.get(&self.rt.storage, self.ns(), self.name());
+                let result = eviction::evict(&mut inner, &self.user, &self.rt, self.ns(), self.name(), &obj);
+                inner.evictions.push(eviction::record(self.ns(), self.name(), before.as_deref(), &result));
+                let (code, status) = result?;
                 Ok(json_response(code, &status))
             }
             (Some(Subresource::Binding), true) => {

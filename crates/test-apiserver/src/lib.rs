@@ -41,6 +41,8 @@ mod store;
 mod tokens;
 mod watch;
 
+pub use eviction::EvictionRecord;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -263,6 +265,11 @@ impl TestApiServer {
     /// older resourceVersion now get 410 Gone/Expired.
     pub fn compact(&self) {
         self.state.store.lock().compact();
+    }
+
+    /// Every pods/eviction request so far, in arrival order, with its answer.
+    pub fn evictions(&self) -> Vec<EvictionRecord> {
+        self.state.store.lock().evictions.clone()
     }
 
     /// The current (latest) resourceVersion.

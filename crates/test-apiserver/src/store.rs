@@ -49,6 +49,8 @@ pub struct StoreInner {
     pub registry: Registry,
     /// The cluster CA, published in every namespace as kube-root-ca.crt.
     pub ca_pem: String,
+    /// Every eviction request, in order (see `TestApiServer::evictions`).
+    pub evictions: Vec<crate::EvictionRecord>,
 }
 
 impl StoreInner {
@@ -61,6 +63,7 @@ impl StoreInner {
             history_limit,
             registry,
             ca_pem: String::new(),
+            evictions: Vec::new(),
         }
     }
 

@@ -1,32 +1,39 @@
 //! Applies a [`Decision`] to the cluster, in an order that keeps restarts safe: the status
 //! (with each node's cordon memory) is written before any node is cordoned, and the
-//! finalizer is removed only after every node is restored.
+//! finalizer is removed only after every node is restored. Every step gets an event.
 
-use k8s_openapi::api::core::v1::{Node, Taint};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use super::metrics::EvictionResult;
 use super::{Context, ControllerError};
 use crate::api::{
     BlockingPod, CONDITION_DRAINED, CONDITION_INVALID, CONDITION_UNSAFE, DRAIN_TAINT_KEY, FINALIZER, NodeMaintenance,
-    NodeMaintenanceStatus,
+    NodeMaintenanceStatus, Stage,
 };
 use crate::decide::Decision;
-use crate::plan::PodRef;
+use crate::plan::{self, PodRef};
 
 pub(super) async fn apply(
     ctx: &Context,
     m: &NodeMaintenance,
     nodes: &[Node],
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
     mut d: Decision,
 ) -> Result<(), ControllerError> {
     let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
     let name = m.name_any();
     let old = m.status.clone().unwrap_or_default();
     if d.status != old {
-        patch_status(&api, &name, &d.status).await?;
+        // The first write carries the resourceVersion the decision was made from.
+        patch_status(&api, &name, &d.status, m.metadata.resource_version.as_deref()).await?;
+        announce_progress(ctx, m, &old, &d.status).await;
         announce_conditions(ctx, m, &old, &d.status).await;
     }
     if let Some(plan) = &d.write_back_plan {
@@ -37,38 +44,68 @@ pub(super) async fn apply(
     }
     for node in &d.cordon {
         set_unschedulable(ctx, node, true).await?;
-        event(ctx, m, EventType::Normal, "Cordoned", format!("Cordoned node {node}")).await;
+        event(ctx, m, About::Node(node), EventType::Normal, "Cordoned", format!("Cordoned node {node}")).await;
     }
     for node in &d.taint {
         set_drain_taint(ctx, nodes, node, true).await?;
-        event(ctx, m, EventType::Normal, "Tainted", format!("Tainted node {node} with {DRAIN_TAINT_KEY}:NoSchedule"))
-            .await;
+        event(
+            ctx,
+            m,
+            About::Node(node),
+            EventType::Normal,
+            "Tainted",
+            format!("Tainted node {node} with {DRAIN_TAINT_KEY}:NoSchedule"),
+        )
+        .await;
     }
-    let held = evict_all(ctx, m, &d.evict).await;
+    let held = evict_all(ctx, m, &d.evict, pods, pdbs).await;
     if !held.is_empty() {
         report_held(&mut d.status, held);
-        patch_status(&api, &name, &d.status).await?;
+        patch_status(&api, &name, &d.status, None).await?;
     }
     for node in &d.untaint {
         set_drain_taint(ctx, nodes, node, false).await?;
+        event(
+            ctx,
+            m,
+            About::Node(node),
+            EventType::Normal,
+            "Untainted",
+            format!("Removed the taint {DRAIN_TAINT_KEY} from node {node}"),
+        )
+        .await;
     }
     for node in &d.uncordon {
         set_unschedulable(ctx, node, false).await?;
-        event(ctx, m, EventType::Normal, "Uncordoned", format!("Uncordoned node {node}")).await;
+        event(ctx, m, About::Node(node), EventType::Normal, "Uncordoned", format!("Uncordoned node {node}")).await;
     }
     if d.remove_finalizer {
         set_finalizer(&api, m, false).await?;
-        event(ctx, m, EventType::Normal, "Completed", "Maintenance complete; nodes restored".to_string()).await;
+        event(
+            ctx,
+            m,
+            About::Maintenance,
+            EventType::Normal,
+            "Completed",
+            "Maintenance complete; nodes restored".to_string(),
+        )
+        .await;
     }
     Ok(())
 }
 
+/// Writes the status; with `resource_version`, only if the object did not change since.
 async fn patch_status(
     api: &Api<NodeMaintenance>,
     name: &str,
     status: &NodeMaintenanceStatus,
+    resource_version: Option<&str>,
 ) -> Result<(), ControllerError> {
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
+    let body = match resource_version {
+        Some(rv) => json!({ "metadata": { "resourceVersion": rv }, "status": status }),
+        None => json!({ "status": status }),
+    };
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(body)).await?;
     Ok(())
 }
 
@@ -129,27 +166,74 @@ async fn set_drain_taint(ctx: &Context, nodes: &[Node], node: &str, present: boo
 }
 
 /// Evicts each pod through the policy/v1 eviction subresource (so PDBs hold); returns the
-/// pods that stay, with the reason to show in the status.
-async fn evict_all(ctx: &Context, m: &NodeMaintenance, pods: &[PodRef]) -> Vec<(PodRef, String)> {
+/// pods that stay, with the reason to show in the status. A pod this process already saw
+/// evicted is skipped: its deletion may just not have reached the pod watch yet.
+async fn evict_all(
+    ctx: &Context,
+    m: &NodeMaintenance,
+    targets: &[PodRef],
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+) -> Vec<(PodRef, String)> {
     let mut held = Vec::new();
-    for pod in pods {
-        match evict(ctx, pod).await {
+    for pod in targets {
+        if ctx.evicted.lock().unwrap_or_else(|p| p.into_inner()).contains(&pod.uid) {
+            continue;
+        }
+        let result = evict(ctx, pod).await;
+        ctx.metrics.eviction(match &result {
+            Ok(()) => EvictionResult::Accepted,
+            Err(Refusal::Refused(_)) => EvictionResult::Refused,
+            Err(Refusal::Failed(_)) => EvictionResult::Failed,
+        });
+        match result {
             Ok(()) => {
+                ctx.evicted.lock().unwrap_or_else(|p| p.into_inner()).insert(pod.uid.clone());
                 let message = format!("Evicted pod {}/{} from node {}", pod.namespace, pod.name, pod.node);
-                event(ctx, m, EventType::Normal, "Evicted", message).await;
+                event(ctx, m, About::Pod(&pod.namespace, &pod.name), EventType::Normal, "Evicted", message).await;
             }
-            Err(reason) => {
-                let message = format!("Eviction of pod {}/{} refused: {reason}", pod.namespace, pod.name);
-                event(ctx, m, EventType::Warning, "EvictionRefused", message).await;
-                held.push((pod.clone(), reason));
+            Err(Refusal::Refused(reason)) => {
+                let budget = guarding_budget(pod, pods, pdbs);
+                let message = format!("Eviction of pod {}/{} refused by {budget}: {reason}", pod.namespace, pod.name);
+                event(ctx, m, About::Pod(&pod.namespace, &pod.name), EventType::Warning, "EvictionRefused", message)
+                    .await;
+                held.push((pod.clone(), format!("eviction refused by {budget}: {reason}")));
+            }
+            Err(Refusal::Failed(reason)) => {
+                let message = format!("Eviction of pod {}/{} failed: {reason}", pod.namespace, pod.name);
+                event(ctx, m, About::Pod(&pod.namespace, &pod.name), EventType::Warning, "EvictionFailed", message)
+                    .await;
+                held.push((pod.clone(), format!("eviction failed: {reason}")));
             }
         }
     }
     held
 }
 
-async fn evict(ctx: &Context, pod: &PodRef) -> Result<(), String> {
-    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+/// Names the PodDisruptionBudget guarding the pod, for messages (the 429 does not).
+fn guarding_budget(pod: &PodRef, pods: &[Pod], pdbs: &[PodDisruptionBudget]) -> String {
+    let found = pods.iter().find(|p| p.metadata.uid.as_deref() == Some(pod.uid.as_str()));
+    let names: Vec<String> = found
+        .map(|p| plan::pdbs_of(p, pdbs))
+        .unwrap_or_default()
+        .iter()
+        .map(|b| format!("{}/{}", b.metadata.namespace.as_deref().unwrap_or_default(), b.name_any()))
+        .collect();
+    if names.is_empty() {
+        "its PodDisruptionBudget".to_string()
+    } else {
+        format!("PodDisruptionBudget {}", names.join(", "))
+    }
+}
+
+enum Refusal {
+    /// 429: a PodDisruptionBudget does not allow the disruption now.
+    Refused(String),
+    Failed(String),
+}
+
+async fn evict(ctx: &Context, pod: &PodRef) -> Result<(), Refusal> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
     let body = json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -162,8 +246,8 @@ async fn evict(ctx: &Context, pod: &PodRef) -> Result<(), String> {
         Ok(_) => Ok(()),
         // Gone already, or replaced by a namesake (UID precondition): nothing to evict.
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 429 => Err(format!("eviction refused: {}", e.message)),
-        Err(e) => Err(format!("eviction failed: {e}")),
+        Err(kube::Error::Api(e)) if e.code == 429 => Err(Refusal::Refused(e.message)),
+        Err(e) => Err(Refusal::Failed(e.to_string())),
     }
 }
 
@@ -175,7 +259,61 @@ fn report_held(status: &mut NodeMaintenanceStatus, held: Vec<(PodRef, String)>) 
     }
 }
 
-/// Events for conditions that just became true.
+/// Events for progress visible in the status: a stage starting, a drain plan entry reached,
+/// a pod newly held (by a PDB, a DaemonSet tolerating the taint, a stuck termination...).
+async fn announce_progress(
+    ctx: &Context,
+    m: &NodeMaintenance,
+    old: &NodeMaintenanceStatus,
+    new: &NodeMaintenanceStatus,
+) {
+    for stage in new.stage_statuses.iter().filter(|s| !old.stage_statuses.iter().any(|o| o.name == s.name)) {
+        event(
+            ctx,
+            m,
+            About::Step(format!("Start{:?}", stage.name)),
+            EventType::Normal,
+            "StageStarted",
+            format!("Stage {:?} started", stage.name),
+        )
+        .await;
+    }
+    let (before, targets) = (old.drain_status.reached_drain_targets.len(), &new.drain_status.reached_drain_targets);
+    for (i, entry) in targets.iter().enumerate().skip(before) {
+        let selector = if entry.pod_selector.is_some() { " with a pod selector" } else { "" };
+        let message = format!(
+            "Drain target {}/{} reached: {:?} pods with priority up to {}{selector}",
+            i + 1,
+            m.spec.drain_plan.len().max(targets.len()),
+            entry.pod_type,
+            entry.pod_priority
+        );
+        event(
+            ctx,
+            m,
+            About::Step(format!("ReachDrainTarget{}", i + 1)),
+            EventType::Normal,
+            "DrainTargetReached",
+            message,
+        )
+        .await;
+    }
+    let was_held = |node: &str, b: &BlockingPod| {
+        old.node_statuses.iter().filter(|s| s.node_name == node).flat_map(|s| &s.blocking_pods).any(|o| o == b)
+    };
+    // A pod terminating after its eviction, or a DaemonSet pod waiting for the taint this
+    // very reconcile adds, is progress, not a block.
+    let transient =
+        |b: &BlockingPod| b.reason == "terminating" || b.reason.starts_with("waiting for the maintenance taint");
+    for status in &new.node_statuses {
+        for b in status.blocking_pods.iter().filter(|b| !transient(b) && !was_held(&status.node_name, b)) {
+            let message = format!("Pod {}/{} on node {} held: {}", b.namespace, b.name, status.node_name, b.reason);
+            event(ctx, m, About::Pod(&b.namespace, &b.name), EventType::Warning, "EvictionBlocked", message).await;
+        }
+    }
+}
+
+/// Events (and the drain duration metric) for conditions that just became true.
 async fn announce_conditions(
     ctx: &Context,
     m: &NodeMaintenance,
@@ -191,16 +329,50 @@ async fn announce_conditions(
         if was_true(new, type_) && !was_true(old, type_) {
             let message =
                 new.conditions.iter().find(|c| c.type_ == type_).map(|c| c.message.clone()).unwrap_or_default();
-            event(ctx, m, kind, type_, message).await;
+            event(ctx, m, About::Maintenance, kind, type_, message).await;
+            if type_ == CONDITION_DRAINED {
+                observe_drain_duration(ctx, new);
+            }
         }
     }
 }
 
+/// Drain start (from the status, so it survives restarts) to now.
+fn observe_drain_duration(ctx: &Context, status: &NodeMaintenanceStatus) {
+    let start = status.stage_statuses.iter().find(|s| s.name == Stage::Drain);
+    if let Some(start) = start.and_then(|s| s.start_timestamp.parse::<Timestamp>().ok()) {
+        let seconds = Timestamp::now().duration_since(start).as_secs_f64();
+        ctx.metrics.drained_after(seconds);
+    }
+}
+
+/// What else an event is about. kube's `Recorder` folds events with the same reason,
+/// action and related object into one series (keeping the first note), so each pod, node or
+/// step gets its own related object or action to stay visible.
+enum About<'a> {
+    Maintenance,
+    Node(&'a str),
+    Pod(&'a str, &'a str),
+    Step(String),
+}
+
 /// Events are best effort: a failure to publish one never fails the reconcile.
-async fn event(ctx: &Context, m: &NodeMaintenance, type_: EventType, reason: &str, note: String) {
+async fn event(ctx: &Context, m: &NodeMaintenance, about: About<'_>, type_: EventType, reason: &str, note: String) {
     tracing::info!(maintenance = %m.name_any(), reason, "{note}");
-    let event =
-        Event { type_, reason: reason.to_string(), note: Some(note), action: reason.to_string(), secondary: None };
+    let reference = |kind: &str, namespace: Option<&str>, name: &str| ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some(kind.to_string()),
+        namespace: namespace.map(str::to_string),
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    let (action, secondary) = match about {
+        About::Maintenance => (reason.to_string(), None),
+        About::Node(node) => (reason.to_string(), Some(reference("Node", None, node))),
+        About::Pod(namespace, name) => (reason.to_string(), Some(reference("Pod", Some(namespace), name))),
+        About::Step(action) => (action, None),
+    };
+    let event = Event { type_, reason: reason.to_string(), note: Some(note), action, secondary };
     if let Err(e) = ctx.recorder.publish(&event, &m.object_ref(&())).await {
         tracing::debug!(error = %e, "cannot publish event");
     }

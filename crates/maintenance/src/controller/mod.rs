@@ -5,14 +5,23 @@
 //!
 //! Each reconcile takes a snapshot, asks the pure [`crate::decide::decide`] what to do and
 //! applies it ([`apply`]). Everything needed to continue lives in the object's status, so a
-//! restarted controller carries on where the previous one stopped.
+//! restarted controller carries on where the previous one stopped. Only the replica holding
+//! the Lease ([`election`]) runs the `Controller`; every replica keeps its caches warm and
+//! serves metrics and health checks ([`serve`]).
 
 mod apply;
+pub mod election;
+pub mod metrics;
+pub mod serve;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -20,16 +29,21 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::NodeMaintenance;
 use crate::decide::decide;
 use crate::plan::Cluster;
+pub use election::{LeaderElection, LostLease};
+use metrics::Metrics;
 
 /// How often a running drain is looked at again when nothing in the cluster changes.
 const DRAIN_RECHECK: Duration = Duration::from_secs(10);
 /// Retry delay after a failed reconcile (API errors, conflicts).
 const ERROR_RETRY: Duration = Duration::from_secs(2);
+/// How often one reconcile re-reads its object after a write conflict before giving up to
+/// the error retry.
+const CONFLICT_ATTEMPTS: usize = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -39,13 +53,36 @@ pub enum ControllerError {
     Encode(#[from] serde_json::Error),
 }
 
+/// Why the controller stopped other than by a clean shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot serve metrics on {0}: {1}")]
+    Metrics(SocketAddr, std::io::Error),
+    #[error(transparent)]
+    LostLease(#[from] LostLease),
+}
+
+/// How to run: with or without leader election, and where to serve metrics.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub leader_election: Option<LeaderElection>,
+    pub metrics_address: Option<SocketAddr>,
+    /// Names this replica in events (`reportingInstance`).
+    pub instance: Option<String>,
+}
+
 pub(crate) struct Context {
     pub client: Client,
     pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
     nodes: Store<Node>,
     pods: Store<Pod>,
     pdbs: Store<PodDisruptionBudget>,
     maintenances: Store<NodeMaintenance>,
+    /// UIDs of pods whose eviction this process saw accepted: the pod watch may not show
+    /// their deletion yet, and evicting them again would be a needless request (and, with
+    /// a PDB, could consume a second disruption).
+    evicted: Mutex<HashSet<String>>,
 }
 
 /// A client suitable for the controller: no automatic retries, because a refused eviction
@@ -56,35 +93,89 @@ pub fn client_config(mut config: kube::Config) -> kube::Config {
     config
 }
 
-/// Runs the controller until the process is asked to stop.
-pub async fn run(client: Client) {
+type Stop = Shared<BoxFuture<'static, ()>>;
+
+/// SIGTERM or SIGINT.
+fn shutdown_signal() -> Stop {
+    async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutdown requested");
+    }
+    .boxed()
+    .shared()
+}
+
+/// Runs the controller until the process is asked to stop (then `Ok`, with the Lease
+/// released), or until this replica loses the Lease (then `Err`: the caller must exit at
+/// once, and the Deployment restarts it as a candidate).
+pub async fn run(client: Client, options: Options) -> Result<(), RunError> {
+    let stop = shutdown_signal();
+    let metrics = Arc::new(Metrics::new());
+    let endpoint = serve::Endpoint::new(metrics.clone());
+    if let Some(address) = options.metrics_address {
+        serve::start(address, endpoint.clone()).await.map_err(|e| RunError::Metrics(address, e))?;
+    }
+    // Caches first, on every replica, so a new leader acts at once with a full picture.
     let (nodes, node_events) = reflect(Api::<Node>::all(client.clone()));
     let (pods, pod_events) = reflect(Api::<Pod>::all(client.clone()));
     let (pdbs, pdb_events) = reflect(Api::<PodDisruptionBudget>::all(client.clone()));
     let changes = stream::select(stream::select(node_events, pod_events), pdb_events);
+    let _ = futures::join!(nodes.wait_until_ready(), pods.wait_until_ready(), pdbs.wait_until_ready());
+    endpoint.ready.store(true, Ordering::Relaxed);
+
+    let mut elector = options.leader_election.map(|config| election::Elector::new(client.clone(), config));
+    if let Some(elector) = &mut elector {
+        tokio::select! {
+            _ = elector.acquire() => {}
+            _ = stop.clone() => return Ok(()),
+        }
+    }
 
     let controller = Controller::new(Api::<NodeMaintenance>::all(client.clone()), watcher::Config::default())
         .reconcile_all_on(changes)
-        .shutdown_on_signal();
-    let _ = futures::join!(nodes.wait_until_ready(), pods.wait_until_ready(), pdbs.wait_until_ready());
-    let reporter = Reporter { controller: "gantry-maintenance-controller".into(), instance: None };
+        .graceful_shutdown_on(stop.clone());
+    let reporter = Reporter { controller: "gantry-maintenance-controller".into(), instance: options.instance };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
+        metrics,
         nodes,
         pods,
         pdbs,
         maintenances: controller.store(),
+        evicted: Mutex::new(HashSet::new()),
     });
     tracing::info!("maintenance controller running");
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile did not complete");
-            }
-        })
-        .await;
+    let running = controller.run(reconcile, error_policy, ctx).for_each(|result| async move {
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "reconcile did not complete");
+        }
+    });
+    let Some(elector) = &mut elector else {
+        running.await;
+        return Ok(());
+    };
+    tokio::select! {
+        _ = running => {
+            elector.release().await;
+            Ok(())
+        }
+        lost = elector.renew_until_lost() => {
+            tracing::error!(error = %lost, "stopping: another replica may be acting now");
+            Err(lost.into())
+        }
+    }
 }
 
 /// A reflector driven by its own task (so its store fills before the controller starts);
@@ -112,21 +203,53 @@ where
     (store, rx)
 }
 
-fn snapshot<K: Clone>(store: &Store<K>) -> Vec<K>
+fn snapshot<K>(store: &Store<K>) -> Vec<K>
 where
-    K: Resource<DynamicType = ()> + 'static,
+    K: Resource<DynamicType = ()> + Clone + 'static,
 {
     store.state().iter().map(|o| (**o).clone()).collect()
 }
 
+/// Decides and applies. The object handed in may lag our own last write (the watch has not
+/// delivered it yet); the status write carries its resourceVersion, so a stale decision
+/// fails with a conflict and is made again from a fresh read, instead of, say, recording
+/// the controller's own cordon as the node's state before the maintenance.
 async fn reconcile(m: Arc<NodeMaintenance>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    let (nodes, pods, pdbs) = (snapshot(&ctx.nodes), snapshot(&ctx.pods), snapshot(&ctx.pdbs));
-    let maintenances = snapshot(&ctx.maintenances);
-    let cluster = Cluster { nodes: &nodes, pods: &pods, pdbs: &pdbs, maintenances: &maintenances };
-    let decision = decide(&m, cluster, Timestamp::now());
-    let requeue = decision.requeue;
-    apply::apply(&ctx, &m, &nodes, decision).await?;
-    Ok(if requeue { Action::requeue(DRAIN_RECHECK) } else { Action::await_change() })
+    let mut m = (*m).clone();
+    let api: Api<NodeMaintenance> = Api::all(ctx.client.clone());
+    let mut attempt = 1;
+    loop {
+        let (nodes, pods, pdbs) = (snapshot(&ctx.nodes), snapshot(&ctx.pods), snapshot(&ctx.pdbs));
+        let mut maintenances = snapshot(&ctx.maintenances);
+        // Our own object as we read it, not as the store may still have it.
+        maintenances.retain(|o| o.name_any() != m.name_any());
+        maintenances.push(m.clone());
+        forget_gone_evictions(&ctx, &pods);
+        let cluster = Cluster { nodes: &nodes, pods: &pods, pdbs: &pdbs, maintenances: &maintenances };
+        let decision = decide(&m, cluster, Timestamp::now());
+        let requeue = decision.requeue;
+        match apply::apply(&ctx, &m, &nodes, &pods, &pdbs, decision).await {
+            Ok(()) => {
+                ctx.metrics.observe_maintenances(&snapshot(&ctx.maintenances));
+                return Ok(if requeue { Action::requeue(DRAIN_RECHECK) } else { Action::await_change() });
+            }
+            Err(ControllerError::Api(kube::Error::Api(e))) if e.code == 409 && attempt < CONFLICT_ATTEMPTS => {
+                tracing::debug!(maintenance = %m.name_any(), "stale object; deciding again from a fresh read");
+                attempt += 1;
+                match api.get_opt(&m.name_any()).await? {
+                    Some(fresh) => m = fresh,
+                    None => return Ok(Action::await_change()),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Keeps the accepted-eviction memory to pods that still exist.
+fn forget_gone_evictions(ctx: &Context, pods: &[Pod]) {
+    let live: HashSet<&str> = pods.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+    ctx.evicted.lock().unwrap_or_else(|p| p.into_inner()).retain(|uid| live.contains(uid.as_str()));
 }
 
 fn error_policy(m: Arc<NodeMaintenance>, error: &ControllerError, _: Arc<Context>) -> Action {
@@ -137,7 +260,8 @@ fn error_policy(m: Arc<NodeMaintenance>, error: &ControllerError, _: Arc<Context
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::rbac::v1::ClusterRole;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 
     /// What the controller calls, as (API group, resource, verb); `deploy/controller.yaml` must
     /// grant exactly these.
@@ -162,16 +286,25 @@ mod tests {
         ("events.k8s.io", "events", "patch"),
     ];
 
-    #[test]
-    fn deployed_cluster_role_grants_exactly_what_the_controller_calls() {
+    /// What the controller calls in its own namespace (leader election).
+    const NAMESPACED_CALLS: &[(&str, &str, &str)] = &[
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    ];
+
+    fn document<T: serde::de::DeserializeOwned>(marker: &str) -> T {
         let manifests = include_str!("../../../../deploy/controller.yaml");
-        let role: ClusterRole = manifests
+        manifests
             .split("\n---\n")
-            .find(|doc| doc.contains("kind: ClusterRole\n"))
-            .map(|doc| serde_yaml_ng::from_str(doc).expect("the ClusterRole parses"))
-            .expect("a ClusterRole");
+            .find(|doc| doc.contains(marker))
+            .map(|doc| serde_yaml_ng::from_str(doc).expect("the document parses"))
+            .unwrap_or_else(|| panic!("a document with {marker:?}"))
+    }
+
+    fn granted(rules: Vec<PolicyRule>) -> Vec<(String, String, String)> {
         let mut granted: Vec<(String, String, String)> = Vec::new();
-        for rule in role.rules.unwrap_or_default() {
+        for rule in rules {
             for group in rule.api_groups.unwrap_or_default() {
                 for resource in rule.resources.clone().unwrap_or_default() {
                     for verb in &rule.verbs {
@@ -180,10 +313,29 @@ mod tests {
                 }
             }
         }
-        let mut wanted: Vec<(String, String, String)> =
-            CALLS.iter().map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string())).collect();
         granted.sort();
+        granted
+    }
+
+    fn wanted(calls: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+        let mut wanted: Vec<(String, String, String)> =
+            calls.iter().map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string())).collect();
         wanted.sort();
-        assert_eq!(granted, wanted);
+        wanted
+    }
+
+    #[test]
+    fn deployed_cluster_role_grants_exactly_what_the_controller_calls() {
+        let role: ClusterRole = document("kind: ClusterRole\n");
+        assert_eq!(granted(role.rules.unwrap_or_default()), wanted(CALLS));
+    }
+
+    #[test]
+    fn deployed_role_grants_exactly_the_lease_calls_in_the_controller_namespace() {
+        let role: Role = document("kind: Role\nmetadata");
+        let deployment: Deployment = document("kind: Deployment\n");
+        assert_eq!(role.metadata.namespace, deployment.metadata.namespace, "the Lease lives in the pod's namespace");
+        assert_eq!(granted(role.rules.unwrap_or_default()), wanted(NAMESPACED_CALLS));
+        assert_eq!(deployment.spec.and_then(|s| s.replicas), Some(2), "two replicas, one leader");
     }
 }

@@ -8,9 +8,9 @@
 //! order in which pods started terminating.
 
 mod common;
+#[path = "common/maintenance_kit.rs"]
+mod kit;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,86 +20,10 @@ use common::{Gantry, eventually, pod_yaml};
 use gantry_maintenance::api::{CONDITION_DRAINED, FINALIZER, NodeMaintenance};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kit::{Controller, install_crd};
+use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt};
 use serde_json::json;
-
-/// The controller process; killed on drop.
-struct Controller {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Controller {
-    /// One controller, without leader election or metrics (tests run in parallel).
-    fn start(cluster: &Cluster, dir: &Path) -> Controller {
-        Self::start_as(cluster, dir, "maintenance-controller", &["--leader-elect=false", "--metrics-bind-address=0"])
-    }
-
-    fn start_as(cluster: &Cluster, dir: &Path, name: &str, flags: &[&str]) -> Controller {
-        let kubeconfig = cluster.admin_kubeconfig(dir);
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
-            .args(["maintenance-controller", &format!("--kubeconfig={}", kubeconfig.display())])
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("spawn the controller");
-        Controller { child: Some(child), log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGKILL, as a crash or a node failure would.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// SIGTERM, as the kubelet stops a pod; then the exit status, or `None` if the process
-    /// did not exit within the deadline.
-    async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let pid = self.child.as_ref()?.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().ok()?;
-        assert!(status.success(), "kill -TERM failed");
-        self.exit().await
-    }
-
-    /// Waits (without blocking the in-process API server) for the process to exit on its own.
-    async fn exit(&mut self) -> Option<std::process::ExitStatus> {
-        let start = Instant::now();
-        while start.elapsed() < common::DEADLINE {
-            if let Some(status) = self.child.as_mut()?.try_wait().ok()? {
-                self.child = None;
-                return Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        None
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-async fn install_crd(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &NodeMaintenance::crd()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("cannot create the NodeMaintenance CRD: {e}"),
-    }
-}
 
 /// A Gantry node that has registered, and an admin client of a cluster that knows the CRD.
 async fn registered_node_with_crd(env: &common::Env, cluster: &Cluster) -> (Gantry, kube::Client) {

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use gantry_maintenance::api::NodeMaintenance;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -14,26 +15,69 @@ use kube::{Api, CustomResourceExt};
 use crate::common::cluster::Cluster;
 
 /// The controller process; killed on drop.
-pub struct Controller(Child);
+pub struct Controller {
+    child: Option<Child>,
+    log: PathBuf,
+}
 
 impl Controller {
+    /// One controller, without leader election or metrics (tests run in parallel).
     pub fn start(cluster: &Cluster, dir: &Path) -> Controller {
+        Self::start_as(cluster, dir, "maintenance-controller", &["--leader-elect=false", "--metrics-bind-address=0"])
+    }
+
+    pub fn start_as(cluster: &Cluster, dir: &Path, name: &str, flags: &[&str]) -> Controller {
         let kubeconfig = cluster.admin_kubeconfig(dir);
-        let log = std::fs::File::create(dir.join("maintenance-controller.log")).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
             .args(["maintenance-controller", &format!("--kubeconfig={}", kubeconfig.display())])
+            .args(flags)
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(file)
             .spawn()
             .expect("spawn the controller");
-        Controller(child)
+        Controller { child: Some(child), log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash or a node failure would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; then the exit status, or `None` if the process
+    /// did not exit within the deadline.
+    pub async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.as_ref()?.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().ok()?;
+        assert!(status.success(), "kill -TERM failed");
+        self.exit().await
+    }
+
+    /// Waits (without blocking the in-process API server) for the process to exit on its own.
+    pub async fn exit(&mut self) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < crate::common::DEADLINE {
+            if let Some(status) = self.child.as_mut()?.try_wait().ok()? {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.kill();
     }
 }
 

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{DrainPlanEntry, NodeMaintenance, PodType, Stage};
-use crate::plan::{effective_drain_plan, pod_priority};
+use crate::api::{NodeMaintenance, PodType, Stage};
+use crate::plan::pod_priority;
 use crate::selector::{labels_match, node_matches};
 
 /// The node the agent runs as.
@@ -25,20 +25,17 @@ fn selects(m: &NodeMaintenance, node: &ThisNode) -> bool {
     listed || node_matches(&m.spec.node_selector, node.name, node.labels)
 }
 
-fn covers(entries: &[DrainPlanEntry], priority: i32, labels: &BTreeMap<String, String>) -> bool {
-    entries.iter().any(|e| {
+fn covers(m: &NodeMaintenance, priority: i32, labels: &BTreeMap<String, String>) -> bool {
+    let reached = m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice()).unwrap_or_default();
+    reached.iter().any(|e| {
         e.pod_type == PodType::Static
             && priority <= e.pod_priority
             && e.pod_selector.as_ref().is_none_or(|s| labels_match(s, labels))
     })
 }
 
-fn reached(m: &NodeMaintenance) -> &[DrainPlanEntry] {
-    m.status.as_ref().map(|s| s.drain_status.reached_drain_targets.as_slice()).unwrap_or_default()
-}
-
 /// The name of the maintenance holding `pod`, if any. The maintenances draining this node (in
-/// Drain, not being deleted, with a plan covering the pod) must all have reached a Static entry covering the pod: as in the
+/// Drain, not being deleted) must all have reached a Static entry covering the pod: as in the
 /// planner, the least advanced drain wins, so one maintenance never stops a static pod that
 /// another one draining the same node still keeps.
 pub fn holder<'a>(maintenances: &'a [NodeMaintenance], node: &ThisNode, pod: &Pod) -> Option<&'a str> {
@@ -49,11 +46,8 @@ pub fn holder<'a>(maintenances: &'a [NodeMaintenance], node: &ThisNode, pod: &Po
         .filter(|m| m.spec.stage == Stage::Drain && m.metadata.deletion_timestamp.is_none())
         .filter(|m| selects(m, node))
         .collect();
-    // A maintenance whose plan never covers the pod has no say over it (as in the planner).
-    let concerned: Vec<&NodeMaintenance> =
-        draining.into_iter().filter(|m| covers(&effective_drain_plan(m), priority, &labels)).collect();
-    let all_cover = !concerned.is_empty() && concerned.iter().all(|m| covers(reached(m), priority, &labels));
-    all_cover.then(|| concerned[0].metadata.name.as_deref().unwrap_or_default())
+    let all_cover = !draining.is_empty() && draining.iter().all(|m| covers(m, priority, &labels));
+    all_cover.then(|| draining[0].metadata.name.as_deref().unwrap_or_default())
 }
 
 /// Static pod UID → the maintenance holding it, for every static pod to keep stopped.
@@ -169,17 +163,6 @@ mod tests {
         let idle_elsewhere = reached(maintenance("other", &["n2"], Stage::Drain, vec![]), 1);
         let cordon_only = reached(maintenance("cordon", &["n1"], Stage::Cordon, vec![]), 0);
         assert_eq!(held(&[ahead, idle_elsewhere, cordon_only], &pods), [("uid-web".to_string(), "ahead".to_string())]);
-    }
-
-    #[test]
-    fn a_drain_whose_plan_has_no_static_entry_does_not_keep_the_pod() {
-        let pods = [static_pod("web", None, None)];
-        let ahead = reached(maintenance("ahead", &["n1"], Stage::Drain, vec![]), 12);
-        let plan = vec![DrainPlanEntry { pod_selector: None, pod_priority: i32::MAX, pod_type: PodType::Default }];
-        let mut default_only = maintenance("default-only", &["n1"], Stage::Drain, plan.clone());
-        default_only.status = Some(NodeMaintenanceStatus::default());
-        default_only.status.as_mut().unwrap().drain_status.reached_drain_targets = plan;
-        assert_eq!(held(&[ahead, default_only], &pods), [("uid-web".to_string(), "ahead".to_string())]);
     }
 
     #[test]

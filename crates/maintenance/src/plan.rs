@@ -139,21 +139,7 @@ pub fn advance(plan: &[DrainPlanEntry], reached: usize, live: &[&Pod]) -> usize 
 
 /// Other maintenances draining a node limit what this one may evict there: the least
 /// advanced targets win (KEP-4212), so a pod is evictable only if each of them targets it.
-/// A maintenance whose whole plan never covers the pod has no say over it; otherwise two
-/// plans covering different pods would wait on each other for ever.
-struct Limiter<'a> {
-    name: &'a str,
-    reached: Vec<DrainPlanEntry>,
-    plan: Vec<DrainPlanEntry>,
-}
-
-impl Limiter<'_> {
-    fn holds_back(&self, pod: &Pod) -> bool {
-        targeted(&self.plan, pod) && !targeted(&self.reached, pod)
-    }
-}
-
-fn limiters<'a>(me: &NodeMaintenance, node: &str, cluster: Cluster<'a>) -> Vec<Limiter<'a>> {
+fn limiters<'a>(me: &NodeMaintenance, node: &str, cluster: Cluster<'a>) -> Vec<(&'a str, Vec<DrainPlanEntry>)> {
     cluster
         .maintenances
         .iter()
@@ -161,7 +147,7 @@ fn limiters<'a>(me: &NodeMaintenance, node: &str, cluster: Cluster<'a>) -> Vec<L
         .filter(|o| selected_nodes(o, cluster.nodes).iter().any(|n| n == node))
         .map(|o| {
             let reached = o.status.as_ref().map(|s| s.drain_status.reached_drain_targets.clone()).unwrap_or_default();
-            Limiter { name: name_of(o), reached, plan: effective_drain_plan(o) }
+            (name_of(o), reached)
         })
         .collect()
 }
@@ -292,7 +278,7 @@ pub fn plan_drain(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Drai
         let on_node = live.iter().filter(|p| node_of(p) == Some(name.as_str()) && targeted(targets, p));
         for pod in on_node {
             status.pods_remaining += 1;
-            let blockers: Vec<&str> = limits.iter().filter(|l| l.holds_back(pod)).map(|l| l.name).collect();
+            let blockers: Vec<&str> = limits.iter().filter(|(_, t)| !targeted(t, pod)).map(|(n, _)| *n).collect();
             let reason = if blockers.is_empty() {
                 hold_reason(pod, node, &mut budgets, now, cluster.pdbs)
             } else {

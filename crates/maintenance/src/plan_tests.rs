@@ -209,19 +209,6 @@ fn overlapping_maintenances_least_advanced_wins() {
 }
 
 #[test]
-fn a_maintenance_whose_plan_never_covers_a_pod_does_not_hold_it_back() {
-    let nodes = [node("n1", &[])];
-    let pods = [pod("web", "n1", 0, "a")];
-    let defaults =
-        with_reached(maintenance("defaults", &["n1"], Stage::Drain, vec![entry(PodType::Default, i32::MAX, None)]), 1);
-    // Only static pods: it never targets `web`, so it must not block the other drain forever.
-    let statics =
-        with_reached(maintenance("statics", &["n1"], Stage::Drain, vec![entry(PodType::Static, i32::MAX, None)]), 1);
-    let s = step(&defaults, &nodes, &pods, &[], &[defaults.clone(), statics]);
-    assert_eq!(names(&s), ["web"]);
-}
-
-#[test]
 fn preview_lists_affected_pods_per_node() {
     let nodes = [node("n1", &[]), node("n2", &[])];
     let pods = [pod("a", "n1", 0, "a"), pod("b", "n1", 0, "a"), pod("c", "n2", 0, "a")];

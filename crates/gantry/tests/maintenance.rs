@@ -108,6 +108,14 @@ async fn drain_waits_for_the_pdb_then_complete_restores_the_node() {
     assert!(blocked.0.contains(&app), "the blocking reason names the PDB: {}", blocked.0);
     assert_eq!(blocked.1, Some(false), "the node was schedulable before the maintenance");
     assert!(unschedulable(&nodes.get(&node).await.unwrap()), "the node is cordoned while draining");
+    eventually("the node to show the drain", &gantry, || async {
+        let n = nodes.get(&node).await.ok()?;
+        let shown = node_condition(&n, "MaintenanceInProgress") == Some("True".into())
+            && node_condition(&n, "DrainInProgress") == Some("True".into())
+            && node_condition(&n, "Drained") == Some("False".into());
+        shown.then_some(())
+    })
+    .await;
     let m = maintenances.get(&name).await.unwrap();
     assert_eq!(m.spec.drain_plan.len(), 12, "the default drain plan is written back");
     assert!(m.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER));
@@ -118,6 +126,13 @@ async fn drain_waits_for_the_pdb_then_complete_restores_the_node() {
         let status = maintenances.get(&name).await.ok()?.status?;
         let drained = status.conditions.iter().any(|c| c.type_ == CONDITION_DRAINED && c.status == "True");
         (drained && gone(&pods, "web-a").await && gone(&pods, "web-b").await).then_some(())
+    })
+    .await;
+    eventually("the node to show it is drained", &gantry, || async {
+        let n = nodes.get(&node).await.ok()?;
+        let shown = node_condition(&n, "Drained") == Some("True".into())
+            && node_condition(&n, "DrainInProgress") == Some("False".into());
+        shown.then_some(())
     })
     .await;
 
@@ -132,6 +147,17 @@ async fn drain_waits_for_the_pdb_then_complete_restores_the_node() {
         (restored && released).then_some(())
     })
     .await;
+    eventually("the maintenance conditions to clear", &gantry, || async {
+        let n = nodes.get(&node).await.ok()?;
+        let cleared = ["MaintenanceInProgress", "DrainInProgress", "Drained"]
+            .iter()
+            .all(|ty| node_condition(&n, ty) == Some("False".into()));
+        cleared.then_some(())
+    })
+    .await;
+    // The node agent's conditions were never disturbed by the controller's, nor the reverse.
+    let n = nodes.get(&node).await.unwrap();
+    assert_eq!(node_condition(&n, "Ready"), Some("True".into()), "the agent's Ready condition stays");
     let taints = nodes.get(&node).await.unwrap().spec.and_then(|s| s.taints).unwrap_or_default();
     assert!(taints.iter().all(|t| t.key != gantry_maintenance::api::DRAIN_TAINT_KEY), "{taints:?}");
 
@@ -139,6 +165,11 @@ async fn drain_waits_for_the_pdb_then_complete_restores_the_node() {
     let _ = pdbs.delete(&app, &DeleteParams::default()).await;
     let _ = nodes.delete(&spare, &DeleteParams::default()).await;
     cluster.cleanup(&node).await;
+}
+
+fn node_condition(node: &Node, ty: &str) -> Option<String> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == ty).map(|c| c.status.clone())
 }
 
 fn maintenance_for(name: &str, nodes: &[&str], stage: &str) -> NodeMaintenance {

@@ -5,12 +5,13 @@
 use std::collections::BTreeSet;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 
 use crate::api::{
     CONDITION_DRAINED, CONDITION_INVALID, CONDITION_UNSAFE, Condition, DRAIN_TAINT_KEY, DrainPlanEntry,
     NodeMaintenance, NodeMaintenanceStatus, NodeStatus, Stage, StageStatus,
 };
+use crate::node_conditions::{self, Covering};
 use crate::plan::{self, Cluster, PodRef};
 use crate::validate;
 
@@ -31,6 +32,8 @@ pub struct Decision {
     pub evict: Vec<PodRef>,
     /// The drain is still running: look again even if nothing in the cluster changes.
     pub requeue: bool,
+    /// Node name → the maintenance conditions to write on it (only where they change).
+    pub node_conditions: Vec<(String, Vec<NodeCondition>)>,
 }
 
 /// What the controller should do now for `m`.
@@ -80,7 +83,30 @@ pub fn decide(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Decision
         }
         Stage::Complete => {}
     }
+    d.node_conditions = node_conditions(m, stage, cluster, &d.status, now);
     d
+}
+
+/// The conditions of this maintenance's nodes, judged with its new status and the others' stored ones.
+fn node_conditions(
+    m: &NodeMaintenance,
+    stage: Stage,
+    cluster: Cluster,
+    status: &NodeMaintenanceStatus,
+    now: Timestamp,
+) -> Vec<(String, Vec<NodeCondition>)> {
+    let me = m.metadata.name.as_deref().unwrap_or_default();
+    let mut all: Vec<Covering> =
+        cluster.maintenances.iter().filter(|o| o.metadata.name.as_deref() != Some(me)).map(Covering::stored).collect();
+    all.push(Covering { name: me, stage, nodes: &status.node_statuses });
+    status
+        .node_statuses
+        .iter()
+        .filter_map(|s| {
+            let node = find_node(cluster, &s.node_name)?;
+            Some((s.node_name.clone(), node_conditions::update(node, &all, now)?))
+        })
+        .collect()
 }
 
 fn record_stage(status: &mut NodeMaintenanceStatus, stage: Stage, now: Timestamp) {

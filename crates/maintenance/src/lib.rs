@@ -10,6 +10,7 @@ pub mod controller;
 pub mod decide;
 pub mod hold;
 pub mod leader;
+pub mod node_conditions;
 pub mod plan;
 pub mod selector;
 pub mod validate;

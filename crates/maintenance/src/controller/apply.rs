@@ -3,7 +3,7 @@
 //! finalizer is removed only after every node is restored. Every step gets an event.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
@@ -79,6 +79,9 @@ pub(super) async fn apply(
         set_unschedulable(ctx, node, false).await?;
         event(ctx, m, About::Node(node), EventType::Normal, "Uncordoned", format!("Uncordoned node {node}")).await;
     }
+    for (node, conditions) in &d.node_conditions {
+        set_node_conditions(ctx, node, conditions).await?;
+    }
     if d.remove_finalizer {
         set_finalizer(&api, m, false).await?;
         event(
@@ -141,6 +144,16 @@ async fn set_unschedulable(ctx: &Context, node: &str, cordoned: bool) -> Result<
     let value = if cordoned { json!(true) } else { serde_json::Value::Null };
     api.patch(node, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "unschedulable": value } }))).await?;
     tracing::info!(node, cordoned, "node schedulability changed");
+    Ok(())
+}
+
+/// A strategic merge keyed by condition type: only the maintenance conditions change, the
+/// node agent's own (Ready, pressure) are left as they are.
+async fn set_node_conditions(ctx: &Context, node: &str, conditions: &[NodeCondition]) -> Result<(), ControllerError> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let patch = json!({ "status": { "conditions": conditions } });
+    api.patch_status(node, &PatchParams::default(), &Patch::Strategic(patch)).await?;
+    tracing::debug!(node, "maintenance conditions updated");
     Ok(())
 }
 

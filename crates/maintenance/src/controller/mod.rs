@@ -275,6 +275,7 @@ mod tests {
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
         ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
         ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),

@@ -4,6 +4,8 @@
 //! WebSocket clients speak `v4.channel.k8s.io`: every binary frame starts with a channel
 //! byte (exec/attach: 0 stdin, 1 stdout, 2 stderr, 3 status; port-forward: 2i data and
 //! 2i+1 errors of the i-th port, each channel's first frame starting with the port number).
+//! The SPDY/3.1 client (`common/spdy.rs`) opens one stream per channel instead, named by its
+//! `streamtype` header, as `kubectl` does by default.
 
 mod common;
 
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::node_api::{Identity, NodeApi, TestCa, WebSocket};
+use common::spdy::{Spdy, Streams};
 use common::{DEADLINE, Env, Gantry, eventually, pod_yaml, static_name};
 use futures::{SinkExt, StreamExt};
 use gantry_test_apiserver::{AccessRequest, Decision, UserInfo};
@@ -282,19 +285,26 @@ async fn port_forward_over_websocket_reaches_a_server_in_the_pod() {
     assert!(body.starts_with("HTTP/1.") && body.contains(" 200 "), "{body}");
 }
 
+/// What `kubectl exec` does by default: an upgrade to SPDY/3.1 with the `v4.channel.k8s.io`
+/// remotecommand subprotocol, one SPDY stream per channel (header `streamtype`), proxied byte
+/// for byte to containerd's streaming server (Go's spdystream).
 #[tokio::test(flavor = "multi_thread")]
-async fn spdy_upgrade_handshake_is_proxied() {
+async fn spdy_exec_streams_stdin_stdout_stderr_and_exit_code() {
     let sleeper = pod_yaml("sleeper", "sleep 3600", "");
     let Some((_env, api, gantry, alice)) = standalone(&[("sleeper.yaml", sleeper)]).await else { return };
     wait_running(&gantry, "sleeper").await;
-    let path =
-        with_query(&format!("/exec/default/{}/main", static_name("sleeper")), &[("command", "true"), ("output", "1")]);
+    let script = "read x; echo out:$x; echo err >&2; exit 3";
+    let path = with_query(
+        &format!("/exec/default/{}/main", static_name("sleeper")),
+        &[("command", "sh"), ("command", "-c"), ("command", script), ("input", "1"), ("output", "1"), ("error", "1")],
+    );
     let mut tls = api.tls(Some(&alice)).await;
     let req = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
          X-Stream-Protocol-Version: v4.channel.k8s.io\r\nX-Stream-Protocol-Version: channel.k8s.io\r\nContent-Length: 0\r\n\r\n"
     );
     tls.write_all(req.as_bytes()).await.unwrap();
+    // Byte by byte, so that nothing after the head (SPDY frames) is consumed here.
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -306,6 +316,41 @@ async fn spdy_upgrade_handshake_is_proxied() {
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: spdy/3.1"), "{head}");
     assert!(head.contains("x-stream-protocol-version: v4.channel.k8s.io"), "{head}");
+
+    // As client-go: the error stream first, then stdin, stdout, stderr; the server starts the
+    // command once it has them all.
+    let deadline = Instant::now() + DEADLINE;
+    let mut spdy = Spdy::new(tls);
+    let mut ids = Vec::new();
+    for kind in ["error", "stdin", "stdout", "stderr"] {
+        ids.push(spdy.open_stream(&[("streamType", kind)], false).await.expect("SYN_STREAM"));
+    }
+    let [error, stdin, stdout, stderr] = ids[..] else { unreachable!() };
+    assert_eq!(ids, [1, 3, 5, 7], "client streams have odd ids");
+    let mut streams = Streams::default();
+    spdy.read_until(&mut streams, deadline, |s| ids.iter().all(|id| s.replied.contains(id))).await;
+    assert!(ids.iter().all(|id| streams.replied.contains(id)), "a SYN_REPLY per stream: {streams:?}");
+
+    spdy.send_data(stdin, b"hello\n", false).await.unwrap();
+    spdy.send_data(stdin, b"", true).await.unwrap();
+    // Output streams end with FIN. The status comes last; then the server closes the
+    // connection (GOAWAY), resetting (CANCEL) the streams it had not half-closed (here error
+    // and stdin), so the error stream ends with FIN or RST_STREAM.
+    spdy.read_until(&mut streams, deadline, |s| [error, stdout, stderr].iter().all(|id| s.ended(*id))).await;
+    assert_eq!(streams.text(stdout), "out:hello\n", "{streams:?}");
+    assert_eq!(streams.text(stderr), "err\n", "{streams:?}");
+    for id in [stdout, stderr] {
+        assert!(
+            streams.finished.contains(&id) && !streams.reset.contains_key(&id),
+            "stream {id} ends cleanly: {streams:?}"
+        );
+    }
+    assert!(streams.ended(error), "the error stream ends: {streams:?}");
+    let status: serde_json::Value = serde_json::from_str(&streams.text(error)).expect("a Status on the error stream");
+    assert_eq!(status["status"], "Failure", "{status}");
+    assert_eq!(status["reason"], "NonZeroExitCode", "{status}");
+    assert_eq!(status["details"]["causes"][0]["reason"], "ExitCode", "{status}");
+    assert_eq!(status["details"]["causes"][0]["message"], "3", "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod node_api;
+pub mod spdy;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

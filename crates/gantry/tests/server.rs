@@ -499,6 +499,7 @@ async fn tokens_are_reviewed_and_subresources_authorized_by_the_api_server() {
 /// → this node's API (authenticated with the API server's kubelet client certificate,
 /// authorized by SubjectAccessReview) → containerd. Needs a real cluster that can reach this
 /// machine (`GANTRY_E2E_KUBECONFIG`); the in-process test server does not proxy to nodes.
+/// Covers `kubectl exec`, `kubectl port-forward` and `kubectl logs`.
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_and_port_forward_through_the_api_server() {
     use base64::Engine;
@@ -544,7 +545,7 @@ async fn exec_and_port_forward_through_the_api_server() {
         "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n",
         env.node
     );
-    let web = "mkdir -p /www && echo hello-from-pod > /www/index.html && exec httpd -f -p 8080 -h /www";
+    let web = "mkdir -p /www && echo hello-from-pod > /www/index.html && echo serving && exec httpd -f -p 8080 -h /www";
     let pod: Pod = serde_yaml_ng::from_str(&pod_yaml("web", web, &spec)).unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     eventually("the pod Running in the API", &gantry, || async {
@@ -567,6 +568,10 @@ async fn exec_and_port_forward_through_the_api_server() {
     let mut body = Vec::new();
     stream.read_to_end(&mut body).await.unwrap();
     assert!(String::from_utf8_lossy(&body).contains("hello-from-pod"));
+
+    // `kubectl logs`: the API server reads /containerLogs from the node.
+    let logs = pods.logs("web", &kube::api::LogParams::default()).await.unwrap();
+    assert_eq!(logs, "serving\n");
     cluster.cleanup(&env.node).await;
 }
 

@@ -115,7 +115,7 @@ pub async fn start(settings: &Settings, state: ServerState) -> Result<Listening,
     node_ips.extend(state.shared().host_ip.as_deref().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()));
     node_ips.dedup();
     let tls = tls::server_config(s, settings, &node_ips).await?;
-    let secure = bind(SocketAddr::new(s.address, settings.port), "port").await?;
+    let (secure, secure_addr) = bind(SocketAddr::new(s.address, settings.port), "port").await?;
     let healthz = match s.healthz_port {
         0 => None,
         p => Some(bind(SocketAddr::new(s.healthz_bind_address, p), "healthzPort").await?),
@@ -125,23 +125,27 @@ pub async fn start(settings: &Settings, state: ServerState) -> Result<Listening,
         p => Some(bind(SocketAddr::new(s.address, p), "readOnlyPort").await?),
     };
     let listening = Listening {
-        secure: secure.local_addr().expect("bound"),
-        healthz: healthz.as_ref().map(|l| l.local_addr().expect("bound")),
-        read_only: read_only.as_ref().map(|l| l.local_addr().expect("bound")),
+        secure: secure_addr,
+        healthz: healthz.as_ref().map(|(_, a)| *a),
+        read_only: read_only.as_ref().map(|(_, a)| *a),
     };
-    tracing::info!(node = %settings.node_name, address = %listening.secure, "serving the node API (HTTPS)");
+    tracing::info!(node = %settings.node_name, address = %secure_addr, "serving the node API (HTTPS)");
     tokio::spawn(serve::https(secure, tls, router(state.clone())));
-    if let Some(l) = healthz {
-        tracing::info!(address = %listening.healthz.unwrap(), "serving /healthz (HTTP)");
+    if let Some((l, address)) = healthz {
+        tracing::info!(%address, "serving /healthz (HTTP)");
         tokio::spawn(serve::http(l, routes::healthz_router()));
     }
-    if let Some(l) = read_only {
-        tracing::info!(address = %listening.read_only.unwrap(), "serving the read-only node API (HTTP, no authentication)");
+    if let Some((l, address)) = read_only {
+        tracing::info!(%address, "serving the read-only node API (HTTP, no authentication)");
         tokio::spawn(serve::http(l, read_only_router(state)));
     }
     Ok(listening)
 }
 
-async fn bind(addr: SocketAddr, what: &'static str) -> Result<tokio::net::TcpListener, ServerError> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, what, source })
+/// The listener and the address it really got (port 0 resolved).
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
+    let error = |source| ServerError::Bind { addr, what, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(error)?;
+    let bound = listener.local_addr().map_err(error)?;
+    Ok((listener, bound))
 }

@@ -13,7 +13,7 @@ mod kit;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::cluster::{self, Cluster};
 use common::{Gantry, eventually, pod_yaml};
@@ -350,22 +350,16 @@ impl Bench {
 
 /// Polls `check` until it returns `Some`, or panics after the deadline with `what` and the
 /// controller logs.
-async fn until<T, F, Fut>(what: &str, controllers: &[&Controller], mut check: F) -> T
+async fn until<T, F, Fut>(what: &str, controllers: &[&Controller], check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        if start.elapsed() > common::DEADLINE {
-            let logs: Vec<String> = controllers.iter().map(|c| common::tail(&c.log(), 60)).collect();
-            panic!("timed out waiting for {what}\n--- controller logs ---\n{}", logs.join("\n---\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let logs = || {
+        let logs: Vec<String> = controllers.iter().map(|c| common::tail(&c.log(), 60)).collect();
+        format!("--- controller logs ---\n{}", logs.join("\n---\n"))
+    };
+    common::poll(what, logs, check).await
 }
 
 /// Stands in for the kubelet of one node: records the order in which its pods start

@@ -204,7 +204,17 @@ impl Drop for Gantry {
 
 /// Polls `check` until it returns `Some`, or panics after `DEADLINE` with `what` and the
 /// agent's log.
-pub async fn eventually<T, F, Fut>(what: &str, gantry: &Gantry, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, gantry: &Gantry, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    poll(what, || format!("--- gantry log ---\n{}", tail(&gantry.log(), 80)), check).await
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `DEADLINE` with `what`
+/// and what `logs` says about the processes involved.
+pub async fn poll<T, F, Fut>(what: &str, logs: impl Fn() -> String, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -215,7 +225,7 @@ where
             return value;
         }
         if start.elapsed() > DEADLINE {
-            panic!("timed out waiting for {what}\n--- gantry log ---\n{}", tail(&gantry.log(), 80));
+            panic!("timed out waiting for {what}\n{}", logs());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

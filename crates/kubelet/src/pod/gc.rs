@@ -61,20 +61,10 @@ mod tests {
 
     fn container(id: &str, name: &str, sandbox: &str, attempt: u32, state: ContainerState) -> ContainerInfo {
         ContainerInfo {
-            id: id.into(),
-            name: name.into(),
             sandbox_id: sandbox.into(),
             attempt,
-            state,
             created_at: attempt as i64,
-            started_at: 0,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            spec_hash: String::new(),
+            ..ContainerInfo::fixture(id, name, state)
         }
     }
 

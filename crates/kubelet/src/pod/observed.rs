@@ -48,6 +48,29 @@ pub struct ContainerInfo {
     pub spec_hash: String,
 }
 
+#[cfg(test)]
+impl ContainerInfo {
+    /// A container for tests: the given identity and state, everything else zero or empty.
+    pub fn fixture(id: &str, name: &str, state: ContainerState) -> ContainerInfo {
+        ContainerInfo {
+            id: id.into(),
+            name: name.into(),
+            sandbox_id: String::new(),
+            attempt: 0,
+            state,
+            created_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+            image_ref: String::new(),
+            spec_hash: String::new(),
+        }
+    }
+}
+
 impl ObservedPod {
     /// The newest sandbox, which is the one the pod lives in (older ones are leftovers).
     pub fn current_sandbox(&self) -> Option<&SandboxInfo> {

@@ -351,20 +351,8 @@ mod tests {
     #[test]
     fn kills_name_the_failed_probe() {
         let info = |id: &str, name: &str, state| ContainerInfo {
-            id: id.into(),
-            name: name.into(),
             sandbox_id: "s".into(),
-            attempt: 0,
-            state,
-            created_at: 0,
-            started_at: 0,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-            image_ref: String::new(),
-            spec_hash: String::new(),
+            ..ContainerInfo::fixture(id, name, state)
         };
         let observed = ObservedPod {
             sandboxes: vec![],

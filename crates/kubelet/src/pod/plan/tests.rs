@@ -30,20 +30,16 @@ fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxInfo {
 fn instance(pod: &Pod, name: &str, sandbox: &str, attempt: u32, state: ContainerState, exit: i32) -> ContainerInfo {
     let spec = spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name).unwrap();
     ContainerInfo {
-        id: format!("{name}-{attempt}"),
-        name: name.into(),
         sandbox_id: sandbox.into(),
         attempt,
-        state,
         created_at: NOW - 100 * SECOND,
         started_at: NOW - 90 * SECOND,
         finished_at: if state == ContainerState::Exited { NOW - SECOND } else { 0 },
         exit_code: exit,
-        reason: String::new(),
-        message: String::new(),
         image: "busybox:1".into(),
         image_ref: "sha256:1".into(),
         spec_hash: spec::container_hash(spec),
+        ..ContainerInfo::fixture(&format!("{name}-{attempt}"), name, state)
     }
 }
 

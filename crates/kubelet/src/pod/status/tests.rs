@@ -36,20 +36,15 @@ fn sandbox() -> SandboxInfo {
 
 fn inst(name: &str, attempt: u32, state: ContainerState, exit: i32) -> ContainerInfo {
     ContainerInfo {
-        id: format!("{name}{attempt}"),
-        name: name.into(),
         sandbox_id: "s".into(),
         attempt,
-        state,
         created_at: attempt as i64,
         started_at: NOW - 10 * SECOND,
         finished_at: if state == ContainerState::Exited { NOW - SECOND } else { 0 },
         exit_code: exit,
-        reason: String::new(),
-        message: String::new(),
         image: "busybox:1".into(),
         image_ref: "sha256:abc".into(),
-        spec_hash: String::new(),
+        ..ContainerInfo::fixture(&format!("{name}{attempt}"), name, state)
     }
 }
 

@@ -185,6 +185,27 @@ fn verb_of(method: &Method, rp: &ResourcePath, query: &Query) -> ApiResult<&'sta
     })
 }
 
+/// kube-apiserver authorizes a request from its URL before routing it, so a caller not allowed
+/// to use a resource that does not exist (a CRD not installed yet) gets 403, not 404. Returns
+/// the Forbidden error, if any.
+fn authorize_unknown(state: &State, user: UserInfo, rp: &ResourcePath, verb: &str) -> Option<ApiError> {
+    let access = AccessRequest {
+        user,
+        verb: verb.to_string(),
+        namespace: rp.namespace.clone().unwrap_or_default(),
+        api_group: rp.group.clone(),
+        api_version: rp.version.clone(),
+        resource: rp.resource.clone(),
+        subresource: rp.subresource.clone().unwrap_or_default(),
+        name: rp.name.clone().unwrap_or_default(),
+        path: None,
+    };
+    match auth::authorize(state, &access, None) {
+        Decision::Deny(r) | Decision::NoOpinion(r) => Some(auth::forbidden(&access, &r)),
+        Decision::Allow => None,
+    }
+}
+
 fn lookup_type(state: &State, rp: &ResourcePath) -> ApiResult<Arc<ResourceType>> {
     let rt = state.store.lock().registry.lookup(&rp.group, &rp.version, &rp.resource).ok_or_else(ApiError::no_route)?;
     if !rt.namespaced && rp.namespace.is_some() {
@@ -263,8 +284,11 @@ async fn resource_request(
     req: Request<Incoming>,
 ) -> ApiResult<Response<Body>> {
     let query = parse_query(req.uri().query());
-    let rt = lookup_type(&state, &rp)?;
     let verb = verb_of(req.method(), &rp, &query)?;
+    let rt = match lookup_type(&state, &rp) {
+        Ok(rt) => rt,
+        Err(not_found) => return Err(authorize_unknown(&state, user, &rp, verb).unwrap_or(not_found)),
+    };
     let (labels, mut fields) = selectors(&rt, &query)?;
     // GET .../<name>?watch=true watches that one object.
     if verb == "watch"

@@ -342,3 +342,29 @@ async fn hooks_answer_reviews_and_requests() {
     let dave = server.client(&User::Token("static".into())).await;
     Api::<Namespace>::all(dave).list(&ListParams::default()).await.unwrap();
 }
+
+/// As kube-apiserver: authorization comes before routing, so a resource that does not exist
+/// (a CRD not installed yet) is 403 for a caller not allowed to use it, and 404 otherwise; the
+/// authorizer hook sees the request either way.
+#[tokio::test]
+async fn unknown_resources_are_authorized_before_they_are_not_found() {
+    let (server, _admin) = start().await;
+    let path = "/apis/example.dev/v1/widgets";
+    let node = RawClient::new(&server, &node_client_user("n1")).await;
+    assert_eq!(node.get(path).await.0, 403);
+    let admin = RawClient::new(&server, &User::Admin).await;
+    assert_eq!(admin.get(path).await.0, 404);
+
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    server.set_authorizer(move |req| {
+        if req.api_group == "example.dev" && req.resource == "widgets" && req.verb == "list" {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        }
+    });
+    assert_eq!(node.get(path).await.0, 404);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

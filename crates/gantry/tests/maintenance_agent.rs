@@ -17,24 +17,30 @@ use kit::{Controller, Invocation, install_crd, plugin};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 const HOLD_LOG: &str = "stopping static pod for node maintenance";
 const LISTED_LOG: &str = "listed NodeMaintenances";
 
 /// Nodes may read NodeMaintenances: the test server's stand-in for the ClusterRoleBinding in
-/// `deploy/node-agent.yaml` (a real cluster needs that applied).
-fn let_nodes_read_maintenances(cluster: &Cluster) {
-    if let Cluster::Test(server) = cluster {
-        server.set_authorizer(|req| {
-            let node = req.user.groups.iter().any(|g| g == "system:nodes");
-            let read = matches!(req.verb.as_str(), "get" | "list" | "watch");
-            if node && read && req.api_group == "maintenance.gantry.dev" && req.resource == "nodemaintenances" {
-                Decision::Allow
-            } else {
-                Decision::NoOpinion(String::new())
-            }
-        });
-    }
+/// `deploy/node-agent.yaml` (a real cluster needs that applied). Counts the nodes' reads, so a
+/// test can see the agent retry (None on a real cluster).
+fn let_nodes_read_maintenances(cluster: &Cluster) -> Option<Arc<AtomicUsize>> {
+    let Cluster::Test(server) = cluster else { return None };
+    let reads = Arc::new(AtomicUsize::new(0));
+    let counter = reads.clone();
+    server.set_authorizer(move |req| {
+        let node = req.user.groups.iter().any(|g| g == "system:nodes");
+        let read = matches!(req.verb.as_str(), "get" | "list" | "watch");
+        if node && read && req.api_group == "maintenance.gantry.dev" && req.resource == "nodemaintenances" {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        }
+    });
+    Some(reads)
 }
 
 async fn mirror_exists(pods: &Api<Pod>, name: &str) -> bool {
@@ -48,7 +54,7 @@ async fn containers_of(env: &common::Env, pod: &str) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns_on_complete() {
     let Some((env, cluster)) = cluster::setup().await else { return };
-    let_nodes_read_maintenances(&cluster);
+    let maintenance_reads = let_nodes_read_maintenances(&cluster);
     let node = env.node.clone();
     env.write_manifest(
         "web-static.yaml",
@@ -69,6 +75,14 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
         (running && mirror_exists(&pods, &static_name).await).then_some(())
     })
     .await;
+    if let Some(reads) = &maintenance_reads {
+        // Several failed attempts before the CRD appears, so the single warning below means
+        // the retries were quiet.
+        eventually("the agent to retry listing NodeMaintenances", &gantry, || async {
+            (reads.load(Ordering::SeqCst) >= 3).then_some(())
+        })
+        .await;
+    }
     install_crd(&client).await;
 
     let nodes: Api<Node> = Api::all(client.clone());

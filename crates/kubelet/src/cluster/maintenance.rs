@@ -143,6 +143,9 @@ pub async fn run(
             event = stream.next() => {
                 let Some(event) = event else { return };
                 let key = |m: &NodeMaintenance| m.metadata.name.clone().unwrap_or_default();
+                // A retry starts with `Init` before its list can fail again; only a completed
+                // list or a change shows the watch works.
+                let recovered = matches!(event, Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)));
                 match event {
                     Ok(Event::Init) => initial = Some(BTreeMap::new()),
                     Ok(Event::InitApply(m)) => {
@@ -173,7 +176,7 @@ pub async fn run(
                         continue;
                     }
                 }
-                if std::mem::take(&mut failing) {
+                if recovered && std::mem::take(&mut failing) {
                     tracing::info!(node = %node, "watching NodeMaintenances");
                 }
             }

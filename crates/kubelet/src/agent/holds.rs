@@ -4,6 +4,7 @@
 //! maintenance controller that the pod is gone.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -51,16 +52,16 @@ impl Holds {
     }
 
     /// What the node runs: everything the sources want except held static pods.
-    pub fn desired(&self, merged: &BTreeMap<String, Pod>) -> BTreeMap<String, Pod> {
+    pub fn desired(&self, merged: &BTreeMap<String, Arc<Pod>>) -> BTreeMap<String, Arc<Pod>> {
         merged.iter().filter(|(uid, _)| !self.held.contains_key(*uid)).map(|(u, p)| (u.clone(), p.clone())).collect()
     }
 
     /// The static pods that should have a mirror pod.
-    pub fn mirrored(&self, merged: &BTreeMap<String, Pod>) -> Vec<Pod> {
+    pub fn mirrored(&self, merged: &BTreeMap<String, Arc<Pod>>) -> Vec<Pod> {
         merged
             .iter()
             .filter(|(uid, p)| !is_api_pod(p) && (!self.held.contains_key(*uid) || self.stopping.contains(*uid)))
-            .map(|(_, p)| p.clone())
+            .map(|(_, p)| Pod::clone(p))
             .collect()
     }
 }
@@ -70,15 +71,15 @@ mod tests {
     use super::*;
     use crate::source::static_pod::CONFIG_SOURCE;
 
-    fn pod(uid: &str, source: &str) -> (String, Pod) {
+    fn pod(uid: &str, source: &str) -> (String, Arc<Pod>) {
         let mut p = Pod::default();
         p.metadata.uid = Some(uid.into());
         p.metadata.annotations = Some([(CONFIG_SOURCE.to_string(), source.to_string())].into());
-        (uid.to_string(), p)
+        (uid.to_string(), Arc::new(p))
     }
 
-    fn uids(pods: impl IntoIterator<Item = Pod>) -> Vec<String> {
-        pods.into_iter().map(|p| p.metadata.uid.unwrap()).collect()
+    fn uids<P: std::borrow::Borrow<Pod>>(pods: impl IntoIterator<Item = P>) -> Vec<String> {
+        pods.into_iter().map(|p| p.borrow().metadata.uid.clone().unwrap()).collect()
     }
 
     fn hold(uid: &str) -> BTreeMap<String, String> {
@@ -87,7 +88,7 @@ mod tests {
 
     #[test]
     fn a_running_held_pod_leaves_the_desired_set_but_keeps_its_mirror_until_stopped() {
-        let merged: BTreeMap<String, Pod> = [pod("s1", "file"), pod("s2", "file"), pod("a1", "api")].into();
+        let merged: BTreeMap<String, Arc<Pod>> = [pod("s1", "file"), pod("s2", "file"), pod("a1", "api")].into();
         let mut holds = Holds::default();
         let changes = holds.update(hold("s1"), |_| true);
         assert_eq!(changes.held, [("s1".to_string(), "m".to_string())]);
@@ -100,7 +101,7 @@ mod tests {
 
     #[test]
     fn a_pod_held_before_it_runs_never_gets_a_mirror_and_release_brings_both_back() {
-        let merged: BTreeMap<String, Pod> = [pod("s1", "file")].into();
+        let merged: BTreeMap<String, Arc<Pod>> = [pod("s1", "file")].into();
         let mut holds = Holds::default();
         holds.update(hold("s1"), |_| false);
         assert!(holds.desired(&merged).is_empty());

@@ -135,9 +135,10 @@ pub struct Agent {
     merger: Merger,
     configured: Vec<SourceKind>,
     /// Everything the sources want.
-    merged: BTreeMap<String, Pod>,
+    /// Shared with the workers: every source update would otherwise copy each pod once more.
+    merged: BTreeMap<String, Arc<Pod>>,
     /// What the node runs: `merged` minus the static pods a node maintenance holds.
-    desired: BTreeMap<String, Pod>,
+    desired: BTreeMap<String, Arc<Pod>>,
     node: String,
     holds: tokio::sync::watch::Sender<HoldInput>,
     holds_rx: tokio::sync::watch::Receiver<HoldInput>,
@@ -216,17 +217,18 @@ impl Agent {
         for message in &desired.rejected {
             tracing::error!("{message}");
         }
-        self.merged = desired.pods;
+        self.merged = desired.pods.into_iter().map(|(uid, pod)| (uid, Arc::new(pod))).collect();
         self.refresh();
     }
 
     /// Applies the maintenance holds to the merged pods: a newly held static pod leaves the
     /// desired set (its worker stops it gracefully), a released one comes back (and starts).
     fn refresh(&mut self) {
-        let statics: Vec<Pod> = self.merged.values().filter(|p| !crate::cluster::is_api_pod(p)).cloned().collect();
+        let statics: Vec<Pod> =
+            self.merged.values().filter(|p| !crate::cluster::is_api_pod(p)).map(|p| Pod::clone(p)).collect();
         let decision = self.holds_rx.borrow_and_update().held(&self.node, &statics);
         let changes = self.held.update(decision, |uid| self.workers.contains_key(uid));
-        let name = |uid: &str| self.merged.get(uid).map(spec::full_name).unwrap_or_default();
+        let name = |uid: &str| self.merged.get(uid).map(|p| spec::full_name(p)).unwrap_or_default();
         for (uid, maintenance) in &changes.held {
             tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "stopping static pod for node maintenance");
         }
@@ -262,7 +264,11 @@ impl Agent {
                     self.workers.insert(uid.clone(), handle);
                 }
                 Some(h) if !h.terminating => {
-                    let _ = h.tx.send(worker::Msg::Update(Box::new(pod.clone())));
+                    // Every source update lists all pods; only a pod that changed wakes its worker.
+                    if *h.pod != **pod {
+                        h.pod = pod.clone();
+                        let _ = h.tx.send(worker::Msg::Update(pod.clone()));
+                    }
                     if deleting {
                         tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "pod is being deleted");
                         h.terminating = true;
@@ -317,7 +323,7 @@ impl Agent {
     fn stop_orphan(&mut self, uid: &str, identity: Option<&PodIdentity>) {
         let pod = orphan_pod(uid, identity);
         tracing::info!(pod = %spec::full_name(&pod), pod_uid = uid, "stopping pod that no source defines any more");
-        let handle = worker::spawn_terminator(pod, self.shared.clone(), self.done_tx.clone());
+        let handle = worker::spawn_terminator(Arc::new(pod), self.shared.clone(), self.done_tx.clone());
         self.workers.insert(uid.to_string(), handle);
     }
 

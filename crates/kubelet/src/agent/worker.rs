@@ -22,7 +22,7 @@ use crate::runtime::{Driver, StartError, Started};
 
 pub enum Msg {
     /// The pod's spec changed (same UID).
-    Update(Box<Pod>),
+    Update(Arc<Pod>),
     /// Something about the pod may have changed in the runtime; look again.
     Wake,
     /// The pod is no longer wanted: stop it gracefully and remove it.
@@ -40,23 +40,41 @@ const MAX_ROUNDS: usize = 6;
 
 pub struct Handle {
     pub tx: mpsc::UnboundedSender<Msg>,
+    /// The pod as the worker last got it.
+    pub pod: Arc<Pod>,
     pub terminating: bool,
 }
 
 /// Starts the worker; `done` receives the UID once the pod has been terminated and removed.
-pub fn spawn(pod: Pod, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+pub fn spawn(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+    start(pod, shared, done, false)
+}
+
+/// A worker that only stops and removes a pod (one that no source defines any more).
+pub fn spawn_terminator(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+    start(pod, shared, done, true)
+}
+
+fn start(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>, terminating: bool) -> Handle {
     let (tx, rx) = mpsc::unbounded_channel();
     let uid = spec::uid(&pod).to_string();
     let probers = Probers::new(&tx);
+    let handle = Handle { tx, pod: pod.clone(), terminating };
     tokio::spawn(async move {
-        Worker::new(pod, shared, probers).run(rx).await;
+        let worker = Worker::new(pod, shared, probers);
+        if terminating {
+            drop(rx);
+            Box::pin(worker.terminate()).await;
+        } else {
+            worker.run(rx).await;
+        }
         let _ = done.send(uid);
     });
-    Handle { tx, terminating: false }
+    handle
 }
 
 struct Worker {
-    pod: Pod,
+    pod: Arc<Pod>,
     shared: Arc<Shared>,
     backoff: Backoff,
     /// Why containers are not running, from the last attempt to start them.
@@ -72,7 +90,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(pod: Pod, shared: Arc<Shared>, probers: Probers) -> Self {
+    fn new(pod: Arc<Pod>, shared: Arc<Shared>, probers: Probers) -> Self {
         Worker {
             pod,
             shared,
@@ -86,17 +104,19 @@ impl Worker {
         }
     }
 
+    /// The pod's task lives as long as the pod and mostly sleeps; the futures of its steps are
+    /// boxed so that they take memory only while they run (inline, each idle task kept ~20 KiB).
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
-        if let Err((reason, message)) = self.admit().await {
-            return self.rejected(reason, &message, rx).await;
+        if let Err((reason, message)) = Box::pin(self.admit()).await {
+            return Box::pin(self.rejected(reason, &message, rx)).await;
         }
         loop {
-            let wait = self.sync().await;
+            let wait = Box::pin(self.sync()).await;
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(Msg::Update(pod)) => self.pod = *pod,
+                    Some(Msg::Update(pod)) => self.pod = pod,
                     Some(Msg::Wake) => {}
-                    Some(Msg::Terminate) | None => return self.terminate().await,
+                    Some(Msg::Terminate) | None => return Box::pin(self.terminate()).await,
                 },
                 _ = tokio::time::sleep(wait) => {}
             }
@@ -126,7 +146,7 @@ impl Worker {
         self.shared.statuses.set(&self.pod, status);
         loop {
             match rx.recv().await {
-                Some(Msg::Update(pod)) => self.pod = *pod,
+                Some(Msg::Update(pod)) => self.pod = pod,
                 Some(Msg::Wake) => {}
                 Some(Msg::Terminate) | None => return self.terminate().await,
             }
@@ -469,14 +489,3 @@ pub fn now() -> Nanos {
     since_epoch.as_nanos() as Nanos
 }
 
-/// A worker that only stops and removes a pod (one that no source defines any more).
-pub fn spawn_terminator(pod: Pod, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let uid = spec::uid(&pod).to_string();
-    let probers = Probers::new(&tx);
-    tokio::spawn(async move {
-        Worker::new(pod, shared, probers).terminate().await;
-        let _ = done.send(uid);
-    });
-    Handle { tx, terminating: true }
-}

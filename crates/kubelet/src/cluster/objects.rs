@@ -16,11 +16,13 @@ use crate::runtime::projection::TokenKey;
 /// Unix seconds.
 type Secs = i64;
 
+/// By pod UID and token key: the token and when it was issued and expires.
+type TokenCache = HashMap<(String, TokenKey), (String, Secs, Secs)>;
+
 #[derive(Clone)]
 pub struct ObjectSource {
     client: Client,
-    /// By pod UID and token key: the token and when it was issued and expires.
-    tokens: Arc<Mutex<HashMap<(String, TokenKey), (String, Secs, Secs)>>>,
+    tokens: Arc<Mutex<TokenCache>>,
 }
 
 /// Upstream renews a token once 80% of its lifetime has passed (or after a day).

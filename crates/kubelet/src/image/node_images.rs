@@ -12,7 +12,7 @@ pub const MAX_NAMES_PER_IMAGE: usize = 5;
 
 pub fn node_images(images: &[api::Image], max: usize) -> Vec<ContainerImage> {
     let mut sorted: Vec<&api::Image> = images.iter().collect();
-    sorted.sort_by(|a, b| b.size.cmp(&a.size));
+    sorted.sort_by_key(|image| std::cmp::Reverse(image.size));
     sorted
         .into_iter()
         .take(max)

@@ -189,7 +189,16 @@ fn verb_of(method: &Method, rp: &ResourcePath, query: &Query) -> ApiResult<&'sta
 /// to use a resource that does not exist (a CRD not installed yet) gets 403, not 404. Returns
 /// the Forbidden error, if any.
 fn authorize_unknown(state: &State, user: UserInfo, rp: &ResourcePath, verb: &str) -> Option<ApiError> {
-    let access = AccessRequest {
+    let access = access_request(user, verb, rp, rp.name.clone().unwrap_or_default());
+    match auth::authorize(state, &access, None) {
+        Decision::Deny(r) | Decision::NoOpinion(r) => Some(auth::forbidden(&access, &r)),
+        Decision::Allow => None,
+    }
+}
+
+/// The attributes authorization sees, all from the URL (`name` may come from a field selector).
+fn access_request(user: UserInfo, verb: &str, rp: &ResourcePath, name: String) -> AccessRequest {
+    AccessRequest {
         user,
         verb: verb.to_string(),
         namespace: rp.namespace.clone().unwrap_or_default(),
@@ -197,12 +206,8 @@ fn authorize_unknown(state: &State, user: UserInfo, rp: &ResourcePath, verb: &st
         api_version: rp.version.clone(),
         resource: rp.resource.clone(),
         subresource: rp.subresource.clone().unwrap_or_default(),
-        name: rp.name.clone().unwrap_or_default(),
+        name,
         path: None,
-    };
-    match auth::authorize(state, &access, None) {
-        Decision::Deny(r) | Decision::NoOpinion(r) => Some(auth::forbidden(&access, &r)),
-        Decision::Allow => None,
     }
 }
 
@@ -301,17 +306,7 @@ async fn resource_request(
         });
     }
     let name = rp.name.clone().or_else(|| fields.single_name().map(String::from)).unwrap_or_default();
-    let access = AccessRequest {
-        user,
-        verb: verb.to_string(),
-        namespace: rp.namespace.clone().unwrap_or_default(),
-        api_group: rt.group.clone(),
-        api_version: rt.version.clone(),
-        resource: rt.plural.clone(),
-        subresource: rp.subresource.clone().unwrap_or_default(),
-        name,
-        path: None,
-    };
+    let access = access_request(user, verb, &rp, name);
     if let Decision::Deny(r) | Decision::NoOpinion(r) = auth::authorize(&state, &access, Some(&fields)) {
         return Err(auth::forbidden(&access, &r));
     }

@@ -55,10 +55,10 @@ pub async fn run(shared: Arc<Shared>, mut updates: mpsc::Receiver<SourceUpdate>)
         .flatten()
         .ok_or(AgentError::NoManifestUpdate(MANIFEST_DELAY))?;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let pods: Vec<Pod> = Merger::default().apply(update, &now).pods.into_values().collect();
+    let pods: Vec<Arc<Pod>> = Merger::default().apply(update, &now).pods.into_values().map(Arc::new).collect();
     tracing::info!(pods = pods.len(), "processing manifest with pods");
     let (done_tx, _done_rx) = mpsc::unbounded_channel();
-    let _workers: Vec<_> = pods.iter().map(|p| worker::spawn(Arc::new(p.clone()), shared.clone(), done_tx.clone())).collect();
+    let _workers: Vec<_> = pods.iter().map(|p| worker::spawn(p.clone(), shared.clone(), done_tx.clone())).collect();
     Ok(join_all(pods.iter().map(|p| wait_running(&shared, p))).await)
 }
 

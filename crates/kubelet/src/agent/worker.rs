@@ -488,4 +488,3 @@ pub fn now() -> Nanos {
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     since_epoch.as_nanos() as Nanos
 }
-

@@ -5,7 +5,9 @@
 //! pods in the same run, and the agent's memory and CPU with the pods running. Prints
 //! figures; asserts nothing.
 //!
-//! `cargo bench -p gantry --bench api_pods` (as root). `GANTRY_BENCH_PODS` sets N (30).
+//! `cargo bench -p gantry --bench api_pods` (as root). `GANTRY_BENCH_PODS` sets N (30);
+//! `GANTRY_BENCH_STEADY_SECS` how long the pods run before memory is read (10; 330 takes it
+//! past the 5-minute node status report and image GC passes).
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -178,8 +180,11 @@ async fn resources(pid: u32, pods: usize) {
         let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
         f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
     };
-    let before = ticks(pid);
+    let steady: u64 = std::env::var("GANTRY_BENCH_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10).max(10);
     let window = Duration::from_secs(10);
+    // The CPU window is the last 10 s of the steady state.
+    tokio::time::sleep(Duration::from_secs(steady) - window).await;
+    let before = ticks(pid);
     tokio::time::sleep(window).await;
     let cpu = (ticks(pid) - before) as f64 / 100.0 / window.as_secs_f64();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -194,7 +199,7 @@ async fn resources(pid: u32, pods: usize) {
     // Anonymous memory is what the agent allocates; file-backed is the binary's touched pages.
     println!(
         "api_pods: pods={pods} gantry_rss={:.1}MiB (anon {:.1}, file {:.1}) threads={} gantry_cpu={cpu:.4}cores \
-         (steady state, {window:?})",
+         (over {window:?}, after {steady}s of steady state)",
         mib("VmRSS:"),
         mib("RssAnon:"),
         mib("RssFile:"),

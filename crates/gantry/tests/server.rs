@@ -142,6 +142,27 @@ async fn healthz_pods_and_client_certificates() {
     assert_eq!(pod["status"]["phase"], "Running");
 }
 
+/// `tlsMinVersion` and `tlsCipherSuites` as upstream: the list restricts TLS 1.2 suites (a
+/// TLS 1.2 client gets the one listed suite; TLS 1.3 stays available), and VersionTLS13 turns
+/// TLS 1.2 clients away.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_min_version_and_cipher_suites() {
+    use rustls::version::{TLS12, TLS13};
+    use rustls::{CipherSuite, ProtocolVersion};
+    let suites = "--tls-cipher-suites=TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305,TLS_RSA_WITH_AES_128_CBC_SHA";
+    let Some((env, api, mut gantry, _)) = standalone_with(&[], &[suites]).await else { return };
+    let tls12 = api.handshake(&[&TLS12]).await.expect("a TLS 1.2 handshake");
+    assert_eq!(tls12, (ProtocolVersion::TLSv1_2, CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256));
+    assert_eq!(api.handshake(&[&TLS13]).await.expect("a TLS 1.3 handshake").0, ProtocolVersion::TLSv1_3);
+    assert!(gantry.log().contains("TLS_RSA_WITH_AES_128_CBC_SHA"), "the skipped suite is named in a warning");
+
+    gantry.kill();
+    let _gantry = start(&env, &api, &["--authorization-mode=AlwaysAllow", "--tls-min-version=VersionTLS13"]).await;
+    let refused = api.handshake(&[&TLS12]).await;
+    assert!(refused.is_err(), "TLS 1.2 accepted with VersionTLS13: {refused:?}");
+    assert_eq!(api.handshake(&[&TLS13]).await.expect("a TLS 1.3 handshake").0, ProtocolVersion::TLSv1_3);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn anonymous_requests_self_signed_certificate_and_debugging_handlers_off() {
     let Some(env) = Env::start().await else { return };

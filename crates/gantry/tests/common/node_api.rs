@@ -130,14 +130,33 @@ impl NodeApi {
 
     /// A TLS connection to the node API (for WebSocket and raw upgrade requests).
     pub async fn tls(&self, identity: Option<&Identity>) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        self.connect(self.rustls_config(identity, rustls::DEFAULT_VERSIONS)).await.unwrap()
+    }
+
+    /// The TLS version and cipher suite of a handshake offering only `versions`, or why it
+    /// failed.
+    pub async fn handshake(
+        &self,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> std::io::Result<(rustls::ProtocolVersion, rustls::CipherSuite)> {
+        let stream = self.connect(self.rustls_config(None, versions)).await?;
+        let conn = stream.get_ref().1;
+        Ok((conn.protocol_version().unwrap(), conn.negotiated_cipher_suite().unwrap().suite()))
+    }
+
+    fn rustls_config(
+        &self,
+        identity: Option<&Identity>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> rustls::ClientConfig {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(self.ca.cert_pem.as_bytes()).unwrap()).unwrap();
         let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots);
-        let config = match identity {
+        match identity {
             Some(id) => builder
                 .with_client_auth_cert(
                     vec![CertificateDer::from_pem_slice(id.cert.as_bytes()).unwrap()],
@@ -145,10 +164,16 @@ impl NodeApi {
                 )
                 .unwrap(),
             None => builder.with_no_client_auth(),
-        };
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        }
+    }
+
+    async fn connect(
+        &self,
+        config: rustls::ClientConfig,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await?;
         let name = ServerName::try_from("127.0.0.1").unwrap();
-        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap()
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await
     }
 
     /// Opens a WebSocket on `path` with `subprotocol`; the HTTP error (status, body) if the

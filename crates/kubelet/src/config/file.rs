@@ -74,6 +74,8 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "readOnlyPort",
     "tlsCertFile",
     "tlsPrivateKeyFile",
+    "tlsCipherSuites",
+    "tlsMinVersion",
     "authentication",
     "authorization",
     "healthzPort",
@@ -905,7 +907,7 @@ userNamespaces: {idsPerPod: 65536}
         assert_eq!(f.config.max_pods, Some(110));
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(2));
         assert!(!f.unimplemented.contains(&"address".to_string()));
-        assert!(f.unimplemented.contains(&"tlsCipherSuites".to_string()));
+        assert!(f.unimplemented.contains(&"tlsCurvePreferences".to_string()));
         assert!(f.unimplemented.contains(&"logging.format".to_string()));
         assert!(f.unimplemented.contains(&"enableContentionProfiling".to_string()), "false counts as set");
         assert!(!f.unimplemented.iter().any(|u| IMPLEMENTED_FIELDS.contains(&u.as_str())));

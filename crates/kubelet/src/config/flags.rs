@@ -256,6 +256,14 @@ pub struct ServerFlags {
     #[arg(long, value_name = "FILE")]
     pub tls_private_key_file: Option<String>,
 
+    /// Minimum TLS version: VersionTLS12 or VersionTLS13 (VersionTLS10/11 are served as 1.2). (tlsMinVersion) [default: VersionTLS12]
+    #[arg(long, value_name = "VERSION")]
+    pub tls_min_version: Option<String>,
+
+    /// TLS 1.2 cipher suites the server may use, by Go's names, comma separated. (tlsCipherSuites) [default: all it supports]
+    #[arg(long, value_name = "NAME,...", action = ArgAction::Append)]
+    pub tls_cipher_suites: Vec<String>,
+
     /// Directory of the self-signed serving certificate (kubelet.crt, kubelet.key). [default: <root-dir>/pki]
     #[arg(long, value_name = "DIR")]
     pub cert_dir: Option<String>,
@@ -452,8 +460,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "streaming-connection-idle-timeout",
     "system-cgroups",
     "system-reserved-cgroup",
-    "tls-cipher-suites",
-    "tls-min-version",
     "topology-manager-policy",
     "topology-manager-policy-options",
     "topology-manager-scope",

@@ -42,7 +42,7 @@ pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_l
 pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use pods::{CgroupDriver, PodSettings};
-pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings};
+pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";

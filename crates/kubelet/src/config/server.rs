@@ -58,6 +58,11 @@ pub struct ServerSettings {
     pub tls_cert_file: Option<PathBuf>,
     /// `tlsPrivateKeyFile` / `--tls-private-key-file`.
     pub tls_private_key_file: Option<PathBuf>,
+    /// `tlsMinVersion` / `--tls-min-version`, default TLS 1.2.
+    pub tls_min_version: TlsVersion,
+    /// `tlsCipherSuites` / `--tls-cipher-suites`: Go's names, validated; empty = every suite
+    /// the server supports.
+    pub tls_cipher_suites: Vec<String>,
     /// `--cert-dir`; None = `<root-dir>/pki`.
     pub cert_dir: Option<PathBuf>,
     /// `authentication.x509.clientCAFile` / `--client-ca-file`.
@@ -88,6 +93,8 @@ impl Default for ServerSettings {
             healthz_bind_address: IpAddr::from([127, 0, 0, 1]),
             tls_cert_file: None,
             tls_private_key_file: None,
+            tls_min_version: TlsVersion::default(),
+            tls_cipher_suites: Vec::new(),
             cert_dir: None,
             client_ca_file: None,
             webhook_authentication: true,
@@ -98,6 +105,77 @@ impl Default for ServerSettings {
             cache_unauthorized_ttl: DEFAULT_CACHE_UNAUTHORIZED_TTL,
         }
     }
+}
+
+/// The TLS versions upstream's `tlsMinVersion` names. rustls serves 1.2 and 1.3 only, so a
+/// lower minimum serves 1.2 and later (the server warns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum TlsVersion {
+    Tls10,
+    Tls11,
+    #[default]
+    Tls12,
+    Tls13,
+}
+
+impl TlsVersion {
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "VersionTLS10" => Ok(TlsVersion::Tls10),
+            "VersionTLS11" => Ok(TlsVersion::Tls11),
+            "VersionTLS12" => Ok(TlsVersion::Tls12),
+            "VersionTLS13" => Ok(TlsVersion::Tls13),
+            other => Err(format!("unknown tls version {other:?}")),
+        }
+    }
+}
+
+/// Every cipher suite name upstream accepts (Go's secure and insecure lists). Go lets the
+/// list restrict TLS 1.2 and below only; TLS 1.3 suites are always on.
+const GO_CIPHER_SUITES: &[&str] = &[
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_RC4_128_SHA",
+    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    "TLS_ECDHE_RSA_WITH_RC4_128_SHA",
+    "TLS_RSA_WITH_3DES_EDE_CBC_SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_RSA_WITH_RC4_128_SHA",
+];
+
+/// Checks the names against upstream's list (its error message) and writes Go's short
+/// ChaCha20 aliases with their `_SHA256` suffix, the IANA name rustls uses.
+fn cipher_suites(field: &str, names: &[&str], invalid: Invalid) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        if !GO_CIPHER_SUITES.contains(&name) {
+            return Err(invalid(field, format!("Cipher suite {name} not supported or doesn't exist")));
+        }
+        let iana = if name.ends_with("_CHACHA20_POLY1305") { format!("{name}_SHA256") } else { name.to_string() };
+        if !out.contains(&iana) {
+            out.push(iana);
+        }
+    }
+    Ok(out)
 }
 
 type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
@@ -182,6 +260,13 @@ impl ServerSettings {
         if let Some(f) = c.tls_private_key_file.as_deref() {
             self.tls_private_key_file = path(f);
         }
+        if let Some(v) = c.tls_min_version.as_deref().filter(|v| !v.is_empty()) {
+            self.tls_min_version = TlsVersion::parse(v).map_err(|reason| invalid("tlsMinVersion", reason))?;
+        }
+        if let Some(names) = &c.tls_cipher_suites {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            self.tls_cipher_suites = cipher_suites("tlsCipherSuites", &names, invalid)?;
+        }
         if let Some(authn) = &c.authentication {
             if let Some(f) = authn.x509.as_ref().and_then(|x| x.client_ca_file.as_deref()) {
                 self.client_ca_file = path(f);
@@ -240,6 +325,13 @@ impl ServerSettings {
         }
         if let Some(f) = &s.tls_private_key_file {
             self.tls_private_key_file = path(f);
+        }
+        if let Some(v) = &s.tls_min_version {
+            self.tls_min_version = TlsVersion::parse(v).map_err(|reason| invalid("--tls-min-version", reason))?;
+        }
+        if !s.tls_cipher_suites.is_empty() {
+            let names: Vec<&str> = s.tls_cipher_suites.iter().flat_map(|v| v.split(',')).collect();
+            self.tls_cipher_suites = cipher_suites("--tls-cipher-suites", &names, invalid)?;
         }
         if let Some(d) = &s.cert_dir {
             self.cert_dir = path(d);
@@ -358,5 +450,39 @@ mod tests {
         assert!(err.contains("--address") && err.contains("not an IP address"), "{err}");
         let err = resolve(None, &["--tls-cert-file=/c"]).unwrap_err();
         assert!(err.contains("tlsPrivateKeyFile (--tls-private-key-file) is not"), "{err}");
+    }
+
+    #[test]
+    fn tls_version_and_cipher_suites_from_file_and_flags() {
+        assert_eq!(resolve(Some("{}"), &[]).unwrap().tls_min_version, TlsVersion::Tls12);
+        let file = "tlsMinVersion: VersionTLS13\ntlsCipherSuites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305]\n";
+        let s = resolve(Some(file), &[]).unwrap();
+        assert_eq!(s.tls_min_version, TlsVersion::Tls13);
+        assert_eq!(
+            s.tls_cipher_suites,
+            ["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256"],
+            "Go's short ChaCha20 alias becomes the IANA name"
+        );
+        let s = resolve(
+            Some(file),
+            &[
+                "--tls-min-version=VersionTLS12",
+                "--tls-cipher-suites=TLS_RSA_WITH_AES_128_CBC_SHA,TLS_AES_128_GCM_SHA256",
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.tls_min_version, TlsVersion::Tls12);
+        assert_eq!(s.tls_cipher_suites, ["TLS_RSA_WITH_AES_128_CBC_SHA", "TLS_AES_128_GCM_SHA256"]);
+    }
+
+    #[test]
+    fn bad_tls_settings_name_the_field_with_upstream_messages() {
+        let err = resolve(Some("tlsMinVersion: TLS1.3"), &[]).unwrap_err();
+        assert!(err.contains("tlsMinVersion") && err.contains(r#"unknown tls version "TLS1.3""#), "{err}");
+        let err = resolve(None, &["--tls-cipher-suites=TLS_AES_128_GCM_SHA256,TLS_NOPE"]).unwrap_err();
+        assert!(
+            err.contains("--tls-cipher-suites") && err.contains("Cipher suite TLS_NOPE not supported or doesn't exist"),
+            "{err}"
+        );
     }
 }

@@ -6,16 +6,21 @@
 //! `authentication.x509.clientCAFile`, client certificates are asked for and, when presented,
 //! verified against that bundle during the handshake (a certificate from another CA fails
 //! the handshake); clients without one go on to token or anonymous authentication.
+//! `tlsMinVersion` and `tlsCipherSuites` restrict versions and TLS 1.2 suites as in Go: the
+//! list never turns TLS 1.3 suites off, and listed suites rustls does not implement (CBC, RC4,
+//! 3DES, RSA key exchange) are skipped with a warning.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::{SupportedCipherSuite, SupportedProtocolVersion};
 
-use crate::config::{SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, Settings};
+use crate::config::{SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, Settings, TlsVersion};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -122,9 +127,10 @@ pub async fn server_config(
     let (cert_path, key_path) = serving_files(s, settings, node_ips).await?;
     let certs = load_certs(&cert_path, "tlsCertFile")?;
     let key = load_key(&key_path)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (provider, versions) = protocol(s);
+    let provider = Arc::new(provider);
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&versions)
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match &s.client_ca_file {
         Some(ca) => {
@@ -147,6 +153,40 @@ pub async fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The suites and versions `tlsCipherSuites` and `tlsMinVersion` allow, warning about what
+/// rustls cannot serve.
+fn protocol(s: &ServerSettings) -> (CryptoProvider, Vec<&'static SupportedProtocolVersion>) {
+    let mut provider = rustls::crypto::ring::default_provider();
+    let tls12_name = |suite: &SupportedCipherSuite| match suite {
+        SupportedCipherSuite::Tls12(_) => Some(format!("{:?}", suite.suite())),
+        SupportedCipherSuite::Tls13(_) => None,
+    };
+    if !s.tls_cipher_suites.is_empty() {
+        provider.cipher_suites.retain(|suite| tls12_name(suite).is_none_or(|n| s.tls_cipher_suites.contains(&n)));
+        let served: Vec<String> = provider.cipher_suites.iter().filter_map(tls12_name).collect();
+        let skipped: Vec<&str> = s
+            .tls_cipher_suites
+            .iter()
+            .filter(|n| !n.starts_with("TLS_AES_") && !n.starts_with("TLS_CHACHA20_") && !served.contains(n))
+            .map(String::as_str)
+            .collect();
+        if !skipped.is_empty() {
+            tracing::warn!(suites = %skipped.join(","), "tlsCipherSuites: not implemented by the TLS library; skipped");
+        }
+    }
+    if s.tls_min_version < TlsVersion::Tls12 {
+        tracing::warn!(min = ?s.tls_min_version, "tlsMinVersion: TLS 1.0 and 1.1 are not available; serving TLS 1.2 and later");
+    }
+    let tls12 =
+        s.tls_min_version <= TlsVersion::Tls12 && provider.cipher_suites.iter().any(|c| tls12_name(c).is_some());
+    if s.tls_min_version <= TlsVersion::Tls12 && !tls12 {
+        tracing::warn!("tlsCipherSuites: no TLS 1.2 suite left; serving TLS 1.3 only");
+    }
+    let versions =
+        if tls12 { vec![&rustls::version::TLS12, &rustls::version::TLS13] } else { vec![&rustls::version::TLS13] };
+    (provider, versions)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +206,40 @@ mod tests {
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
         let cn = parsed.subject().iter_common_name().next().unwrap().as_str().unwrap().to_string();
         assert!(cn.starts_with("node-a@"), "{cn}");
+    }
+
+    fn suites_and_versions(s: &ServerSettings) -> (Vec<String>, Vec<rustls::ProtocolVersion>) {
+        let (provider, versions) = protocol(s);
+        let suites = provider.cipher_suites.iter().map(|c| format!("{:?}", c.suite())).collect();
+        (suites, versions.iter().map(|v| v.version).collect())
+    }
+
+    #[test]
+    fn cipher_suites_restrict_tls12_only_and_min_version_drops_tls12() {
+        use rustls::ProtocolVersion::{TLSv1_2, TLSv1_3};
+        let (all, versions) = suites_and_versions(&ServerSettings::default());
+        assert_eq!(versions, [TLSv1_2, TLSv1_3]);
+        assert!(all.len() > 3);
+
+        let listed = ServerSettings {
+            tls_cipher_suites: vec![
+                "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384".into(),
+                "TLS_RSA_WITH_AES_128_CBC_SHA".into(),
+            ],
+            ..Default::default()
+        };
+        let (suites, versions) = suites_and_versions(&listed);
+        let tls12: Vec<&String> = suites.iter().filter(|n| n.contains("_WITH_")).collect();
+        assert_eq!(tls12, ["TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"], "the CBC suite is skipped");
+        assert_eq!(suites.iter().filter(|n| n.starts_with("TLS13_")).count(), 3, "TLS 1.3 suites stay on");
+        assert_eq!(versions, [TLSv1_2, TLSv1_3]);
+
+        let only_cbc =
+            ServerSettings { tls_cipher_suites: vec!["TLS_RSA_WITH_AES_128_CBC_SHA".into()], ..Default::default() };
+        assert_eq!(suites_and_versions(&only_cbc).1, [TLSv1_3]);
+        let tls13 = ServerSettings { tls_min_version: TlsVersion::Tls13, ..Default::default() };
+        assert_eq!(suites_and_versions(&tls13).1, [TLSv1_3]);
+        let tls10 = ServerSettings { tls_min_version: TlsVersion::Tls10, ..Default::default() };
+        assert_eq!(suites_and_versions(&tls10).1, [TLSv1_2, TLSv1_3]);
     }
 }

@@ -133,6 +133,18 @@ impl NodeApi {
         self.connect(self.rustls_config(identity, rustls::DEFAULT_VERSIONS)).await.unwrap()
     }
 
+    /// `GET path` over a fresh TLS connection presenting `identity`: the raw response, or the
+    /// TLS or I/O error that ended the exchange.
+    pub async fn raw_get(&self, identity: &Identity, path: &str) -> std::io::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tls = self.connect(self.rustls_config(Some(identity), rustls::DEFAULT_VERSIONS)).await?;
+        tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        tls.read_to_end(&mut answer).await?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
+
     /// The TLS version and cipher suite of a handshake offering only `versions`, or why it
     /// failed.
     pub async fn handshake(

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gantry_maintenance::api::NodeMaintenance;
@@ -12,12 +12,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::PostParams;
 use kube::{Api, CustomResourceExt};
 
+use crate::common::Process;
 use crate::common::cluster::Cluster;
 
 /// The controller process; killed on drop.
 pub struct Controller {
-    child: Option<Child>,
-    log: PathBuf,
+    process: Process,
 }
 
 impl Controller {
@@ -28,34 +28,24 @@ impl Controller {
 
     pub fn start_as(cluster: &Cluster, dir: &Path, name: &str, flags: &[&str]) -> Controller {
         let kubeconfig = cluster.admin_kubeconfig(dir);
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
-            .args(["maintenance-controller", &format!("--kubeconfig={}", kubeconfig.display())])
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("spawn the controller");
-        Controller { child: Some(child), log }
+        let mut args = vec!["maintenance-controller".to_string(), format!("--kubeconfig={}", kubeconfig.display())];
+        args.extend(flags.iter().map(|f| f.to_string()));
+        Controller { process: Process::spawn(&args, &dir.join(format!("{name}.log"))) }
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log()
     }
 
     /// SIGKILL, as a crash or a node failure would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.kill();
     }
 
     /// SIGTERM, as the kubelet stops a pod; then the exit status, or `None` if the process
     /// did not exit within the deadline.
     pub async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let pid = self.child.as_ref()?.id().to_string();
+        let pid = self.process.pid()?.to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().ok()?;
         assert!(status.success(), "kill -TERM failed");
         self.exit().await
@@ -63,21 +53,15 @@ impl Controller {
 
     /// Waits (without blocking the in-process API server) for the process to exit on its own.
     pub async fn exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.pid()?;
         let start = Instant::now();
         while start.elapsed() < crate::common::DEADLINE {
-            if let Some(status) = self.child.as_mut()?.try_wait().ok()? {
-                self.child = None;
+            if let Some(status) = self.process.try_exit() {
                 return Some(status);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

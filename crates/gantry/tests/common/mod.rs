@@ -136,46 +136,27 @@ pub struct RuntimeContainer {
 }
 
 /// A `gantry kubelet` process. Killed (SIGKILL, like a crash) on drop.
-pub struct Gantry {
+/// A `gantry` command's process, its stderr appended to a log file; killed on drop.
+pub struct Process {
     child: Option<Child>,
     log: PathBuf,
-    root: PathBuf,
 }
 
-impl Gantry {
-    pub fn start(args: &[String], log: &Path) -> Gantry {
+impl Process {
+    pub fn spawn(args: &[String], log: &Path) -> Process {
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gantry"))
-            .arg("kubelet")
             .args(args)
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .expect("spawn gantry");
-        let root = args.iter().find_map(|a| a.strip_prefix("--root-dir=")).map(PathBuf::from).expect("--root-dir");
-        Gantry { child: Some(child), log: log.to_path_buf(), root }
+            .unwrap_or_else(|e| panic!("spawn gantry {}: {e}", args.first().map_or("", String::as_str)));
+        Process { child: Some(child), log: log.to_path_buf() }
     }
 
-    /// The agent's process ID.
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or_default()
-    }
-
-    /// The pods in the status file (empty until the agent wrote it).
-    pub fn pods(&self) -> Vec<Pod> {
-        gantry_kubelet::agent::status_store::read_pod_list(&self.root.join("pods.json")).unwrap_or_default()
-    }
-
-    pub fn pod(&self, name: &str) -> Option<Pod> {
-        self.pods().into_iter().find(|p| p.metadata.name.as_deref() == Some(name))
-    }
-
-    pub fn pod_in_phase(&self, name: &str, phase: &str) -> Option<Pod> {
-        self.pod(name).filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
-    }
-
-    pub fn phase(&self, name: &str) -> Option<String> {
-        self.pod(name)?.status?.phase
+    /// The process ID, until the process was killed.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     pub fn log(&self) -> String {
@@ -196,9 +177,58 @@ impl Gantry {
     }
 }
 
-impl Drop for Gantry {
+impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+pub struct Gantry {
+    process: Process,
+    root: PathBuf,
+}
+
+impl Gantry {
+    pub fn start(args: &[String], log: &Path) -> Gantry {
+        let root = args.iter().find_map(|a| a.strip_prefix("--root-dir=")).map(PathBuf::from).expect("--root-dir");
+        let args: Vec<String> = std::iter::once("kubelet".to_string()).chain(args.iter().cloned()).collect();
+        Gantry { process: Process::spawn(&args, log), root }
+    }
+
+    /// The agent's process ID.
+    pub fn pid(&self) -> u32 {
+        self.process.pid().unwrap_or_default()
+    }
+
+    /// The pods in the status file (empty until the agent wrote it).
+    pub fn pods(&self) -> Vec<Pod> {
+        gantry_kubelet::agent::status_store::read_pod_list(&self.root.join("pods.json")).unwrap_or_default()
+    }
+
+    pub fn pod(&self, name: &str) -> Option<Pod> {
+        self.pods().into_iter().find(|p| p.metadata.name.as_deref() == Some(name))
+    }
+
+    pub fn pod_in_phase(&self, name: &str, phase: &str) -> Option<Pod> {
+        self.pod(name).filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+    }
+
+    pub fn phase(&self, name: &str) -> Option<String> {
+        self.pod(name)?.status?.phase
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
+    /// Kills the process the hard way, as a crash would.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Whether the process exited, and how.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.try_exit()
     }
 }
 

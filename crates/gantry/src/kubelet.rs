@@ -1,15 +1,16 @@
 //! `gantry kubelet`: resolve the configuration, connect to the runtime, run.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use gantry_kubelet::agent::{self, Agent, AgentError, Shared, runonce};
-use gantry_kubelet::cluster::{maintenance, mirror, pod_source, status_sync};
-use gantry_kubelet::config::{self, ConfigError, RUNONCE_DEPRECATION, Settings};
-use gantry_kubelet::image::collector::ImageCollector;
-use gantry_kubelet::node::{self, Startup};
-use gantry_kubelet::server;
-use gantry_kubelet::source::SourceKind;
+use gantry_agent::agent::{self, Agent, AgentError, Shared, runonce};
+use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
+use gantry_agent::image::collector::ImageCollector;
+use gantry_agent::node::{self, Startup};
+use gantry_agent::source::SourceKind;
+use gantry_config::{self as config, ConfigError, RUNONCE_DEPRECATION, Settings};
+use gantry_server as server;
 
 use crate::logging;
 
@@ -80,17 +81,21 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     }
     if settings.server.enabled {
         let client = cluster.as_ref().map(|c| c.client.clone());
-        let state = server::ServerState::new(&settings, shared.clone(), client);
+        let cri = shared.driver.cri().clone();
+        let host_ip = shared.host_ip.as_deref().and_then(|ip| ip.parse().ok());
+        let pods = Arc::new(AgentPods(shared.statuses.clone()));
+        let state = server::ServerState::new(&settings, cri, pods, host_ip, client);
         server::start(&settings, state).await.context("cannot start the node API server")?;
     }
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();
     tokio::spawn(async move { statuses.write_file_forever(root_dir).await });
-    let gc_events = cluster.as_ref().map(|c| node::events::EventRecorder::new(c.client.clone(), &settings.node_name));
+    let gc_events =
+        cluster.as_ref().map(|c| gantry_agent::events::NodeEventRecorder::new(c.client.clone(), &settings.node_name));
     let collector =
         ImageCollector::new(shared.driver.cri().clone(), settings.images.clone(), gc_events, &settings.node_name);
     tokio::spawn(collector.run());
-    tokio::spawn(gantry_kubelet::logs::rotation::run(
+    tokio::spawn(gantry_logs::rotation::run(
         shared.driver.cri().runtime.clone(),
         settings.node_name.clone(),
         settings.logs.clone(),
@@ -153,7 +158,7 @@ impl Cluster {
 async fn run_once(
     shared: std::sync::Arc<Shared>,
     no_sources: bool,
-    updates: tokio::sync::mpsc::Receiver<gantry_kubelet::source::SourceUpdate>,
+    updates: tokio::sync::mpsc::Receiver<gantry_agent::source::SourceUpdate>,
 ) -> anyhow::Result<ExitCode> {
     tracing::warn!("{RUNONCE_DEPRECATION}");
     if no_sources {
@@ -178,5 +183,14 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         _ = term.recv() => "SIGTERM",
+    }
+}
+
+/// The node API's view of the agent: the pods it runs with their latest status.
+struct AgentPods(Arc<gantry_agent::status_store::StatusStore>);
+
+impl server::PodList for AgentPods {
+    fn pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        self.0.all()
     }
 }

@@ -1,0 +1,188 @@
+//! The layering rules of ARCHITECTURE.md, checked on the sources so that a change breaking one
+//! fails the suite instead of waiting for a reviewer:
+//! - only `gantry-cri` depends on gRPC (`tonic`, `prost`, `k8s-cri`) or names it in code;
+//! - inside every crate, the top-level modules import each other without a cycle (the compiler
+//!   already refuses cycles between crates).
+//!
+//! The test kit and the test API server are test harness, not layers of the agent, and are
+//! left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const HARNESS: [&str; 2] = ["testkit", "test-apiserver"];
+const GRPC_CRATES: [&str; 4] = ["tonic", "prost", "k8s-cri", "tonic-health"];
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The workspace's agent crates: folder name and path.
+fn layer_crates() -> Vec<(String, PathBuf)> {
+    let mut out: Vec<_> = fs::read_dir(crates_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("Cargo.toml").exists())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), p))
+        .filter(|(name, _)| !HARNESS.contains(&name.as_str()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Dependency names in a Cargo.toml's `[dependencies]` section (not dev- or build-).
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut in_deps = false;
+    let mut deps = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+        } else if in_deps && let Some((name, _)) = line.split_once('=') {
+            let name = name.trim().trim_end_matches(".workspace").to_string();
+            if !name.is_empty() && !name.starts_with('#') {
+                deps.push(name);
+            }
+        }
+    }
+    deps
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn only_the_cri_crate_speaks_grpc() {
+    let mut offenders = Vec::new();
+    for (name, path) in layer_crates().into_iter().filter(|(n, _)| n != "cri") {
+        let manifest = fs::read_to_string(path.join("Cargo.toml")).unwrap();
+        for dep in dependencies(&manifest).into_iter().filter(|d| GRPC_CRATES.contains(&d.as_str())) {
+            offenders.push(format!("crates/{name} depends on {dep}"));
+        }
+        for file in rust_files(&path.join("src")) {
+            let text = fs::read_to_string(&file).unwrap();
+            if text.contains("tonic::") || text.contains("k8s_cri::") || text.contains("prost::") {
+                offenders.push(format!("{} names a gRPC type", file.display()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "gRPC belongs to crates/cri only:\n{}", offenders.join("\n"));
+}
+
+/// Top-level module → the crate's other top-level modules it refers to.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut modules = BTreeMap::new();
+    for entry in fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        let files = if path.is_dir() { rust_files(&path) } else { vec![path.clone()] };
+        let top_files: Vec<PathBuf> = vec![path.clone(), path.join("mod.rs")];
+        let mut uses = BTreeSet::new();
+        for file in files {
+            let text = fs::read_to_string(&file).unwrap();
+            uses.extend(references(&text, "crate::"));
+            if top_files.contains(&file) {
+                // In a top-level module's own file, `super::` is the crate root.
+                uses.extend(references(&text, "super::"));
+            }
+        }
+        modules.insert(name, uses);
+    }
+    let names: BTreeSet<String> = modules.keys().cloned().collect();
+    modules
+        .iter()
+        .map(|(m, uses)| (m.clone(), uses.iter().filter(|u| *u != m && names.contains(*u)).cloned().collect()))
+        .collect()
+}
+
+/// The module names after each `prefix` (`crate::runtime::…` → `runtime`; `crate::{a, b}` → both).
+fn references(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices(prefix) {
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let rest = &text[i + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(group.split(',').map(|p| ident(p.trim())).filter(|s| !s.is_empty()));
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out
+}
+
+fn ident(s: &str) -> String {
+    s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+}
+
+/// A cycle in the graph, as the path of module names that closes it.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|p| p == m) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(m.to_string());
+            return Some(cycle);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for next in graph.get(m).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|m| visit(m, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn top_level_modules_import_each_other_without_cycles() {
+    let mut cycles = Vec::new();
+    for (name, path) in layer_crates() {
+        if let Some(cycle) = find_cycle(&module_graph(&path.join("src"))) {
+            cycles.push(format!("crates/{name}: {}", cycle.join(" → ")));
+        }
+    }
+    assert!(cycles.is_empty(), "module import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_cycle_check_sees_cycles() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::from(["c".to_string()])),
+        ("c".to_string(), BTreeSet::from(["a".to_string()])),
+    ]
+    .into();
+    assert_eq!(find_cycle(&graph), Some(vec!["a", "b", "c", "a"].into_iter().map(String::from).collect()));
+    assert_eq!(
+        references("use crate::{agent::Shared, runtime::Driver};\nlet x = crate::node::f();", "crate::"),
+        BTreeSet::from(["agent".to_string(), "runtime".to_string(), "node".to_string()])
+    );
+}

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1 as api;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use crate::api;
+use crate::api::image_service_client::ImageServiceClient;
+use crate::api::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Uri};
 use tower::service_fn;

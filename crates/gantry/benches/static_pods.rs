@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gantry_testkit::{BUSYBOX_IMAGE, Containerd, raw_start_pods, remove_all_pods};
-use k8s_cri::v1::{ContainerFilter, ContainerState, ListContainersRequest};
+use gantry_cri::api::{ContainerFilter, ContainerState, ListContainersRequest};
 
 const NODE: &str = "bench-node";
 

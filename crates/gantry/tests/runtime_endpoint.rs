@@ -64,7 +64,7 @@ fn grpc_without_cri_v1_is_explained() {
     rt.spawn(async move {
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         // Serves only the image service, so runtime.v1.RuntimeService is Unimplemented.
-        let images = k8s_cri::v1::image_service_server::ImageServiceServer::new(NoImages);
+        let images = gantry_cri::api::image_service_server::ImageServiceServer::new(NoImages);
         let _ = tonic::transport::Server::builder().add_service(images).serve_with_incoming(incoming).await;
     });
     let (ok, stderr) = start_kubelet(&format!("unix://{}", sock.display()));
@@ -76,35 +76,35 @@ fn grpc_without_cri_v1_is_explained() {
 struct NoImages;
 
 #[tonic::async_trait]
-impl k8s_cri::v1::image_service_server::ImageService for NoImages {
+impl gantry_cri::api::image_service_server::ImageService for NoImages {
     async fn list_images(
         &self,
-        _: tonic::Request<k8s_cri::v1::ListImagesRequest>,
-    ) -> Result<tonic::Response<k8s_cri::v1::ListImagesResponse>, tonic::Status> {
+        _: tonic::Request<gantry_cri::api::ListImagesRequest>,
+    ) -> Result<tonic::Response<gantry_cri::api::ListImagesResponse>, tonic::Status> {
         Ok(tonic::Response::new(Default::default()))
     }
     async fn image_status(
         &self,
-        _: tonic::Request<k8s_cri::v1::ImageStatusRequest>,
-    ) -> Result<tonic::Response<k8s_cri::v1::ImageStatusResponse>, tonic::Status> {
+        _: tonic::Request<gantry_cri::api::ImageStatusRequest>,
+    ) -> Result<tonic::Response<gantry_cri::api::ImageStatusResponse>, tonic::Status> {
         Ok(tonic::Response::new(Default::default()))
     }
     async fn pull_image(
         &self,
-        _: tonic::Request<k8s_cri::v1::PullImageRequest>,
-    ) -> Result<tonic::Response<k8s_cri::v1::PullImageResponse>, tonic::Status> {
+        _: tonic::Request<gantry_cri::api::PullImageRequest>,
+    ) -> Result<tonic::Response<gantry_cri::api::PullImageResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no"))
     }
     async fn remove_image(
         &self,
-        _: tonic::Request<k8s_cri::v1::RemoveImageRequest>,
-    ) -> Result<tonic::Response<k8s_cri::v1::RemoveImageResponse>, tonic::Status> {
+        _: tonic::Request<gantry_cri::api::RemoveImageRequest>,
+    ) -> Result<tonic::Response<gantry_cri::api::RemoveImageResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no"))
     }
     async fn image_fs_info(
         &self,
-        _: tonic::Request<k8s_cri::v1::ImageFsInfoRequest>,
-    ) -> Result<tonic::Response<k8s_cri::v1::ImageFsInfoResponse>, tonic::Status> {
+        _: tonic::Request<gantry_cri::api::ImageFsInfoRequest>,
+    ) -> Result<tonic::Response<gantry_cri::api::ImageFsInfoResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("no"))
     }
 }

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{ImageSpec, ImageStatusRequest, StatusRequest};
+use gantry_cri::api::image_service_client::ImageServiceClient;
+use gantry_cri::api::runtime_service_client::RuntimeServiceClient;
+use gantry_cri::api::{ImageSpec, ImageStatusRequest, StatusRequest};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 

@@ -1,4 +1,4 @@
-//! Raw CRI v1 clients over a unix socket, straight from `k8s_cri`.
+//! Raw CRI v1 clients over a unix socket, from the generated code in `gantry-cri`.
 //!
 //! The harness deliberately does not use Gantry's own CRI layer: it must keep
 //! working (and measure a floor) even while that layer is being changed.
@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use gantry_cri::api::image_service_client::ImageServiceClient;
+use gantry_cri::api::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -43,7 +43,7 @@ pub async fn image_client(socket: &Path) -> Result<ImageServiceClient<Channel>> 
 /// containers, tears down the pod network and unmounts; removing deletes the
 /// containers and the sandbox record.
 pub async fn remove_sandboxes(client: &RuntimeServiceClient<Channel>, labels: &[(&str, &str)]) -> Result<usize> {
-    use k8s_cri::v1::{ListPodSandboxRequest, PodSandboxFilter};
+    use gantry_cri::api::{ListPodSandboxRequest, PodSandboxFilter};
     let filter = PodSandboxFilter {
         label_selector: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         ..Default::default()
@@ -66,7 +66,7 @@ pub async fn remove_sandboxes(client: &RuntimeServiceClient<Channel>, labels: &[
 }
 
 async fn remove_sandbox(mut client: RuntimeServiceClient<Channel>, id: String) -> Result<()> {
-    use k8s_cri::v1::{RemovePodSandboxRequest, StopPodSandboxRequest};
+    use gantry_cri::api::{RemovePodSandboxRequest, StopPodSandboxRequest};
     client
         .stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: id.clone() })
         .await

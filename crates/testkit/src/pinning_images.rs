@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::image_service_server::{ImageService, ImageServiceServer};
-use k8s_cri::v1::*;
+use gantry_cri::api::image_service_client::ImageServiceClient;
+use gantry_cri::api::image_service_server::{ImageService, ImageServiceServer};
+use gantry_cri::api::*;
 use tokio::net::UnixListener;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
+use gantry_cri::api::runtime_service_client::RuntimeServiceClient;
+use gantry_cri::api::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
     PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest, StartContainerRequest,

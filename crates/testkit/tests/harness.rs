@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gantry_testkit::raw::{RAW_LABEL, raw_log_root, raw_run_pod};
 use gantry_testkit::{BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, raw_start_pods, remove_all_pods};
-use k8s_cri::v1::{
+use gantry_cri::api::{
     ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListPodSandboxRequest, PodSandboxFilter,
     PodSandboxState, PodSandboxStatusRequest, VersionRequest,
 };

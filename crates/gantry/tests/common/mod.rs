@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gantry_testkit::Containerd;
-use k8s_cri::v1::{ContainerFilter, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter};
+use gantry_cri::api::{ContainerFilter, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter};
 use k8s_openapi::api::core::v1::Pod;
 
 pub const NODE: &str = "e2e-node";
@@ -97,7 +97,7 @@ impl Env {
                 attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),
                 pod: c.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default(),
                 pod_uid: c.labels.get("io.kubernetes.pod.uid").cloned().unwrap_or_default(),
-                running: c.state == k8s_cri::v1::ContainerState::ContainerRunning as i32,
+                running: c.state == gantry_cri::api::ContainerState::ContainerRunning as i32,
             })
             .collect()
     }
@@ -111,7 +111,7 @@ impl Env {
             .into_iter()
             .map(|s| {
                 let pod = s.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default();
-                (s.id, pod, s.state == k8s_cri::v1::PodSandboxState::SandboxReady as i32)
+                (s.id, pod, s.state == gantry_cri::api::PodSandboxState::SandboxReady as i32)
             })
             .collect()
     }

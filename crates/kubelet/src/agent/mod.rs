@@ -1,6 +1,7 @@
 //! The node agent in standalone mode: sources in, one worker per pod, a relist that notices
 //! runtime changes (the PLEG), orphan clean-up and garbage collection.
 
+mod correlator;
 pub mod events;
 mod holds;
 mod prober;

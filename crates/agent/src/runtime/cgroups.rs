@@ -1,0 +1,351 @@
+//! Pod cgroups (`cgroupsPerQOS`): every pod runs under `kubepods[/<qos>]/pod<uid>` below
+//! `cgroupRoot`, with the pod's limits on it. Which cgroups and values a pod needs is pure
+//! ([`plan`]); touching the cgroup file system is behind [`CgroupFs`].
+//!
+//! With the `systemd` driver, the names are systemd slices and the runtime has systemd create
+//! them; Gantry creates (and limits) pod cgroups itself only with `cgroupfs`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use gantry_config::{CgroupDriver, PodSettings};
+use gantry_pod::qos::{self, QosClass};
+use gantry_pod::resources::{self, CgroupValues};
+use gantry_vocab::spec;
+
+/// The cgroups a pod needs, outermost first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCgroups {
+    /// What the runtime gets as the sandbox's `cgroup_parent`.
+    pub parent: String,
+    /// cgroupfs paths to create, with the values to set (the pod's own cgroup only).
+    pub create: Vec<(String, Option<CgroupValues>)>,
+}
+
+/// The path components of the pod's cgroup below the root: `kubepods`, the QoS level
+/// (none for Guaranteed) and `pod<uid>`.
+fn pod_components(qos: QosClass, uid: &str) -> Vec<String> {
+    let mut parts = vec!["kubepods".to_string()];
+    match qos {
+        QosClass::Guaranteed => {}
+        QosClass::Burstable => parts.push("burstable".into()),
+        QosClass::BestEffort => parts.push("besteffort".into()),
+    }
+    parts.push(format!("pod{uid}"));
+    parts
+}
+
+fn root_components(settings: &PodSettings) -> Vec<String> {
+    let root = settings.cgroup_root.trim_matches('/');
+    match settings.cgroup_driver {
+        CgroupDriver::Cgroupfs => root.split('/').filter(|p| !p.is_empty()).map(str::to_string).collect(),
+        CgroupDriver::Systemd => {
+            let slice = root.rsplit('/').next().unwrap_or_default().trim_end_matches(".slice");
+            slice.split('-').filter(|p| !p.is_empty()).map(str::to_string).collect()
+        }
+    }
+}
+
+/// `/a/b/c` for cgroupfs.
+fn cgroupfs_name(parts: &[String]) -> String {
+    format!("/{}", parts.join("/"))
+}
+
+/// Upstream `CgroupName.ToSystemd`: dashes in a component become underscores, each level is a
+/// slice named after all its ancestors: `/kubepods.slice/kubepods-burstable.slice/…`.
+fn systemd_name(parts: &[String]) -> String {
+    if parts.is_empty() {
+        return "/".into();
+    }
+    let escaped: Vec<String> = parts.iter().map(|p| p.replace('-', "_")).collect();
+    (1..=escaped.len()).map(|n| format!("/{}.slice", escaped[..n].join("-"))).collect()
+}
+
+/// The pod's cgroup parent and the cgroups Gantry creates for it.
+pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
+    if !settings.cgroups_per_qos {
+        return PodCgroups { parent: settings.cgroup_root.clone(), create: Vec::new() };
+    }
+    let mut parts = root_components(settings);
+    let root_len = parts.len();
+    parts.extend(pod_components(qos::class(pod), spec::uid(pod)));
+    match settings.cgroup_driver {
+        CgroupDriver::Systemd => PodCgroups { parent: systemd_name(&parts), create: Vec::new() },
+        CgroupDriver::Cgroupfs => {
+            let create = (root_len + 1..=parts.len())
+                .map(|n| {
+                    let values = match parts[n - 1].as_str() {
+                        _ if n == parts.len() => Some(resources::pod(pod)),
+                        // Upstream gives BestEffort pods together the minimum CPU weight.
+                        "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
+                        _ => None,
+                    };
+                    (cgroupfs_name(&parts[..n]), values)
+                })
+                .collect();
+            PodCgroups { parent: cgroupfs_name(&parts), create }
+        }
+    }
+}
+
+/// Every cgroupfs path the pod's own cgroup can have, one per QoS class, so removing it needs
+/// no pod spec. The QoS levels are shared and stay.
+pub fn pod_paths(settings: &PodSettings, uid: &str) -> Vec<String> {
+    [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort]
+        .into_iter()
+        .map(|qos| {
+            let mut parts = root_components(settings);
+            parts.extend(pod_components(qos, uid));
+            cgroupfs_name(&parts)
+        })
+        .collect()
+}
+
+/// The cgroups pod cgroups live in (the Guaranteed pods' parent and the two QoS levels).
+pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
+    let root = root_components(settings);
+    [vec!["kubepods"], vec!["kubepods", "burstable"], vec!["kubepods", "besteffort"]]
+        .into_iter()
+        .map(|parts| {
+            let mut all = root.clone();
+            all.extend(parts.into_iter().map(str::to_string));
+            cgroupfs_name(&all)
+        })
+        .collect()
+}
+
+/// The pod cgroups among `children` of `parent` whose pod is not in `keep` (upstream's
+/// orphaned pod cgroup cleanup).
+pub fn orphans(parent: &str, children: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
+    children
+        .iter()
+        .filter_map(|c| c.strip_prefix("pod"))
+        .filter(|uid| !keep(uid))
+        .map(|uid| format!("{}/pod{uid}", parent.trim_end_matches('/')))
+        .collect()
+}
+
+/// The cgroup file system.
+pub trait CgroupFs: Send + Sync {
+    /// Creates the cgroup in every hierarchy (idempotent) and sets the values given.
+    fn ensure(&self, path: &str, values: Option<&CgroupValues>) -> io::Result<()>;
+    /// Removes the (empty) cgroup from every hierarchy; a missing one is not an error.
+    fn remove(&self, path: &str) -> io::Result<()>;
+    /// The names of the cgroup's child cgroups.
+    fn children(&self, path: &str) -> Vec<String>;
+}
+
+/// cgroup v1 as mounted under `/sys/fs/cgroup/<controller>`.
+pub struct CgroupV1 {
+    mount: PathBuf,
+}
+
+impl CgroupV1 {
+    pub fn new(mount: impl Into<PathBuf>) -> Self {
+        CgroupV1 { mount: mount.into() }
+    }
+
+    /// The v1 hierarchies, each once (`cpu` and `cpuacct` are often links to `cpu,cpuacct`);
+    /// the v2 `unified` tree of a hybrid setup is not one.
+    fn hierarchies(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = Vec::new();
+        for entry in std::fs::read_dir(&self.mount).into_iter().flatten().flatten() {
+            if entry.file_name() == "unified" {
+                continue;
+            }
+            let Ok(real) = std::fs::canonicalize(entry.path()) else { continue };
+            if real.is_dir() && !out.contains(&real) {
+                out.push(real);
+            }
+        }
+        out
+    }
+}
+
+fn write(dir: &Path, file: &str, value: i64) -> io::Result<()> {
+    std::fs::write(dir.join(file), value.to_string())
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", dir.join(file).display())))
+}
+
+/// A new cpuset cgroup starts with no CPUs and memory nodes; it gets its parent's.
+fn inherit_cpuset(dir: &Path) -> io::Result<()> {
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        let own = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        if own.trim().is_empty()
+            && let Some(parent) = dir.parent()
+        {
+            std::fs::write(dir.join(file), std::fs::read_to_string(parent.join(file))?)?;
+        }
+    }
+    Ok(())
+}
+
+impl CgroupFs for CgroupV1 {
+    fn ensure(&self, path: &str, values: Option<&CgroupValues>) -> io::Result<()> {
+        for h in self.hierarchies() {
+            let dir = h.join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())))?;
+            let name = h.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let controllers: Vec<&str> = name.split(',').collect();
+            if controllers.contains(&"cpuset") {
+                // Parents first: create_dir_all may have made several levels at once.
+                let mut level = h.clone();
+                for part in path.split('/').filter(|p| !p.is_empty()) {
+                    level.push(part);
+                    inherit_cpuset(&level)?;
+                }
+            }
+            let Some(v) = values else { continue };
+            if controllers.contains(&"cpu") {
+                if v.cpu_shares > 0 {
+                    write(&dir, "cpu.shares", v.cpu_shares)?;
+                }
+                if v.cpu_quota > 0 {
+                    write(&dir, "cpu.cfs_period_us", v.cpu_period)?;
+                    write(&dir, "cpu.cfs_quota_us", v.cpu_quota)?;
+                }
+            }
+            if controllers.contains(&"memory") && v.memory_limit > 0 {
+                write(&dir, "memory.limit_in_bytes", v.memory_limit)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn children(&self, path: &str) -> Vec<String> {
+        let dir = self.mount.join("memory").join(path.trim_start_matches('/'));
+        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        entries.filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    fn remove(&self, path: &str) -> io::Result<()> {
+        for h in self.hierarchies() {
+            let dir = h.join(path.trim_start_matches('/'));
+            match std::fs::remove_dir(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(io::Error::new(e.kind(), format!("cannot remove {}: {e}", dir.display())));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The node's cgroup file system, if it is cgroup v1 (v2-only nodes get no pod-level cgroups
+/// from Gantry yet; the runtime still creates the container cgroups under the parent).
+pub fn detect() -> Option<CgroupV1> {
+    let mount = Path::new("/sys/fs/cgroup");
+    mount.join("memory").is_dir().then(|| CgroupV1::new(mount))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn container(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
+        let list = |items: &[(&str, &str)]| {
+            (!items.is_empty()).then(|| items.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect())
+        };
+        let resources = ResourceRequirements { requests: list(requests), limits: list(limits), ..Default::default() };
+        Container { name: "c".into(), resources: Some(resources), ..Default::default() }
+    }
+
+    fn pod(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta { uid: Some("1-2".into()), ..Default::default() },
+            spec: Some(PodSpec { containers: vec![container(requests, limits)], ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cgroupfs_paths_by_qos() {
+        let s = PodSettings::default();
+        let guaranteed = plan(&s, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
+        assert_eq!(guaranteed.parent, "/kubepods/pod1-2");
+        assert_eq!(guaranteed.create.len(), 2);
+        assert_eq!(guaranteed.create[1].1.unwrap().memory_limit, 1 << 30);
+        let burstable = plan(&s, &pod(&[("memory", "1Mi")], &[]));
+        assert_eq!(burstable.parent, "/kubepods/burstable/pod1-2");
+        let paths: Vec<&str> = burstable.create.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(paths, ["/kubepods", "/kubepods/burstable", "/kubepods/burstable/pod1-2"]);
+        assert!(burstable.create[1].1.is_none(), "QoS levels are only created");
+        assert_eq!(
+            pod_paths(&s, "1-2"),
+            ["/kubepods/pod1-2", "/kubepods/burstable/pod1-2", "/kubepods/besteffort/pod1-2"]
+        );
+        let best_effort = plan(&s, &pod(&[], &[]));
+        assert_eq!(best_effort.parent, "/kubepods/besteffort/pod1-2");
+        assert_eq!(best_effort.create[1].1.unwrap().cpu_shares, 2, "the besteffort level gets the minimum weight");
+
+        let rooted = PodSettings { cgroup_root: "/custom/".into(), ..Default::default() };
+        let p = plan(&rooted, &pod(&[], &[]));
+        assert_eq!(p.parent, "/custom/kubepods/besteffort/pod1-2");
+        assert_eq!(p.create[0].0, "/custom/kubepods", "the root itself is not created");
+    }
+
+    #[test]
+    fn systemd_slices() {
+        let s = PodSettings { cgroup_driver: CgroupDriver::Systemd, ..Default::default() };
+        let p = plan(&s, &pod(&[("memory", "1Mi")], &[]));
+        assert_eq!(p.parent, "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice");
+        assert!(p.create.is_empty(), "systemd creates slices");
+        let g = plan(&s, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
+        assert_eq!(g.parent, "/kubepods.slice/kubepods-pod1_2.slice");
+        let rooted = PodSettings { cgroup_root: "kubelet.slice".into(), ..s };
+        assert_eq!(plan(&rooted, &pod(&[], &[])).parent.split('/').nth(1), Some("kubelet.slice"));
+    }
+
+    #[test]
+    fn orphaned_pod_cgroups() {
+        let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
+        assert_eq!(qos_paths(&s), ["/r/kubepods", "/r/kubepods/burstable", "/r/kubepods/besteffort"]);
+        let children = ["burstable", "besteffort", "poda", "podb"].map(String::from);
+        assert_eq!(orphans("/r/kubepods", &children, |uid| uid == "a"), ["/r/kubepods/podb"]);
+    }
+
+    #[test]
+    fn without_cgroups_per_qos_the_root_is_the_parent() {
+        let s = PodSettings { cgroups_per_qos: false, cgroup_root: "/pods".into(), ..Default::default() };
+        assert_eq!(plan(&s, &pod(&[], &[])), PodCgroups { parent: "/pods".into(), create: vec![] });
+    }
+
+    #[test]
+    fn v1_creates_sets_and_removes_in_every_hierarchy() {
+        let dir = tempfile::tempdir().unwrap();
+        for h in ["cpu,cpuacct", "memory", "cpuset", "unified"] {
+            std::fs::create_dir(dir.path().join(h)).unwrap();
+        }
+        std::os::unix::fs::symlink(dir.path().join("cpu,cpuacct"), dir.path().join("cpu")).unwrap();
+        std::fs::write(dir.path().join("cpuset/cpuset.cpus"), "0-1\n").unwrap();
+        std::fs::write(dir.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
+        let fs = CgroupV1::new(dir.path());
+        assert_eq!(fs.hierarchies().len(), 3, "links and unified are not hierarchies of their own");
+        let values = CgroupValues { cpu_shares: 102, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 1 << 20 };
+        fs.ensure("/kubepods/podx", Some(&values)).unwrap();
+        let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        assert_eq!(read("cpu,cpuacct/kubepods/podx/cpu.shares"), "102");
+        assert_eq!(read("cpu,cpuacct/kubepods/podx/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("memory/kubepods/podx/memory.limit_in_bytes"), "1048576");
+        assert_eq!(read("cpuset/kubepods/podx/cpuset.cpus"), "0-1\n");
+        assert!(!dir.path().join("unified/kubepods").exists());
+        // A real cgroup directory has only kernel files, which rmdir ignores; the test's
+        // plain directory must be emptied first.
+        for h in ["cpu,cpuacct", "memory", "cpuset"] {
+            for f in std::fs::read_dir(dir.path().join(h).join("kubepods/podx")).unwrap() {
+                std::fs::remove_file(f.unwrap().path()).unwrap();
+            }
+        }
+        fs.remove("/kubepods/podx").unwrap();
+        assert!(!dir.path().join("memory/kubepods/podx").exists());
+        fs.remove("/kubepods/podx").unwrap();
+    }
+}

@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use gantry_vocab::spec;
 
 use super::EventType;
-use super::node::COMPONENT;
 use super::correlator::{Correlator, Outcome, event_name};
+use super::node::COMPONENT;
 
 #[derive(Clone, Default)]
 pub struct Recorder {

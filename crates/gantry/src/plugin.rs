@@ -50,6 +50,24 @@ impl Target {
     }
 }
 
+/// The drain's opt-ins for pods whose eviction loses something (kubectl drain's flags).
+#[derive(Args)]
+struct Losses {
+    /// Also evict pods no controller owns; they are gone for good (spec.evictBarePods, like kubectl drain --force).
+    #[arg(long)]
+    evict_bare_pods: bool,
+    /// Also evict pods with emptyDir volumes, deleting their data (spec.deleteEmptyDirData).
+    #[arg(long)]
+    delete_emptydir_data: bool,
+}
+
+impl Losses {
+    fn apply(&self, m: &mut NodeMaintenance) {
+        m.spec.evict_bare_pods = self.evict_bare_pods;
+        m.spec.delete_empty_dir_data = self.delete_emptydir_data;
+    }
+}
+
 #[derive(Subcommand)]
 enum PluginCommand {
     /// Create a NodeMaintenance for the selected nodes.
@@ -63,6 +81,8 @@ enum PluginCommand {
         /// Why, for humans (spec.reason).
         #[arg(long, default_value = "")]
         reason: String,
+        #[command(flatten)]
+        losses: Losses,
     },
     /// List NodeMaintenances.
     List,
@@ -79,6 +99,9 @@ enum PluginCommand {
         selector: Option<String>,
         #[arg(long)]
         nodes: Option<String>,
+        /// With --selector/--nodes; an existing NodeMaintenance's own spec decides otherwise.
+        #[command(flatten)]
+        losses: Losses,
     },
 }
 
@@ -114,8 +137,9 @@ async fn run(plugin: Plugin) -> anyhow::Result<()> {
     let client = client(plugin.kubeconfig, plugin.context).await?;
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     match plugin.command {
-        PluginCommand::Create { name, target, stage, reason } => {
-            let m = cli::new_maintenance(&name, target.node_selector()?, cli::parse_stage(&stage)?, &reason);
+        PluginCommand::Create { name, target, stage, reason, losses } => {
+            let mut m = cli::new_maintenance(&name, target.node_selector()?, cli::parse_stage(&stage)?, &reason);
+            losses.apply(&mut m);
             api.create(&PostParams::default(), &m).await.map_err(|e| api_error(e, &name))?;
             println!("{RESOURCE}/{name} created");
         }
@@ -136,13 +160,20 @@ async fn run(plugin: Plugin) -> anyhow::Result<()> {
             api.patch(&name, &PatchParams::default(), &patch).await.map_err(|e| api_error(e, &name))?;
             println!("{RESOURCE}/{name} patched (stage Complete)");
         }
-        PluginCommand::Plan { name, selector: s, nodes } => {
-            let m = match (name, s, nodes) {
+        PluginCommand::Plan { name, selector: s, nodes, losses } => {
+            let mut m = match (name, s, nodes) {
                 (Some(name), _, _) => api.get(&name).await.map_err(|e| api_error(e, &name))?,
                 (None, Some(s), _) => cli::new_maintenance("dry-run", selector::parse_selector(&s)?, Stage::Drain, ""),
                 (None, None, Some(n)) => cli::new_maintenance("dry-run", selector::parse_nodes(&n)?, Stage::Drain, ""),
                 (None, None, None) => bail!("give a NodeMaintenance NAME, --selector or --nodes"),
             };
+            if m.metadata.resource_version.is_none() {
+                losses.apply(&mut m);
+            } else if losses.evict_bare_pods || losses.delete_emptydir_data {
+                bail!(
+                    "--evict-bare-pods and --delete-emptydir-data apply to --selector/--nodes; an existing maintenance uses its spec"
+                );
+            }
             let nodes =
                 Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("cannot list nodes")?;
             let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("cannot list pods")?;

@@ -169,6 +169,27 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     for r in ["cpu", "memory", "ephemeral-storage", "pods"] {
         assert!(capacity.contains_key(r) && status.allocatable.as_ref().unwrap().contains_key(r), "{r}");
     }
+    // The machine's identity and huge pages, read as cAdvisor reads them for the Go kubelet.
+    let uuid_files = [
+        "/sys/class/dmi/id/product_uuid",
+        "/proc/device-tree/system-id",
+        "/proc/device-tree/vm,uuid",
+        "/etc/machine-id",
+    ];
+    let expected_uuid = uuid_files.iter().find_map(|f| std::fs::read_to_string(f).ok()).unwrap_or_default();
+    assert_eq!(info.system_uuid, expected_uuid.trim().trim_end_matches('\0'), "systemUUID");
+    assert!(!info.system_uuid.is_empty(), "this machine has a system UUID or a machine-id");
+    for (dir, resource) in [("hugepages-2048kB", "hugepages-2Mi"), ("hugepages-1048576kB", "hugepages-1Gi")] {
+        let Ok(pages) = std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/{dir}/nr_hugepages")) else {
+            eprintln!("SKIPPED {resource}: the kernel offers no such page size");
+            continue;
+        };
+        let size = if resource.ends_with("2Mi") { 2u64 << 20 } else { 1u64 << 30 };
+        let bytes = pages.trim().parse::<u64>().unwrap() * size;
+        let shown = capacity.get(resource).map(|q| q.0.clone());
+        assert_eq!(shown, Some(gantry_vocab::quantity::format_binary_bytes(i128::from(bytes))), "{resource}");
+        assert!(status.allocatable.as_ref().unwrap().contains_key(resource), "{resource}");
+    }
     let addresses = status.addresses.as_ref().unwrap();
     assert!(addresses.iter().any(|a| a.type_ == "Hostname" && a.address == name), "{addresses:?}");
     let internal: Vec<String> =

@@ -114,13 +114,12 @@ async fn a_pod_with_an_unsupported_volume_says_why_and_others_still_run() {
         (pods.get("fine").await.ok()?.status?.phase? == "Running").then_some(())
     })
     .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin, "default");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin, "default");
     eventually("a Failed event on the pod", &gantry, || async {
         let list = events.list(&Default::default()).await.ok()?;
-        list.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("Failed")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("needs-nfs")
-        })
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Failed") && e.involved_object.name.as_deref() == Some("needs-nfs"))
     })
     .await;
     cluster.cleanup(&env.node).await;
@@ -144,5 +143,59 @@ async fn restarting_the_agent_keeps_api_pods_running_unchanged() {
     })
     .await;
     assert_eq!(env.running("steady").await, vec![before], "still the same container");
+    cluster.cleanup(&env.node).await;
+}
+
+/// Events as the Go kubelet writes them: core/v1 with `source` and `reporting*` set, init
+/// containers under `spec.initContainers{…}`, and a repeat counted on the first event.
+#[tokio::test]
+async fn pod_events_carry_source_field_paths_and_counts() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mut pod = bound_pod(&env.node, "flaky", "exit 1");
+    let init = serde_json::json!([{"name": "setup", "image": gantry_testkit::BUSYBOX_IMAGE, "command": ["true"]}]);
+    pod.spec.as_mut().unwrap().init_containers = Some(serde_json::from_value(init).unwrap());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin, "default");
+    let started = |path: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.involved_object.name.as_deref() == Some("flaky")
+                    && e.reason.as_deref() == Some("Started")
+                    && e.involved_object.field_path.as_deref() == Some(path)
+            })
+        }
+    };
+    let init_started =
+        eventually("the init container's Started event", &gantry, || started("spec.initContainers{setup}")).await;
+    let source = init_started.source.clone().unwrap_or_default();
+    assert_eq!(source.component.as_deref(), Some("kubelet"));
+    assert_eq!(source.host.as_deref(), Some(env.node.as_str()));
+    assert_eq!(init_started.reporting_component.as_deref(), Some("kubelet"));
+    assert_eq!(init_started.reporting_instance.as_deref(), Some(env.node.as_str()));
+    assert_eq!(init_started.message.as_deref(), Some("Started container setup"));
+    assert!(init_started.first_timestamp.is_some() && init_started.last_timestamp.is_some());
+    assert_eq!(init_started.count, Some(1));
+
+    // The main container crashes and is started again: the same event, counted, keeping its
+    // first timestamp (one object, not two).
+    let again = eventually("the main container's Started event counted twice", &gantry, || async {
+        let e = started("spec.containers{main}").await?;
+        (e.count >= Some(2)).then_some(e)
+    })
+    .await;
+    assert!(again.last_timestamp.as_ref().unwrap().0 >= again.first_timestamp.as_ref().unwrap().0, "{again:?}");
+    let list = events.list(&Default::default()).await.unwrap().items;
+    let main_started = list.iter().filter(|e| {
+        e.involved_object.name.as_deref() == Some("flaky")
+            && e.reason.as_deref() == Some("Started")
+            && e.involved_object.field_path.as_deref() == Some("spec.containers{main}")
+    });
+    assert_eq!(main_started.count(), 1, "repeats patch the first event");
     cluster.cleanup(&env.node).await;
 }

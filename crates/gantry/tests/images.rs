@@ -253,16 +253,16 @@ async fn pull_secrets_for_the_registry_are_passed_and_a_malformed_one_is_reporte
         assert_eq!((auth.username.as_str(), auth.password.as_str()), ("alice", "s3cret"), "{image}");
     }
 
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin, "default");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin, "default");
     let event = eventually("FailedToRetrieveImagePullSecret naming the broken secret", &gantry, || async {
         let list = events.list(&Default::default()).await.ok()?;
         list.items.into_iter().find(|e| {
             e.reason.as_deref() == Some("FailedToRetrieveImagePullSecret")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("private")
+                && e.involved_object.name.as_deref() == Some("private")
         })
     })
     .await;
-    let note = event.note.unwrap_or_default();
+    let note = event.message.unwrap_or_default();
     assert!(note.contains(&format!("{broken} (.dockerconfigjson: invalid JSON")), "{note}");
     assert!(!note.contains(&good), "{note}");
     assert_eq!(event.type_.as_deref(), Some("Warning"));

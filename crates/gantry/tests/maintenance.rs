@@ -91,7 +91,9 @@ async fn drain_waits_for_the_pdb_then_complete_restores_the_node() {
     let _controller = Controller::start(&cluster, &env.ctd.dir());
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let name = format!("maint-{node}");
-    let maintenance = maintenance_for(&name, &[&node], "Drain");
+    // The web pods are bare (no controller): only the explicit opt-in lets the drain evict them.
+    let mut maintenance = maintenance_for(&name, &[&node], "Drain");
+    maintenance.spec.evict_bare_pods = true;
     maintenances.create(&PostParams::default(), &maintenance).await.unwrap();
 
     // One pod goes; the PDB holds the other, and the status says so.
@@ -271,31 +273,40 @@ impl Bench {
     }
 
     /// A pod bound to `node`, of the given priority class (with its value, which the
-    /// test server does not resolve) and owner kind.
+    /// test server does not resolve), controlled by a DaemonSet or else a ReplicaSet.
     async fn pod(&self, node: &str, name: &str, app: &str, priority: Option<(&str, i32)>, daemon_set: bool) {
-        let mut pod = json!({
+        let mut pod = Bench::pod_json(node, name, app);
+        if let Some((class, value)) = priority {
+            pod["spec"]["priorityClassName"] = json!(class);
+            pod["spec"]["priority"] = json!(value);
+        }
+        let owner = if daemon_set { ("DaemonSet", "ds") } else { ("ReplicaSet", "rs") };
+        pod["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": owner.0, "name": format!("{}-{app}", owner.1),
+            "uid": "5a0b6d1e-0000-4000-8000-000000000001", "controller": true,
+        }]);
+        self.create_running(pod).await;
+    }
+
+    fn pod_json(node: &str, name: &str, app: &str) -> serde_json::Value {
+        json!({
             "metadata": {"name": name, "labels": {"app": app}},
             "spec": {
                 "nodeName": node,
                 "automountServiceAccountToken": false,
                 "containers": [{"name": "main", "image": gantry_testkit::BUSYBOX_IMAGE}],
             },
-        });
-        if let Some((class, value)) = priority {
-            pod["spec"]["priorityClassName"] = json!(class);
-            pod["spec"]["priority"] = json!(value);
-        }
-        if daemon_set {
-            pod["metadata"]["ownerReferences"] = json!([{
-                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": format!("ds-{app}"),
-                "uid": "5a0b6d1e-0000-4000-8000-000000000001", "controller": true,
-            }]);
-        }
+        })
+    }
+
+    /// Creates the pod, then reports it Running and Ready as a kubelet would, so
+    /// PodDisruptionBudgets count it.
+    async fn create_running(&self, pod: serde_json::Value) {
         let pod: Pod = serde_json::from_value(pod).unwrap();
+        let name = pod.metadata.name.clone().unwrap();
         self.pods().create(&PostParams::default(), &pod).await.unwrap();
-        // Running and Ready, as a kubelet would report, so PodDisruptionBudgets count it.
         let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        self.pods().patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+        self.pods().patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
     }
 
     async fn pdb(&self, app: &str, min_available: i32) {
@@ -498,6 +509,71 @@ async fn drain_evicts_in_plan_order_across_pod_types_and_priorities_and_metrics_
         let answer = http_get(port, path).await.unwrap_or_default();
         assert!(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
     }
+    bench.cleanup(&[&name]).await;
+}
+
+#[tokio::test]
+async fn bare_and_empty_dir_pods_block_the_drain_until_the_maintenance_opts_in() {
+    let bench = Bench::start().await;
+    let node = bench.node.clone();
+    bench.pod(&node, "web", "web", None, false).await;
+    bench.create_running(Bench::pod_json(&node, "lonely", "lonely")).await;
+    let mut cache = Bench::pod_json(&node, "cache", "cache");
+    cache["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+    cache["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs-cache",
+        "uid": "5a0b6d1e-0000-4000-8000-000000000002", "controller": true,
+    }]);
+    bench.create_running(cache).await;
+    let kubelet = KubeletStandIn::start(bench.pods(), &node, false);
+    let controller = Controller::start_as(&bench.cluster, bench.dir.path(), "controller", &["--leader-elect=false"]);
+
+    // Cordon already shows what the drain will evict and what blocks it.
+    let name = format!("bare-{node}");
+    bench.maintenances().create(&PostParams::default(), &maintenance_for(&name, &[&node], "Cordon")).await.unwrap();
+    let preview = until("Cordon to preview the drain", &[&controller], || async {
+        let s = bench.status(&name).await?.node_statuses.into_iter().find(|s| s.node_name == node)?;
+        // The status is written before the node is cordoned: wait for both.
+        (s.blocking_pods.len() == 2 && bench.cordoned(&node).await).then_some(s)
+    })
+    .await;
+    assert_eq!(preview.pods_remaining, 3, "{preview:?}");
+
+    bench.set_stage(&name, "Drain").await;
+    let m = until("the drain to report both blocking pods", &[&controller], || async {
+        let m = bench.maintenances().get(&name).await.ok()?;
+        let s = m.status.as_ref()?.node_statuses.iter().find(|s| s.node_name == node)?;
+        s.drain_message.starts_with("Blocked").then_some(m)
+    })
+    .await;
+    let text = gantry_maintenance::cli::table::status(&m);
+    eprintln!("--- kubectl maintenance status ---\n{text}");
+    assert!(text.contains("default/lonely   no controller: would not be recreated"), "{text}");
+    assert!(text.contains("default/cache    emptyDir data would be deleted (volumes scratch"), "{text}");
+    let events = until("the EvictionBlocked events", &[&controller], || async {
+        let events = event_reasons(&bench.client, &name).await;
+        (events.iter().filter(|(r, _)| r == "EvictionBlocked").count() == 2).then_some(events)
+    })
+    .await;
+    assert!(events.iter().all(|(r, _)| r != "Evicted"), "nothing is evicted from a blocked node: {events:?}");
+    assert!(kubelet.order().is_empty(), "no pod started terminating: {:?}", kubelet.order());
+
+    // One opt-in is not the other: the emptyDir pod still blocks the node.
+    let opt_in = |field: &str| Patch::Merge(json!({"spec": {field: true}}));
+    bench.maintenances().patch(&name, &PatchParams::default(), &opt_in("evictBarePods")).await.unwrap();
+    until("only the emptyDir pod to block", &[&controller], || async {
+        let s = bench.status(&name).await?.node_statuses.into_iter().find(|s| s.node_name == node)?;
+        let names: Vec<&str> = s.blocking_pods.iter().map(|b| b.name.as_str()).collect();
+        (names == ["cache"]).then_some(())
+    })
+    .await;
+    assert!(kubelet.order().is_empty(), "still nothing evicted: {:?}", kubelet.order());
+
+    bench.maintenances().patch(&name, &PatchParams::default(), &opt_in("deleteEmptyDirData")).await.unwrap();
+    until("the drain to finish", &[&controller], || async { bench.drained(&name).await.then_some(()) }).await;
+    let mut order = kubelet.order();
+    order.sort();
+    assert_eq!(order, ["cache", "lonely", "web"]);
     bench.cleanup(&[&name]).await;
 }
 

@@ -33,12 +33,19 @@ async fn until(what: &str, dir: &std::path::Path, mut check: impl AsyncFnMut() -
     }
 }
 
-fn pending_pod(name: &str, node: &str, app: &str) -> Pod {
-    serde_json::from_value(json!({
+/// A pod bound to `node` (no agent: it stays Pending), controlled by a ReplicaSet unless bare.
+fn pending_pod(name: &str, node: &str, app: &str, bare: bool) -> Pod {
+    let mut pod = json!({
         "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": gantry_testkit::BUSYBOX_IMAGE}]},
-    }))
-    .unwrap()
+    });
+    if !bare {
+        pod["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("rs-{app}"),
+            "uid": "5a0b6d1e-0000-4000-8000-000000000003", "controller": true,
+        }]);
+    }
+    serde_json::from_value(pod).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -75,8 +82,9 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     let app = format!("web-{n1}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let (web, db) = (format!("web-{n1}"), format!("db-{n2}"));
-    pods.create(&PostParams::default(), &pending_pod(&web, &n1, &app)).await.unwrap();
-    pods.create(&PostParams::default(), &pending_pod(&db, &n2, &format!("db-{n2}"))).await.unwrap();
+    pods.create(&PostParams::default(), &pending_pod(&web, &n1, &app, false)).await.unwrap();
+    // No controller owns the db pod: it would block the drain of its node.
+    pods.create(&PostParams::default(), &pending_pod(&db, &n2, &format!("db-{n2}"), true)).await.unwrap();
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
     let pdb = serde_json::from_value(json!({
         "metadata": {"name": app},
@@ -91,21 +99,32 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     assert!(!out.ok);
     assert!(out.stderr.contains("invalid --selector") && out.stderr.contains("missing ')'"), "{}", out.stderr);
 
-    // Dry run for a maintenance that does not exist yet: both pods, entry 1, nothing changed.
+    // Dry run for a maintenance that does not exist yet: both pods, entry 1, nothing changed;
+    // the bare db pod would block its node's drain.
     let out = plugin(&kubectl, &["plan", "--selector", &selector]).await;
     assert!(out.ok, "{}", out.stderr);
     assert!(out.stdout.contains(&format!("Nodes (2): {}", sorted_pair(&n1, &n2))), "{}", out.stdout);
+    let row_of = |stdout: &str, pod: &str| {
+        stdout.lines().find(|l| l.contains(&format!("default/{pod}"))).unwrap_or_else(|| panic!("{stdout}")).to_string()
+    };
     for (pod, node) in [(&web, &n1), (&db, &n2)] {
-        let row = out
-            .stdout
-            .lines()
-            .find(|l| l.contains(&format!("default/{pod}")))
-            .unwrap_or_else(|| panic!("{}", out.stdout));
-        assert!(
-            row.contains(node.as_str()) && row.contains("1: Default priority<=1000000000") && row.ends_with("evict"),
-            "{row}"
-        );
+        let row = row_of(&out.stdout, pod);
+        assert!(row.contains(node.as_str()) && row.contains("1: Default priority<=1000000000"), "{row}");
     }
+    assert!(row_of(&out.stdout, &web).ends_with("evict"), "{}", out.stdout);
+    assert!(
+        row_of(&out.stdout, &db).contains("BLOCKS the drain: no controller: would not be recreated"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!("1 pods block the drain: nothing would be evicted from {n2}.")),
+        "{}",
+        out.stdout
+    );
+    // With the opt-in the same dry run evicts it.
+    let out = plugin(&kubectl, &["plan", "--selector", &selector, "--evict-bare-pods"]).await;
+    assert!(out.ok && row_of(&out.stdout, &db).ends_with("evict"), "{}{}", out.stdout, out.stderr);
     assert!(pods.get(&web).await.unwrap().metadata.deletion_timestamp.is_none(), "the dry run evicts nothing");
 
     let name = format!("plug-{n1}");
@@ -140,6 +159,12 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     );
     let n1_row = status.lines().find(|l| l.starts_with(&format!("{n1} "))).unwrap_or_else(|| panic!("{status}"));
     assert_eq!(n1_row.split_whitespace().take(3).collect::<Vec<_>>(), [n1.as_str(), "Drain", "1"], "{status}");
+    let n2_row = status.lines().find(|l| l.starts_with(&format!("{n2} "))).unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        n2_row.contains(&format!("default/{db}")) && n2_row.contains("no controller: would not be recreated"),
+        "{status}"
+    );
+    assert!(pods.get(&db).await.unwrap().metadata.deletion_timestamp.is_none(), "the bare pod is not evicted");
 
     // plan NAME uses the maintenance's (written-back) plan: the same pods.
     let out = plugin(&gantry, &["plan", &name]).await;

@@ -24,12 +24,12 @@ fn pod(node: &str, name: &str, command: &str, extra_spec: &str, container: &str)
 
 /// Waits for an event with `reason` about the pod `name`, and returns its note.
 async fn event(client: kube::Client, gantry: &common::Gantry, name: &str, reason: &str) -> String {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client, "default");
     eventually(&format!("a {reason} event on {name}"), gantry, || async {
         let list = events.list(&Default::default()).await.ok()?;
         list.items.into_iter().find_map(|e| {
-            let about = e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name);
-            (about && e.reason.as_deref() == Some(reason)).then(|| e.note.unwrap_or_default())
+            let about = e.involved_object.name.as_deref() == Some(name);
+            (about && e.reason.as_deref() == Some(reason)).then(|| e.message.unwrap_or_default())
         })
     })
     .await

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use common::cluster;
 use common::{Env, eventually, static_name};
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
@@ -48,8 +48,8 @@ async fn event(admin: &kube::Client, pod: &str, reason: &str, note: &str) -> Opt
     let list = events.list(&Default::default()).await.ok()?;
     list.items.into_iter().find(|e| {
         e.reason.as_deref() == Some(reason)
-            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
-            && e.note.as_deref().unwrap_or_default().contains(note)
+            && e.involved_object.name.as_deref() == Some(pod)
+            && e.message.as_deref().unwrap_or_default().contains(note)
     })
 }
 
@@ -79,12 +79,12 @@ async fn failing_liveness_probe_restarts_the_container() {
         event(&admin, "sick", "Killing", "failed liveness probe").await
     })
     .await;
-    assert_eq!(killing.note.as_deref(), Some("Container main failed liveness probe, will be restarted"));
+    assert_eq!(killing.message.as_deref(), Some("Container main failed liveness probe, will be restarted"));
     let unhealthy = eventually("an Unhealthy event", &gantry, || async {
         event(&admin, "sick", "Unhealthy", "Liveness probe failed").await
     })
     .await;
-    assert_eq!(unhealthy.note.as_deref(), Some("Liveness probe failed: sick\n"));
+    assert_eq!(unhealthy.message.as_deref(), Some("Liveness probe failed: sick\n"));
     cluster.cleanup(&env.node).await;
 }
 
@@ -121,7 +121,7 @@ async fn startup_probe_timing_out_kills_the_container() {
         event(&admin, "slow", "Unhealthy", "Startup probe failed").await
     })
     .await;
-    assert_eq!(unhealthy.note.as_deref(), Some("Startup probe failed: command \"sleep 5\" timed out"));
+    assert_eq!(unhealthy.message.as_deref(), Some("Startup probe failed: command \"sleep 5\" timed out"));
     eventually("a Killing event", &gantry, || async {
         event(&admin, "slow", "Killing", "Container main failed startup probe, will be restarted").await
     })
@@ -378,7 +378,7 @@ async fn failing_post_start_hook_kills_the_container() {
         event(&admin, "nopost", "FailedPostStartHook", "").await
     })
     .await;
-    assert_eq!(failed.note.as_deref(), Some("PostStartHook failed"), "no details in the event");
+    assert_eq!(failed.message.as_deref(), Some("PostStartHook failed"), "no details in the event");
     eventually("a Killing event", &gantry, || async {
         event(&admin, "nopost", "Killing", "FailedPostStartHook").await
     })

@@ -56,6 +56,14 @@ pub struct NodeMaintenanceSpec {
     /// Why the maintenance happens, for humans.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Also evict pods that no controller owns (kubectl drain's `--force`). Nothing recreates
+    /// them: they are gone for good. Without it such pods block the drain of their node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub evict_bare_pods: bool,
+    /// Also evict pods with emptyDir volumes, whose data is deleted (kubectl drain's
+    /// `--delete-emptydir-data`). Without it such pods block the drain of their node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delete_empty_dir_data: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, JsonSchema)]

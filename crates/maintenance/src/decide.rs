@@ -65,10 +65,11 @@ pub fn decide(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Decision
     record_stage(&mut d.status, stage, now);
     let has_finalizer = m.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == crate::api::FINALIZER));
     match stage {
-        Stage::Idle => d.status.node_statuses = plan::preview(m, cluster),
+        Stage::Idle => d.status.node_statuses = previewed(plan::preview(m, cluster), "Idle"),
         Stage::Cordon => {
             d.add_finalizer = !has_finalizer;
             cordon(m, cluster, &mut d);
+            show_preview(m, cluster, &mut d);
         }
         Stage::Drain => {
             d.add_finalizer = !has_finalizer;
@@ -154,6 +155,26 @@ fn cordon(m: &NodeMaintenance, cluster: Cluster, d: &mut Decision) {
         .filter(|s| !d.status.node_statuses.iter().any(|n| n.node_name == s.node_name))
         .collect();
     d.status.node_statuses.extend(kept);
+}
+
+fn previewed(mut statuses: Vec<NodeStatus>, stage: &str) -> Vec<NodeStatus> {
+    for s in &mut statuses {
+        s.drain_message = format!("{stage}: {}", s.drain_message);
+    }
+    statuses
+}
+
+/// In Cordon, each node shows what the Drain stage will evict and which pods would block it,
+/// next to the cordon memory.
+fn show_preview(m: &NodeMaintenance, cluster: Cluster, d: &mut Decision) {
+    for fresh in previewed(plan::preview(m, cluster), "Cordoned") {
+        let Some(status) = d.status.node_statuses.iter_mut().find(|s| s.node_name == fresh.node_name) else {
+            continue;
+        };
+        status.pods_remaining = fresh.pods_remaining;
+        status.drain_message = fresh.drain_message;
+        status.blocking_pods = fresh.blocking_pods;
+    }
 }
 
 fn drain(m: &NodeMaintenance, cluster: Cluster, now: Timestamp, d: &mut Decision) {

@@ -168,3 +168,15 @@ fn a_node_that_stops_matching_keeps_its_cordon_memory_for_complete() {
     m.status = Some(d.status);
     assert_eq!(decide_one(&m, &nodes, &[]).uncordon, vec!["gone-from-selector".to_string()]);
 }
+
+#[test]
+fn cordon_shows_the_pods_the_drain_will_evict_and_those_that_block_it() {
+    let m = maintenance("m", &["n1"], Stage::Cordon, vec![]);
+    let pods = [pod("a", "n1", 0, "x"), pod("b", "n1", 0, "x"), bare("c", "n1", 0, "y"), pod("d", "n2", 0, "x")];
+    let d = decide_one(&m, &[node("n1", &[]), node("n2", &[])], &pods);
+    assert!(d.evict.is_empty());
+    let n1 = &d.status.node_statuses[0];
+    assert_eq!((n1.pods_remaining, n1.was_unschedulable), (3, Some(false)));
+    assert_eq!(n1.drain_message, "Cordoned: the drain would evict 3 pods; 1 of them block it");
+    assert_eq!(n1.blocking_pods.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["c"]);
+}

@@ -40,7 +40,13 @@ pub fn tainted(mut n: Node) -> Node {
     n
 }
 
+/// A running pod controlled by a ReplicaSet (so the drain may evict it).
 pub fn pod(name: &str, node: &str, priority: i32, app: &str) -> Pod {
+    owned_by(bare(name, node, priority, app), "ReplicaSet", &format!("rs-{app}"))
+}
+
+/// A running pod that no controller owns.
+pub fn bare(name: &str, node: &str, priority: i32, app: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
             namespace: Some("default".into()),
@@ -99,6 +105,7 @@ pub fn maintenance(name: &str, nodes: &[&str], stage: Stage, plan: Vec<DrainPlan
         stage,
         drain_plan: plan,
         reason: String::new(),
+        ..Default::default()
     };
     NodeMaintenance::new(name, spec)
 }

@@ -197,6 +197,75 @@ fn daemonset_owner(pod: &Pod) -> String {
     format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or_default(), name)
 }
 
+/// The start of the reason a bare pod blocks the drain (kubectl drain: "Pods that declare no
+/// controller").
+pub const NO_CONTROLLER: &str = "no controller: would not be recreated";
+/// The start of the reason a pod with emptyDir volumes blocks the drain (kubectl drain: "Pods
+/// with local storage").
+pub const EMPTY_DIR_DATA: &str = "emptyDir data would be deleted";
+
+fn has_controller(pod: &Pod) -> bool {
+    let owners = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    owners.iter().any(|o| o.controller == Some(true))
+}
+
+fn empty_dir_volumes(pod: &Pod) -> Vec<&str> {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
+    volumes.iter().filter(|v| v.empty_dir.is_some()).map(|v| v.name.as_str()).collect()
+}
+
+/// Why evicting the pod would lose something nothing brings back, as kubectl drain's
+/// unreplicated and local-storage filters judge it, unless the maintenance opts in. Only
+/// Default pods are judged: DaemonSet pods come back with their DaemonSet after Complete and
+/// static pods stay on the node (kubectl skips both). A pod already terminating is not ours
+/// to lose.
+pub fn loss_reason(m: &NodeMaintenance, pod: &Pod) -> Option<String> {
+    if pod_type(pod) != PodType::Default || pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let mut why = Vec::new();
+    if !m.spec.evict_bare_pods && !has_controller(pod) {
+        why.push(format!("{NO_CONTROLLER} (set spec.evictBarePods to evict it)"));
+    }
+    let empty_dirs = empty_dir_volumes(pod);
+    if !m.spec.delete_empty_dir_data && !empty_dirs.is_empty() {
+        why.push(format!(
+            "{EMPTY_DIR_DATA} (volumes {}; set spec.deleteEmptyDirData to evict it)",
+            empty_dirs.join(", ")
+        ));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// The pods on `node` the whole plan targets, and those of them whose eviction would lose
+/// something (with why). Like kubectl drain, any such pod stops the node's drain before
+/// its first eviction, so a blocked node is never left half drained.
+fn node_outlook(m: &NodeMaintenance, plan: &[DrainPlanEntry], live: &[&Pod], node: &str) -> (i32, Vec<BlockingPod>) {
+    let on_node: Vec<&Pod> = live.iter().copied().filter(|p| node_of(p) == Some(node) && targeted(plan, p)).collect();
+    let lost = on_node
+        .iter()
+        .filter_map(|p| {
+            let reason = loss_reason(m, p)?;
+            let PodRef { namespace, name, .. } = pod_ref(p);
+            Some(BlockingPod { namespace, name, reason })
+        })
+        .collect();
+    (on_node.len() as i32, lost)
+}
+
+fn blocked_message(lost: usize) -> String {
+    format!("Blocked: evicting {lost} pods would lose them or their data; nothing is evicted from this node")
+}
+
+/// Counts a targeted pod that stays this step: still to be evicted, or already terminating.
+fn count_held(status: &mut DrainStatus, pod: &Pod) {
+    if pod.metadata.deletion_timestamp.is_some() {
+        status.active_evictions += 1;
+    } else {
+        status.pods_pending_eviction += 1;
+    }
+}
+
 /// Why a targeted pod is not evicted in this step, or `None` if it may be evicted now.
 /// Takes one disruption from each PDB budget the pod consumes.
 fn hold_reason(
@@ -269,7 +338,9 @@ pub fn plan_drain(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Drai
     };
     for name in &node_names {
         let node = cluster.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name));
-        if needs_taint && !node_has_drain_taint(node) {
+        let (_, lost) = node_outlook(m, &plan, &live, name);
+        let blocked = !lost.is_empty();
+        if needs_taint && !blocked && !node_has_drain_taint(node) {
             step.taint.push(name.clone());
         }
         let limits = limiters(m, name, cluster);
@@ -278,6 +349,10 @@ pub fn plan_drain(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Drai
         let on_node = live.iter().filter(|p| node_of(p) == Some(name.as_str()) && targeted(targets, p));
         for pod in on_node {
             status.pods_remaining += 1;
+            if blocked {
+                count_held(&mut step.drain_status, pod);
+                continue;
+            }
             let blockers: Vec<&str> = limits.iter().filter(|(_, t)| !targeted(t, pod)).map(|(n, _)| *n).collect();
             let reason = if blockers.is_empty() {
                 hold_reason(pod, node, &mut budgets, now, cluster.pdbs)
@@ -291,32 +366,34 @@ pub fn plan_drain(m: &NodeMaintenance, cluster: Cluster, now: Timestamp) -> Drai
                     step.evict.push(pod_ref(pod));
                 }
                 Some(reason) => {
-                    if pod.metadata.deletion_timestamp.is_some() {
-                        step.drain_status.active_evictions += 1;
-                    } else {
-                        step.drain_status.pods_pending_eviction += 1;
-                    }
-                    let (namespace, name) = (pod_ref(pod).namespace, pod_ref(pod).name);
+                    count_held(&mut step.drain_status, pod);
+                    let PodRef { namespace, name, .. } = pod_ref(pod);
                     status.blocking_pods.push(BlockingPod { namespace, name, reason });
                 }
             }
         }
-        let node_done = reached == plan.len() && status.pods_remaining == 0;
+        let node_done = !blocked && reached == plan.len() && status.pods_remaining == 0;
         status.drain_targets_reached = node_done;
         status.drain_message = if node_done {
             "Drained".to_string()
+        } else if blocked {
+            blocked_message(lost.len())
         } else if limited_by.is_empty() {
             "Draining".to_string()
         } else {
             format!("Draining (limited by {})", limited_by.into_iter().collect::<Vec<_>>().join(", "))
         };
+        if blocked {
+            status.blocking_pods = lost;
+        }
         step.node_statuses.push(status);
     }
     step.drained = step.node_statuses.iter().all(|s| s.drain_targets_reached);
     step
 }
 
-/// The Idle preview: per selected node, the pods the whole plan would drain, touching nothing.
+/// The preview shown before the drain (Idle and Cordon): per selected node, the pods the
+/// whole plan would drain and those that would block it, touching nothing.
 pub fn preview(m: &NodeMaintenance, cluster: Cluster) -> Vec<NodeStatus> {
     let plan = effective_drain_plan(m);
     let node_names = selected_nodes(m, cluster.nodes);
@@ -325,11 +402,16 @@ pub fn preview(m: &NodeMaintenance, cluster: Cluster) -> Vec<NodeStatus> {
     node_names
         .iter()
         .map(|name| {
-            let count = live.iter().filter(|p| node_of(p) == Some(name.as_str()) && targeted(&plan, p)).count();
+            let (count, lost) = node_outlook(m, &plan, &live, name);
+            let mut drain_message = format!("the drain would evict {count} pods");
+            if !lost.is_empty() {
+                drain_message.push_str(&format!("; {} of them block it", lost.len()));
+            }
             NodeStatus {
                 node_name: name.clone(),
-                pods_remaining: count as i32,
-                drain_message: format!("Idle: the drain would evict {count} pods"),
+                pods_remaining: count,
+                drain_message,
+                blocking_pods: lost,
                 ..Default::default()
             }
         })

@@ -262,3 +262,81 @@ fn safety_refuses_all_control_plane_or_all_schedulable_nodes() {
     allowed.metadata.annotations = Some([(ALLOW_ALL_NODES_ANNOTATION.to_string(), "true".to_string())].into());
     assert_eq!(safety_violation(&allowed, &nodes), None);
 }
+
+fn with_empty_dir(mut p: Pod, volume: &str) -> Pod {
+    let volume = serde_json::from_value(json!({"name": volume, "emptyDir": {}})).unwrap();
+    p.spec.get_or_insert_default().volumes = Some(vec![volume]);
+    p
+}
+
+#[test]
+fn bare_and_empty_dir_pods_block_their_node_before_any_eviction_until_opted_in() {
+    let nodes = [node("n1", &[]), node("n2", &[]), node("n3", &[]), node("spare", &[])];
+    let pods = [
+        pod("web", "n1", 0, "web"),
+        bare("lonely", "n1", 0, "lonely"),
+        pod("api", "n2", 0, "api"),
+        with_empty_dir(pod("cache", "n2", 0, "cache"), "scratch"),
+        // Judged as kubectl does: DaemonSet and static pods come back, so they never block.
+        with_empty_dir(owned_by(bare("agent", "n3", 0, "agent"), "DaemonSet", "agent"), "buffer"),
+        mirror(bare("etcd", "n3", 0, "etcd")),
+        pod("free", "n3", 0, "free"),
+    ];
+    let mut m = maintenance("m", &["n1", "n2", "n3"], Stage::Drain, vec![]);
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(names(&s), ["free"], "blocked nodes lose nothing, not even their safe pods");
+    let n1 = &s.node_statuses[0];
+    assert_eq!(n1.blocking_pods.len(), 1);
+    assert_eq!(n1.blocking_pods[0].name, "lonely");
+    assert_eq!(n1.blocking_pods[0].reason, format!("{NO_CONTROLLER} (set spec.evictBarePods to evict it)"));
+    assert!(n1.drain_message.starts_with("Blocked: evicting 1 pods"), "{}", n1.drain_message);
+    assert_eq!(n1.pods_remaining, 2);
+    let n2 = &s.node_statuses[1];
+    assert_eq!(
+        n2.blocking_pods.iter().map(|b| (b.name.as_str(), b.reason.as_str())).collect::<Vec<_>>(),
+        [("cache", "emptyDir data would be deleted (volumes scratch; set spec.deleteEmptyDirData to evict it)")]
+    );
+    assert!(!s.drained);
+
+    m.spec.evict_bare_pods = true;
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(names(&s), ["web", "lonely", "free"]);
+    assert_eq!(s.node_statuses[1].blocking_pods.len(), 1, "the emptyDir opt-in is separate");
+
+    m.spec.delete_empty_dir_data = true;
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(names(&s), ["web", "lonely", "api", "cache", "free"]);
+}
+
+#[test]
+fn a_bare_pod_with_empty_dir_gives_both_reasons_and_a_terminating_one_none() {
+    let m = maintenance("m", &["n1"], Stage::Drain, vec![]);
+    let both = with_empty_dir(bare("both", "n1", 0, "x"), "data");
+    let reason = loss_reason(&m, &both).unwrap();
+    assert!(reason.starts_with(NO_CONTROLLER) && reason.contains(EMPTY_DIR_DATA), "{reason}");
+    let mut going = both;
+    going.metadata.deletion_timestamp = Some(Time(now()));
+    assert_eq!(loss_reason(&m, &going), None);
+}
+
+#[test]
+fn preview_names_the_pods_that_would_block() {
+    let nodes = [node("n1", &[]), node("n2", &[])];
+    let pods = [pod("a", "n1", 0, "a"), bare("b", "n1", 0, "b")];
+    let m = maintenance("m", &["n1"], Stage::Idle, vec![]);
+    let p = preview(&m, Cluster { nodes: &nodes, pods: &pods, pdbs: &[], maintenances: &[] });
+    assert_eq!(p[0].pods_remaining, 2);
+    assert_eq!(p[0].drain_message, "the drain would evict 2 pods; 1 of them block it");
+    assert_eq!(p[0].blocking_pods[0].name, "b");
+}
+
+#[test]
+fn a_blocked_node_is_not_tainted_for_its_daemon_set_pods() {
+    let nodes = [node("n1", &[]), node("n2", &[]), node("spare", &[])];
+    let pods = [bare("lonely", "n1", 0, "lonely"), owned_by(pod("agent", "n1", 0, "agent"), "DaemonSet", "agent")];
+    // Past the Default entries: only the DaemonSet entries are left to reach.
+    let m = with_reached(maintenance("m", &["n1", "n2"], Stage::Drain, vec![]), 5);
+    let s = step(&m, &nodes, &pods, &[], std::slice::from_ref(&m));
+    assert_eq!(s.taint, ["n2"]);
+    assert!(s.evict.is_empty());
+}

@@ -3,6 +3,7 @@
 //! failures, …). Every event is a structured log line; in cluster mode it is also an Event in
 //! the API server.
 
+mod correlator;
 pub mod node;
 pub mod pod;
 

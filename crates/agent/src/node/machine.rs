@@ -10,7 +10,9 @@ use std::path::Path;
 pub struct MachineFacts {
     /// `/etc/machine-id`, else `/var/lib/dbus/machine-id`.
     pub machine_id: String,
-    /// `/sys/class/dmi/id/product_uuid`; empty when unreadable.
+    /// cAdvisor's order: `/sys/class/dmi/id/product_uuid`, then the device tree's
+    /// `system-id` and `vm,uuid` (ppc64), then `/etc/machine-id` (s390x); empty when none
+    /// is readable.
     pub system_uuid: String,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
@@ -28,6 +30,40 @@ pub struct MachineFacts {
     pub memory_bytes: u64,
     /// Size of the file system holding the kubelet root directory.
     pub ephemeral_storage_bytes: u64,
+    /// Per huge page size (bytes), the bytes pre-allocated (`nr_hugepages` × size; 0 when
+    /// none), for every size the kernel offers under `/sys/kernel/mm/hugepages`.
+    pub hugepages: Vec<(u64, u64)>,
+}
+
+/// Where the system UUID may be, in cAdvisor's order (the first readable file wins).
+const SYSTEM_UUID_FILES: [&str; 4] =
+    ["/sys/class/dmi/id/product_uuid", "/proc/device-tree/system-id", "/proc/device-tree/vm,uuid", "/etc/machine-id"];
+
+/// The first of `files` that reads, trimmed (an empty readable file still wins, as upstream).
+fn first_readable(files: &[&str], read: impl Fn(&str) -> Option<String>) -> String {
+    files.iter().find_map(|f| read(f)).map(|s| s.trim().trim_end_matches('\0').to_string()).unwrap_or_default()
+}
+
+/// `hugepages-2048kB` → 2 MiB in bytes.
+fn hugepage_size(dir_name: &str) -> Option<u64> {
+    let kb: u64 = dir_name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Each huge page size under `dir` with the bytes pre-allocated, smallest size first.
+fn read_hugepages(dir: &Path) -> Vec<(u64, u64)> {
+    let mut sizes: Vec<(u64, u64)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let size = hugepage_size(&entry.file_name().to_string_lossy())?;
+            let pages: u64 = std::fs::read_to_string(entry.path().join("nr_hugepages")).ok()?.trim().parse().ok()?;
+            Some((size, pages.saturating_mul(size)))
+        })
+        .collect();
+    sizes.sort();
+    sizes
 }
 
 /// Current free resources, read on every status pass.
@@ -55,7 +91,7 @@ impl MachineFacts {
         let fs = statvfs_near(root_dir);
         let facts = MachineFacts {
             machine_id,
-            system_uuid: read("/sys/class/dmi/id/product_uuid").unwrap_or_default(),
+            system_uuid: first_readable(&SYSTEM_UUID_FILES, |p| std::fs::read_to_string(p).ok()),
             boot_id: read("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
             kernel_version: read("/proc/sys/kernel/osrelease").unwrap_or_default(),
             os_image: std::fs::read_to_string("/etc/os-release")
@@ -67,6 +103,7 @@ impl MachineFacts {
             num_cpus: count_cpus(),
             memory_bytes: memory_bytes.unwrap_or(0),
             ephemeral_storage_bytes: fs.map_or(0, |f| f.capacity),
+            hugepages: read_hugepages(Path::new("/sys/kernel/mm/hugepages")),
         };
         if facts.machine_id.is_empty() || facts.boot_id.is_empty() || facts.memory_bytes == 0 {
             tracing::warn!(?facts, "some machine facts could not be read; they are reported empty");
@@ -183,6 +220,32 @@ pub fn go_arch(rust_arch: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn system_uuid_falls_back_in_cadvisors_order() {
+        let files = |present: &'static [(&'static str, &'static str)]| {
+            move |p: &str| present.iter().find(|(f, _)| *f == p).map(|(_, c)| c.to_string())
+        };
+        let dmi = files(&[("/sys/class/dmi/id/product_uuid", "4C4C4544-0042\n"), ("/etc/machine-id", "m")]);
+        assert_eq!(first_readable(&SYSTEM_UUID_FILES, dmi), "4C4C4544-0042");
+        let ppc = files(&[("/proc/device-tree/vm,uuid", "1f2e\0"), ("/etc/machine-id", "m")]);
+        assert_eq!(first_readable(&SYSTEM_UUID_FILES, ppc), "1f2e");
+        assert_eq!(first_readable(&SYSTEM_UUID_FILES, files(&[("/etc/machine-id", "abc\n")])), "abc");
+        assert_eq!(first_readable(&SYSTEM_UUID_FILES, files(&[])), "");
+    }
+
+    #[test]
+    fn hugepages_sizes_from_sysfs_with_zero_when_none_are_allocated() {
+        assert_eq!(hugepage_size("hugepages-2048kB"), Some(2 << 20));
+        assert_eq!(hugepage_size("hugepages-1048576kB"), Some(1 << 30));
+        assert_eq!(hugepage_size("other"), None);
+        let dir = tempfile::tempdir().unwrap();
+        for (name, pages) in [("hugepages-2048kB", "3\n"), ("hugepages-1048576kB", "0\n")] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+            std::fs::write(dir.path().join(name).join("nr_hugepages"), pages).unwrap();
+        }
+        assert_eq!(read_hugepages(dir.path()), [(2 << 20, 3 * (2 << 20)), (1 << 30, 0)]);
+    }
 
     #[test]
     fn meminfo() {

@@ -197,6 +197,13 @@ pub fn capacity(settings: &Settings, facts: &MachineFacts) -> Resources {
     }
 }
 
+/// `hugepages-<page size>` → bytes pre-allocated, for each page size the machine offers
+/// (`hugepages-2Mi`, `hugepages-1Gi`; 0 when none are allocated), as upstream reports them.
+pub fn hugepages(facts: &MachineFacts) -> BTreeMap<String, i128> {
+    let name = |size: u64| format!("hugepages-{}", quantity::format_binary_bytes(i128::from(size)));
+    facts.hugepages.iter().map(|&(size, bytes)| (name(size), i128::from(bytes))).collect()
+}
+
 /// A hard eviction threshold's amount for a resource of `capacity`.
 pub(crate) fn threshold_amount(value: &str, capacity: i128) -> i128 {
     if value.ends_with('%') {
@@ -407,9 +414,14 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
     }
 
     let cap = capacity(inputs.settings, inputs.facts);
-    let alloc = allocatable(inputs.settings, cap);
-    status.capacity.get_or_insert_with(BTreeMap::new).extend(cap.to_map());
-    status.allocatable.get_or_insert_with(BTreeMap::new).extend(alloc.to_map());
+    let mut alloc = allocatable(inputs.settings, cap);
+    let hugepages = hugepages(inputs.facts);
+    // Pre-allocated huge pages are not available as ordinary memory (upstream's setter).
+    alloc.memory = (alloc.memory - hugepages.values().sum::<i128>()).max(0);
+    let hugepages: BTreeMap<String, Quantity> =
+        hugepages.into_iter().map(|(name, bytes)| (name, Quantity(quantity::format_binary_bytes(bytes)))).collect();
+    status.capacity.get_or_insert_with(BTreeMap::new).extend(cap.to_map().into_iter().chain(hugepages.clone()));
+    status.allocatable.get_or_insert_with(BTreeMap::new).extend(alloc.to_map().into_iter().chain(hugepages));
 
     let previous_boot = previous.node_info.as_ref().map(|i| i.boot_id.as_str()).unwrap_or_default();
     if !previous_boot.is_empty() && previous_boot != inputs.facts.boot_id {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::api::{DrainPlanEntry, NodeMaintenance, PodType};
-use crate::plan::{effective_drain_plan, entry_matches, pod_priority, pod_type, selected_nodes};
+use crate::plan::{effective_drain_plan, entry_matches, loss_reason, pod_priority, pod_type, selected_nodes};
 
 use super::table::render;
 
@@ -21,6 +21,8 @@ pub struct Step {
     pub pod: String,
     pub pod_type: PodType,
     pub priority: i32,
+    /// Why evicting this pod would lose it or its data: it blocks its node's drain.
+    pub blocks: Option<String>,
 }
 
 /// The drain plan in force, with each live pod on a selected node under the first entry that
@@ -44,6 +46,7 @@ pub fn steps(m: &NodeMaintenance, nodes: &[Node], pods: &[Pod]) -> Vec<Step> {
                 pod: pod.metadata.name.clone().unwrap_or_default(),
                 pod_type: pod_type(pod),
                 priority: pod_priority(pod),
+                blocks: loss_reason(m, pod),
             });
         }
     }
@@ -107,11 +110,22 @@ pub fn render_plan(m: &NodeMaintenance, nodes: &[Node], pods: &[Pod]) -> String 
                 s.node.clone(),
                 format!("{}/{}", s.namespace, s.pod),
                 s.priority.to_string(),
-                action(s.pod_type).to_string(),
+                match &s.blocks {
+                    Some(why) => format!("BLOCKS the drain: {why}"),
+                    None => action(s.pod_type).to_string(),
+                },
             ]
         })
         .collect();
     out.push_str(&render(&["ORDER", "ENTRY", "NODE", "POD", "PRIORITY", "ACTION"], &rows));
+    let blocked: BTreeSet<&str> = steps.iter().filter(|s| s.blocks.is_some()).map(|s| s.node.as_str()).collect();
+    if !blocked.is_empty() {
+        let count = steps.iter().filter(|s| s.blocks.is_some()).count();
+        out.push_str(&format!(
+            "\n{count} pods block the drain: nothing would be evicted from {}.\n",
+            blocked.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
     out
 }
 
@@ -120,7 +134,7 @@ mod tests {
     use super::*;
     use crate::api::{LabelSelector, Stage};
     use crate::cli::{new_maintenance, selector::parse_nodes};
-    use crate::fixtures::{mirror, node, owned_by, pod};
+    use crate::fixtures::{bare, mirror, node, owned_by, pod};
 
     fn m(nodes: &str) -> NodeMaintenance {
         new_maintenance("m", parse_nodes(nodes).unwrap(), Stage::Idle, "")
@@ -179,5 +193,23 @@ mod tests {
     fn nothing_to_do_is_said_plainly() {
         let text = render_plan(&m("n9"), &[node("n1", &[])], &[pod("a", "n1", 0, "a")]);
         assert_eq!(text, "Dry run: nothing is changed.\nNodes (0): <none>\nNo pod would be evicted.\n");
+    }
+
+    #[test]
+    fn pods_that_would_block_are_marked_and_summed_up() {
+        let pods = [pod("web", "n1", 0, "web"), bare("lonely", "n1", 0, "lonely")];
+        let text = render_plan(&m("n1"), &[node("n1", &[])], &pods);
+        let row = text.lines().find(|l| l.contains("default/lonely")).unwrap();
+        assert!(
+            row.ends_with(
+                "BLOCKS the drain: no controller: would not be recreated (set spec.evictBarePods to evict it)"
+            ),
+            "{row}"
+        );
+        assert!(text.lines().find(|l| l.contains("default/web")).unwrap().ends_with("evict"), "{text}");
+        assert!(text.ends_with("\n1 pods block the drain: nothing would be evicted from n1.\n"), "{text}");
+        let mut allowed = m("n1");
+        allowed.spec.evict_bare_pods = true;
+        assert!(!render_plan(&allowed, &[node("n1", &[])], &pods).contains("BLOCKS"));
     }
 }

@@ -55,7 +55,7 @@ pub fn check_name(name: &str) -> Result<(), FlagError> {
 pub fn new_maintenance(name: &str, node_selector: NodeSelector, stage: Stage, reason: &str) -> NodeMaintenance {
     let mut m = NodeMaintenance::new(
         name,
-        NodeMaintenanceSpec { node_selector, stage, drain_plan: vec![], reason: reason.to_string() },
+        NodeMaintenanceSpec { node_selector, stage, reason: reason.to_string(), ..Default::default() },
     );
     m.metadata.name = Some(name.to_string());
     m

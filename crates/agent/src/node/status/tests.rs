@@ -19,6 +19,7 @@ fn facts() -> MachineFacts {
         num_cpus: 4,
         memory_bytes: 16 * GI,
         ephemeral_storage_bytes: 100 * GI,
+        hugepages: vec![],
     }
 }
 
@@ -153,6 +154,21 @@ fn capacity_and_default_allocatable() {
     let expected = storage - (storage as f64 * f64::from(0.1f32)) as i128;
     assert_eq!(q(&status.allocatable, "ephemeral-storage"), quantity::format_binary_bytes(expected));
     assert_eq!(q(&status.allocatable, "pods"), "110");
+}
+
+#[test]
+fn hugepages_are_reported_per_size_and_taken_from_allocatable_memory() {
+    let s = settings();
+    let mut f = facts();
+    f.hugepages = vec![(2 << 20, 512 << 20), (1 << 30, 0)];
+    let (status, _) = compute_status(&NodeStatus::default(), &inputs(&s, &f, t(0)));
+    assert_eq!(q(&status.capacity, "hugepages-2Mi"), "512Mi");
+    assert_eq!(q(&status.capacity, "hugepages-1Gi"), "0");
+    assert_eq!(q(&status.allocatable, "hugepages-2Mi"), "512Mi");
+    assert_eq!(q(&status.allocatable, "hugepages-1Gi"), "0");
+    assert_eq!(q(&status.capacity, "memory"), "16Gi");
+    // 16Gi − 100Mi (memory.available) − 512Mi of huge pages.
+    assert_eq!(q(&status.allocatable, "memory"), "15772Mi");
 }
 
 #[test]

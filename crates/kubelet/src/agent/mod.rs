@@ -45,6 +45,24 @@ pub enum AgentError {
         "no static pod source is configured: set --pod-manifest-path (staticPodPath) or --manifest-url (staticPodURL)"
     )]
     NoSources,
+    #[error(
+        "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode (failCgroupV1 is true)"
+    )]
+    CgroupV1,
+}
+
+/// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
+fn check_cgroup_version(fail_cgroup_v1: bool) -> Result<(), AgentError> {
+    use crate::runtime::cgroups::{self, Hierarchy};
+    let hierarchy = cgroups::hierarchy(std::path::Path::new(cgroups::MOUNT));
+    tracing::info!(?hierarchy, "cgroup hierarchy");
+    if hierarchy == Some(Hierarchy::V1) {
+        if fail_cgroup_v1 {
+            return Err(AgentError::CgroupV1);
+        }
+        tracing::warn!(reason = "CgroupV1", "{}", cgroups::V1_DEPRECATED);
+    }
+    Ok(())
 }
 
 /// What every worker needs.
@@ -63,6 +81,7 @@ impl Shared {
     /// Connects to the runtime named in `settings` and validates it.
     pub async fn connect(settings: &Settings) -> Result<Arc<Self>, AgentError> {
         crate::metrics::install();
+        check_cgroup_version(settings.pods.fail_cgroup_v1)?;
         let cri = gantry_cri::connect(
             &settings.container_runtime_endpoint,
             settings.image_service_endpoint.as_deref(),

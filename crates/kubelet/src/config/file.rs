@@ -60,6 +60,8 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "cgroupsPerQOS",
     "cgroupDriver",
     "cgroupRoot",
+    "podPidsLimit",
+    "failCgroupV1",
     "clusterDNS",
     "clusterDomain",
     "resolvConf",

@@ -190,6 +190,10 @@ pub struct Flags {
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_root: Option<String>,
 
+    /// The most processes a pod may have (pids.max of its cgroup); -1: no limit. (podPidsLimit) [default: -1]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub pod_max_pids: Option<i64>,
+
     /// DNS server IP(s) for pods with dnsPolicy ClusterFirst, comma separated; repeatable. (clusterDNS)
     #[arg(long, value_name = "IP,...", action = ArgAction::Append)]
     pub cluster_dns: Vec<String>,
@@ -449,7 +453,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "node-status-max-images",
     "oom-score-adj",
     "pod-cidr",
-    "pod-max-pids",
     "provider-id",
     "qos-reserved",
     "registry-burst",

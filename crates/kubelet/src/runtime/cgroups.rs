@@ -1,6 +1,8 @@
 //! Pod cgroups (`cgroupsPerQOS`): every pod runs under `kubepods[/<qos>]/pod<uid>` below
 //! `cgroupRoot`, with the pod's limits on it. Which cgroups and values a pod needs is pure
-//! ([`plan`]); touching the cgroup file system is behind [`CgroupFs`].
+//! ([`plan`]); touching the cgroup file system is behind [`CgroupFs`], with one implementation
+//! per hierarchy: [`CgroupV1`] (a tree per controller) and [`CgroupV2`] (the unified tree, where
+//! shares become `cpu.weight` and limits go to `cpu.max`, `memory.max` and `pids.max`).
 //!
 //! With the `systemd` driver, the names are systemd slices and the runtime has systemd create
 //! them; Gantry creates (and limits) pod cgroups itself only with `cgroupfs`.
@@ -77,7 +79,7 @@ pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
             let create = (root_len + 1..=parts.len())
                 .map(|n| {
                     let values = match parts[n - 1].as_str() {
-                        _ if n == parts.len() => Some(resources::pod(pod)),
+                        _ if n == parts.len() => Some(pod_values(settings, pod)),
                         // Upstream gives BestEffort pods together the minimum CPU weight.
                         "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
                         _ => None,
@@ -88,6 +90,11 @@ pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
             PodCgroups { parent: cgroupfs_name(&parts), create }
         }
     }
+}
+
+/// The pod cgroup's values: its resources and `podPidsLimit`.
+fn pod_values(settings: &PodSettings, pod: &Pod) -> CgroupValues {
+    CgroupValues { pids_limit: settings.pod_pids_limit.max(0), ..resources::pod(pod) }
 }
 
 /// Every cgroupfs path the pod's own cgroup can have, one per QoS class, so removing it needs
@@ -164,7 +171,7 @@ impl CgroupV1 {
     }
 }
 
-fn write(dir: &Path, file: &str, value: i64) -> io::Result<()> {
+fn write(dir: &Path, file: &str, value: impl ToString) -> io::Result<()> {
     std::fs::write(dir.join(file), value.to_string())
         .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", dir.join(file).display())))
 }
@@ -211,6 +218,9 @@ impl CgroupFs for CgroupV1 {
             if controllers.contains(&"memory") && v.memory_limit > 0 {
                 write(&dir, "memory.limit_in_bytes", v.memory_limit)?;
             }
+            if controllers.contains(&"pids") && v.pids_limit > 0 {
+                write(&dir, "pids.max", v.pids_limit)?;
+            }
         }
         Ok(())
     }
@@ -235,11 +245,124 @@ impl CgroupFs for CgroupV1 {
     }
 }
 
-/// The node's cgroup file system, if it is cgroup v1 (v2-only nodes get no pod-level cgroups
-/// from Gantry yet; the runtime still creates the container cgroups under the parent).
-pub fn detect() -> Option<CgroupV1> {
-    let mount = Path::new("/sys/fs/cgroup");
-    mount.join("memory").is_dir().then(|| CgroupV1::new(mount))
+/// The unified hierarchy (cgroup v2) as mounted on `/sys/fs/cgroup`.
+pub struct CgroupV2 {
+    mount: PathBuf,
+}
+
+/// The controllers pod cgroups use, where the kernel offers them (upstream's list plus `io`
+/// for the I/O figures of `/stats/summary`).
+const V2_CONTROLLERS: [&str; 6] = ["cpu", "cpuset", "memory", "pids", "hugetlb", "io"];
+
+impl CgroupV2 {
+    pub fn new(mount: impl Into<PathBuf>) -> Self {
+        CgroupV2 { mount: mount.into() }
+    }
+
+    /// Enables in `dir`'s children the controllers `dir` has and does not pass on yet: a v2
+    /// cgroup has a controller's files only if its parent's `cgroup.subtree_control` lists it.
+    fn delegate(dir: &Path) -> io::Result<()> {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let (available, enabled) = (read("cgroup.controllers"), read("cgroup.subtree_control"));
+        let missing: Vec<String> = V2_CONTROLLERS
+            .into_iter()
+            .filter(|c| available.split_whitespace().any(|a| a == *c) && !enabled.split_whitespace().any(|e| e == *c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        write(dir, "cgroup.subtree_control", missing.join(" "))
+    }
+}
+
+/// Removes `dir` and the cgroups below it (a runtime's leftover container cgroups), deepest
+/// first; a cgroup directory holds only kernel files, which rmdir ignores.
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(io::Error::new(e.kind(), format!("cannot remove {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl CgroupFs for CgroupV2 {
+    fn ensure(&self, path: &str, values: Option<&CgroupValues>) -> io::Result<()> {
+        let mut dir = self.mount.clone();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            Self::delegate(&dir)?;
+            dir.push(part);
+            match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                    return Err(io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())));
+                }
+                _ => {}
+            }
+        }
+        let Some(v) = values else { return Ok(()) };
+        if v.cpu_shares > 0 {
+            write(&dir, "cpu.weight", resources::cpu_weight(v.cpu_shares))?;
+        }
+        if v.cpu_quota > 0 {
+            write(&dir, "cpu.max", format!("{} {}", v.cpu_quota, v.cpu_period))?;
+        }
+        if v.memory_limit > 0 {
+            write(&dir, "memory.max", v.memory_limit)?;
+        }
+        if v.pids_limit > 0 {
+            write(&dir, "pids.max", v.pids_limit)?;
+        }
+        Ok(())
+    }
+
+    fn remove(&self, path: &str) -> io::Result<()> {
+        remove_tree(&self.mount.join(path.trim_start_matches('/')))
+    }
+
+    fn children(&self, path: &str) -> Vec<String> {
+        let entries = std::fs::read_dir(self.mount.join(path.trim_start_matches('/'))).into_iter().flatten().flatten();
+        entries.filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+}
+
+/// Where the cgroup file system is mounted.
+pub const MOUNT: &str = "/sys/fs/cgroup";
+
+/// The cgroup hierarchy a node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// One hierarchy per controller set under `/sys/fs/cgroup/<controller>`.
+    V1,
+    /// The unified hierarchy (`cgroup2fs` on `/sys/fs/cgroup`).
+    V2,
+}
+
+/// Upstream's warning (and event message) on a cgroup v1 node.
+pub const V1_DEPRECATED: &str = "cgroup v1 detected. cgroup v1 support has been transitioned into maintenance mode, please plan for the migration towards cgroup v2. More information at https://git.k8s.io/enhancements/keps/sig-node/4569-cgroup-v1-maintenance-mode";
+
+/// The hierarchy mounted at `mount`, if any (upstream `IsCgroup2UnifiedMode`: a statfs).
+pub fn hierarchy(mount: &Path) -> Option<Hierarchy> {
+    let fs = nix::sys::statfs::statfs(mount).ok()?;
+    if fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
+        Some(Hierarchy::V2)
+    } else {
+        mount.join("memory").is_dir().then_some(Hierarchy::V1)
+    }
+}
+
+/// The node's cgroup file system for the cgroupfs driver, on either hierarchy.
+pub fn detect() -> Option<Box<dyn CgroupFs>> {
+    let mount = Path::new(MOUNT);
+    match hierarchy(mount)? {
+        Hierarchy::V1 => Some(Box::new(CgroupV1::new(mount))),
+        Hierarchy::V2 => Some(Box::new(CgroupV2::new(mount))),
+    }
 }
 
 #[cfg(test)]
@@ -321,7 +444,13 @@ mod tests {
         std::fs::write(dir.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
         let fs = CgroupV1::new(dir.path());
         assert_eq!(fs.hierarchies().len(), 3, "links and unified are not hierarchies of their own");
-        let values = CgroupValues { cpu_shares: 102, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 1 << 20 };
+        let values = CgroupValues {
+            cpu_shares: 102,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            memory_limit: 1 << 20,
+            pids_limit: 0,
+        };
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
         assert_eq!(read("cpu,cpuacct/kubepods/podx/cpu.shares"), "102");
@@ -339,5 +468,54 @@ mod tests {
         fs.remove("/kubepods/podx").unwrap();
         assert!(!dir.path().join("memory/kubepods/podx").exists());
         fs.remove("/kubepods/podx").unwrap();
+    }
+
+    #[test]
+    fn v2_delegates_controllers_and_writes_v2_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids rdma\n").unwrap();
+        std::fs::write(root.join("cgroup.subtree_control"), "memory\n").unwrap();
+        let fs = CgroupV2::new(root);
+        let values = CgroupValues {
+            cpu_shares: 1024,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            memory_limit: 1 << 20,
+            pids_limit: 42,
+        };
+        fs.ensure("/kubepods/podx", Some(&values)).unwrap();
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+        // A plain file stands in for the kernel's; it keeps the last write.
+        assert_eq!(read("cgroup.subtree_control"), "+cpu +cpuset +pids +io", "only what is offered and missing");
+        assert_eq!(read("kubepods/podx/cpu.weight"), "39", "1 CPU");
+        assert_eq!(read("kubepods/podx/cpu.max"), "50000 100000");
+        assert_eq!(read("kubepods/podx/memory.max"), "1048576");
+        assert_eq!(read("kubepods/podx/pids.max"), "42");
+        assert_eq!(fs.children("/kubepods"), ["podx"]);
+        std::fs::create_dir(root.join("kubepods/podx/container")).unwrap();
+        for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
+            std::fs::remove_file(root.join("kubepods/podx").join(f)).unwrap();
+        }
+        fs.remove("/kubepods/podx").unwrap();
+        assert!(!root.join("kubepods/podx").exists(), "leftover container cgroups go too");
+        fs.remove("/kubepods/podx").unwrap();
+    }
+
+    #[test]
+    fn pod_pids_limit_goes_to_the_pod_cgroup_only() {
+        let s = PodSettings { pod_pids_limit: 100, ..Default::default() };
+        let p = plan(&s, &pod(&[("memory", "1Mi")], &[]));
+        assert_eq!(p.create.last().unwrap().1.unwrap().pids_limit, 100);
+        assert!(p.create.iter().rev().skip(1).all(|(_, v)| v.is_none_or(|v| v.pids_limit == 0)));
+        let unlimited = plan(&PodSettings::default(), &pod(&[], &[]));
+        assert_eq!(unlimited.create.last().unwrap().1.unwrap().pids_limit, 0, "-1 is no limit");
+    }
+
+    #[test]
+    fn hierarchy_of_this_host() {
+        // Whatever the host runs, a plain directory is neither.
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(hierarchy(dir.path()), None);
     }
 }

@@ -52,7 +52,7 @@ pub struct Driver {
     images: ImagePuller,
     /// Cgroups, DNS and security settings for pods.
     pods: Arc<PodSettings>,
-    /// The cgroup file system for pod cgroups (cgroupfs driver on cgroup v1).
+    /// The cgroup file system for pod cgroups (cgroupfs driver, cgroup v1 or v2).
     cgroups: Option<Arc<dyn CgroupFs>>,
     /// Events about a pod's setup (DNS configuration).
     events: Recorder,
@@ -92,11 +92,11 @@ impl Driver {
         &self.images
     }
 
-    /// Pod settings; pod cgroups are created when the node has cgroup v1 and the cgroupfs driver.
+    /// Pod settings; with the cgroupfs driver, Gantry creates the pod cgroups on either hierarchy.
     pub fn with_pod_settings(self, pods: PodSettings) -> Self {
         let cgroups = match pods.cgroup_driver {
             crate::config::CgroupDriver::Cgroupfs if pods.cgroups_per_qos => {
-                cgroups::detect().map(|fs| Arc::new(fs) as Arc<dyn CgroupFs>)
+                cgroups::detect().map(Arc::from)
             }
             _ => None,
         };

@@ -49,6 +49,10 @@ pub enum AgentError {
         "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode (failCgroupV1 is true)"
     )]
     CgroupV1,
+    #[error(transparent)]
+    Systemd(#[from] crate::runtime::systemd::SystemdError),
+    #[error(transparent)]
+    CgroupDriver(#[from] crate::runtime::cgroups::DriverMismatch),
 }
 
 /// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
@@ -100,7 +104,9 @@ impl Shared {
             settings.root_dir.clone(),
             settings.images.parallel_pull_limit(),
         )
-        .with_pod_settings(settings.pods.clone());
+        .with_pod_settings(settings.pods.clone())
+        .await?;
+        driver.check_runtime_cgroup_driver().await?;
         let events = events::Recorder::default();
         Ok(Arc::new(Shared {
             driver: driver.with_events(events.clone()),

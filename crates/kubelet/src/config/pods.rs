@@ -65,6 +65,16 @@ impl Default for PodSettings {
     }
 }
 
+impl CgroupDriver {
+    /// The name in the configuration (`cgroupDriver`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
+        }
+    }
+}
+
 type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
 
 fn driver(field: &str, value: &str, invalid: Invalid) -> Result<CgroupDriver, ConfigError> {

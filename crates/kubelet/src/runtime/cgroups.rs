@@ -4,8 +4,8 @@
 //! per hierarchy: [`CgroupV1`] (a tree per controller) and [`CgroupV2`] (the unified tree, where
 //! shares become `cpu.weight` and limits go to `cpu.max`, `memory.max` and `pids.max`).
 //!
-//! With the `systemd` driver, the names are systemd slices and the runtime has systemd create
-//! them; Gantry creates (and limits) pod cgroups itself only with `cgroupfs`.
+//! With the `systemd` driver, the names are systemd slices, which systemd creates and limits
+//! when Gantry asks over D-Bus ([`super::systemd`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -65,7 +65,16 @@ fn systemd_name(parts: &[String]) -> String {
     (1..=escaped.len()).map(|n| format!("/{}.slice", escaped[..n].join("-"))).collect()
 }
 
-/// The pod's cgroup parent and the cgroups Gantry creates for it.
+/// A cgroup's name for the driver: a cgroupfs path or nested systemd slices.
+fn name(settings: &PodSettings, parts: &[String]) -> String {
+    match settings.cgroup_driver {
+        CgroupDriver::Cgroupfs => cgroupfs_name(parts),
+        CgroupDriver::Systemd => systemd_name(parts),
+    }
+}
+
+/// The pod's cgroup parent and the cgroups Gantry creates for it (with systemd: the slices
+/// Gantry asks systemd for).
 pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
     if !settings.cgroups_per_qos {
         return PodCgroups { parent: settings.cgroup_root.clone(), create: Vec::new() };
@@ -73,39 +82,35 @@ pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
     let mut parts = root_components(settings);
     let root_len = parts.len();
     parts.extend(pod_components(qos::class(pod), spec::uid(pod)));
-    match settings.cgroup_driver {
-        CgroupDriver::Systemd => PodCgroups { parent: systemd_name(&parts), create: Vec::new() },
-        CgroupDriver::Cgroupfs => {
-            let create = (root_len + 1..=parts.len())
-                .map(|n| {
-                    let values = match parts[n - 1].as_str() {
-                        _ if n == parts.len() => Some(pod_values(settings, pod)),
-                        // Upstream gives BestEffort pods together the minimum CPU weight.
-                        "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
-                        _ => None,
-                    };
-                    (cgroupfs_name(&parts[..n]), values)
-                })
-                .collect();
-            PodCgroups { parent: cgroupfs_name(&parts), create }
-        }
-    }
+    let create = (root_len + 1..=parts.len())
+        .map(|n| {
+            let values = match parts[n - 1].as_str() {
+                _ if n == parts.len() => Some(pod_values(settings, pod)),
+                // Upstream gives BestEffort pods together the minimum CPU weight.
+                "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
+                _ => None,
+            };
+            (name(settings, &parts[..n]), values)
+        })
+        .collect();
+    PodCgroups { parent: name(settings, &parts), create }
 }
 
-/// The pod cgroup's values: its resources and `podPidsLimit`.
+/// The pod cgroup's values: its resources and `podPidsLimit` (-1: explicitly unlimited).
 fn pod_values(settings: &PodSettings, pod: &Pod) -> CgroupValues {
-    CgroupValues { pids_limit: settings.pod_pids_limit.max(0), ..resources::pod(pod) }
+    let pids_limit = if settings.pod_pids_limit > 0 { settings.pod_pids_limit } else { -1 };
+    CgroupValues { pids_limit, ..resources::pod(pod) }
 }
 
-/// Every cgroupfs path the pod's own cgroup can have, one per QoS class, so removing it needs
-/// no pod spec. The QoS levels are shared and stay.
+/// Every path the pod's own cgroup can have, one per QoS class, so removing it needs no pod
+/// spec. The QoS levels are shared and stay.
 pub fn pod_paths(settings: &PodSettings, uid: &str) -> Vec<String> {
     [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort]
         .into_iter()
         .map(|qos| {
             let mut parts = root_components(settings);
             parts.extend(pod_components(qos, uid));
-            cgroupfs_name(&parts)
+            name(settings, &parts)
         })
         .collect()
 }
@@ -118,20 +123,56 @@ pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
         .map(|parts| {
             let mut all = root.clone();
             all.extend(parts.into_iter().map(str::to_string));
-            cgroupfs_name(&all)
+            name(settings, &all)
         })
         .collect()
 }
 
+/// The pod UID a child cgroup of a QoS level belongs to: `pod<uid>` (cgroupfs) or
+/// `kubepods-burstable-pod<uid with underscores>.slice` (systemd).
+fn pod_uid(driver: CgroupDriver, child: &str) -> Option<String> {
+    match driver {
+        CgroupDriver::Cgroupfs => child.strip_prefix("pod").map(str::to_string),
+        CgroupDriver::Systemd => {
+            let last = child.strip_suffix(".slice")?.rsplit('-').next()?;
+            last.strip_prefix("pod").map(|uid| uid.replace('_', "-"))
+        }
+    }
+}
+
 /// The pod cgroups among `children` of `parent` whose pod is not in `keep` (upstream's
 /// orphaned pod cgroup cleanup).
-pub fn orphans(parent: &str, children: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
+pub fn orphans(driver: CgroupDriver, parent: &str, children: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
     children
         .iter()
-        .filter_map(|c| c.strip_prefix("pod"))
-        .filter(|uid| !keep(uid))
-        .map(|uid| format!("{}/pod{uid}", parent.trim_end_matches('/')))
+        .filter(|c| pod_uid(driver, c).is_some_and(|uid| !keep(&uid)))
+        .map(|c| format!("{}/{c}", parent.trim_end_matches('/')))
         .collect()
+}
+
+/// Gantry's and the runtime's cgroup drivers differ: containers would land outside the pod
+/// cgroups, or the runtime refuses the cgroup parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cgroup driver mismatch: Gantry's cgroupDriver is {:?} but the container runtime uses the {:?} cgroup driver (containerd: SystemdCgroup = {} in the runc runtime options); configure both with the same driver",
+    .ours.as_str(), .runtime.as_str(), *.runtime == CgroupDriver::Systemd
+)]
+pub struct DriverMismatch {
+    pub ours: CgroupDriver,
+    pub runtime: CgroupDriver,
+}
+
+/// Checks the driver the runtime reports (CRI `RuntimeConfig`, containerd 2.x) against ours.
+pub fn check_runtime_driver(ours: CgroupDriver, runtime: CgroupDriver) -> Result<(), DriverMismatch> {
+    if ours == runtime { Ok(()) } else { Err(DriverMismatch { ours, runtime }) }
+}
+
+/// The mismatch behind a failed sandbox creation, for runtimes that do not report their
+/// driver (containerd 1.6): runc under its systemd driver refuses a cgroupfs parent.
+pub fn mismatch_in_sandbox_error(ours: CgroupDriver, message: &str) -> Option<DriverMismatch> {
+    let systemd_wants_slice = message.contains("expected cgroupsPath to be of format") && message.contains("systemd");
+    (ours == CgroupDriver::Cgroupfs && systemd_wants_slice)
+        .then_some(DriverMismatch { ours, runtime: CgroupDriver::Systemd })
 }
 
 /// The cgroup file system.
@@ -176,6 +217,11 @@ fn write(dir: &Path, file: &str, value: impl ToString) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", dir.join(file).display())))
 }
 
+/// `pids.max`: the limit, or `max` for -1.
+fn pids_max(limit: i64) -> String {
+    if limit > 0 { limit.to_string() } else { "max".into() }
+}
+
 /// A new cpuset cgroup starts with no CPUs and memory nodes; it gets its parent's.
 fn inherit_cpuset(dir: &Path) -> io::Result<()> {
     for file in ["cpuset.cpus", "cpuset.mems"] {
@@ -218,8 +264,8 @@ impl CgroupFs for CgroupV1 {
             if controllers.contains(&"memory") && v.memory_limit > 0 {
                 write(&dir, "memory.limit_in_bytes", v.memory_limit)?;
             }
-            if controllers.contains(&"pids") && v.pids_limit > 0 {
-                write(&dir, "pids.max", v.pids_limit)?;
+            if controllers.contains(&"pids") && v.pids_limit != 0 {
+                write(&dir, "pids.max", pids_max(v.pids_limit))?;
             }
         }
         Ok(())
@@ -315,8 +361,8 @@ impl CgroupFs for CgroupV2 {
         if v.memory_limit > 0 {
             write(&dir, "memory.max", v.memory_limit)?;
         }
-        if v.pids_limit > 0 {
-            write(&dir, "pids.max", v.pids_limit)?;
+        if v.pids_limit != 0 {
+            write(&dir, "pids.max", pids_max(v.pids_limit))?;
         }
         Ok(())
     }
@@ -412,7 +458,16 @@ mod tests {
         let s = PodSettings { cgroup_driver: CgroupDriver::Systemd, ..Default::default() };
         let p = plan(&s, &pod(&[("memory", "1Mi")], &[]));
         assert_eq!(p.parent, "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice");
-        assert!(p.create.is_empty(), "systemd creates slices");
+        let slices: Vec<&str> = p.create.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            slices,
+            [
+                "/kubepods.slice",
+                "/kubepods.slice/kubepods-burstable.slice",
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice"
+            ]
+        );
+        assert_eq!(pod_paths(&s, "1-2")[0], "/kubepods.slice/kubepods-pod1_2.slice");
         let g = plan(&s, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
         assert_eq!(g.parent, "/kubepods.slice/kubepods-pod1_2.slice");
         let rooted = PodSettings { cgroup_root: "kubelet.slice".into(), ..s };
@@ -424,7 +479,24 @@ mod tests {
         let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
         assert_eq!(qos_paths(&s), ["/r/kubepods", "/r/kubepods/burstable", "/r/kubepods/besteffort"]);
         let children = ["burstable", "besteffort", "poda", "podb"].map(String::from);
-        assert_eq!(orphans("/r/kubepods", &children, |uid| uid == "a"), ["/r/kubepods/podb"]);
+        assert_eq!(orphans(CgroupDriver::Cgroupfs, "/r/kubepods", &children, |uid| uid == "a"), ["/r/kubepods/podb"]);
+        let slices = ["kubepods-burstable.slice", "kubepods-pod1_2.slice", "kubepods-pod3_4.slice"].map(String::from);
+        assert_eq!(
+            orphans(CgroupDriver::Systemd, "/kubepods.slice", &slices, |uid| uid == "1-2"),
+            ["/kubepods.slice/kubepods-pod3_4.slice"]
+        );
+    }
+
+    #[test]
+    fn driver_mismatch_names_both_settings() {
+        assert_eq!(check_runtime_driver(CgroupDriver::Systemd, CgroupDriver::Systemd), Ok(()));
+        let e = check_runtime_driver(CgroupDriver::Systemd, CgroupDriver::Cgroupfs).unwrap_err().to_string();
+        assert!(e.contains("cgroupDriver is \"systemd\"") && e.contains("SystemdCgroup = false"), "{e}");
+        let runc = r#"failed to create containerd task: OCI runtime create failed: expected cgroupsPath to be of format "slice:prefix:name" for systemd cgroups, got "/kubepods/besteffort/pod1/abc" instead: unknown"#;
+        let m = mismatch_in_sandbox_error(CgroupDriver::Cgroupfs, runc).unwrap();
+        assert_eq!(m.runtime, CgroupDriver::Systemd);
+        assert!(m.to_string().contains("SystemdCgroup = true"), "{m}");
+        assert_eq!(mismatch_in_sandbox_error(CgroupDriver::Cgroupfs, "image not found"), None);
     }
 
     #[test]
@@ -509,7 +581,7 @@ mod tests {
         assert_eq!(p.create.last().unwrap().1.unwrap().pids_limit, 100);
         assert!(p.create.iter().rev().skip(1).all(|(_, v)| v.is_none_or(|v| v.pids_limit == 0)));
         let unlimited = plan(&PodSettings::default(), &pod(&[], &[]));
-        assert_eq!(unlimited.create.last().unwrap().1.unwrap().pids_limit, 0, "-1 is no limit");
+        assert_eq!(unlimited.create.last().unwrap().1.unwrap().pids_limit, -1, "explicitly no limit");
     }
 
     #[test]

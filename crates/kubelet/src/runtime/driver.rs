@@ -9,6 +9,8 @@ use gantry_cri::{Cri, CriError, api};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::cgroups::{self, CgroupFs};
+use super::systemd::{self, SystemdError};
+use crate::config::CgroupDriver;
 use super::config::{self, ContainerContext, SandboxContext};
 use super::env::{self, EnvObjects};
 use super::handlers::Target;
@@ -92,15 +94,51 @@ impl Driver {
         &self.images
     }
 
-    /// Pod settings; with the cgroupfs driver, Gantry creates the pod cgroups on either hierarchy.
-    pub fn with_pod_settings(self, pods: PodSettings) -> Self {
-        let cgroups = match pods.cgroup_driver {
-            crate::config::CgroupDriver::Cgroupfs if pods.cgroups_per_qos => {
-                cgroups::detect().map(Arc::from)
+    /// Pod settings, and who makes the pod cgroups: Gantry in the cgroup file system (cgroupfs
+    /// driver, either hierarchy) or systemd as slice units (systemd driver).
+    pub async fn with_pod_settings(self, pods: PodSettings) -> Result<Self, SystemdError> {
+        let cgroups: Option<Arc<dyn CgroupFs>> = match pods.cgroup_driver {
+            _ if !pods.cgroups_per_qos => None,
+            CgroupDriver::Cgroupfs => cgroups::detect().map(Arc::from),
+            CgroupDriver::Systemd => {
+                if !systemd::running() {
+                    return Err(SystemdError::NotRunning);
+                }
+                let mount = Path::new(cgroups::MOUNT);
+                // Slices are listed in the unified tree, or in v1's memory hierarchy.
+                let listing = match cgroups::hierarchy(mount) {
+                    Some(cgroups::Hierarchy::V1) => mount.join("memory"),
+                    _ => mount.to_path_buf(),
+                };
+                Some(Arc::new(systemd::Slices::connect(listing).await?))
             }
-            _ => None,
         };
-        Driver { pods: Arc::new(pods), cgroups, ..self }
+        Ok(Driver { pods: Arc::new(pods), cgroups, ..self })
+    }
+
+    /// Checks the runtime's cgroup driver where it reports one (CRI `RuntimeConfig`, as upstream
+    /// asks it at start-up); runtimes without the call are checked at the first sandbox.
+    pub async fn check_runtime_cgroup_driver(&self) -> Result<(), cgroups::DriverMismatch> {
+        let reported = match self.cri.runtime.runtime_config(api::RuntimeConfigRequest {}).await {
+            Ok(config) => config.linux.map(|l| l.cgroup_driver()),
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
+                tracing::info!(
+                    "CRI implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver from kubelet config."
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver");
+                None
+            }
+        };
+        let Some(runtime) = reported else { return Ok(()) };
+        let runtime = match runtime {
+            api::CgroupDriver::Systemd => CgroupDriver::Systemd,
+            api::CgroupDriver::Cgroupfs => CgroupDriver::Cgroupfs,
+        };
+        tracing::info!(cgroup_driver = runtime.as_str(), "cgroup driver reported by the container runtime");
+        cgroups::check_runtime_driver(self.pods.cgroup_driver, runtime)
     }
 
     fn node_security(&self) -> NodeSecurity<'_> {
@@ -252,7 +290,13 @@ impl Driver {
             .runtime
             .run_pod_sandbox(request)
             .await
-            .map_err(|e| StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {e}")))?;
+            .map_err(|e| {
+                let message = e.to_string();
+                match cgroups::mismatch_in_sandbox_error(self.pods.cgroup_driver, &message) {
+                    Some(mismatch) => StartError::new("CreatePodSandboxError", format!("{mismatch}: {message}")),
+                    None => StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {message}")),
+                }
+            })?;
         Ok(response.pod_sandbox_id)
     }
 
@@ -475,7 +519,9 @@ impl Driver {
         let settings = self.pods.clone();
         let task = tokio::task::spawn_blocking(move || {
             for parent in cgroups::qos_paths(&settings) {
-                for path in cgroups::orphans(&parent, &fs.children(&parent), |uid| keep.contains(uid)) {
+                for path in cgroups::orphans(settings.cgroup_driver, &parent, &fs.children(&parent), |uid| {
+                    keep.contains(uid)
+                }) {
                     match fs.remove(&path) {
                         Ok(()) => tracing::info!(cgroup = %path, "removed orphaned pod cgroup"),
                         Err(e) => tracing::warn!(cgroup = %path, error = %e, "cannot remove orphaned pod cgroup"),

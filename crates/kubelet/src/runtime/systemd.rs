@@ -43,6 +43,15 @@ trait Manager {
     fn job_removed(&self, id: u32, job: zbus::zvariant::ObjectPath<'_>, unit: &str, result: &str) -> zbus::Result<()>;
 }
 
+/// Why the systemd cgroup driver cannot work here.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    #[error("cgroupDriver is \"systemd\" but the host does not run systemd (/run/systemd/system is missing)")]
+    NotRunning,
+    #[error("cgroupDriver is \"systemd\" but systemd cannot be reached over D-Bus: {0}")]
+    Bus(#[from] zbus::Error),
+}
+
 /// Whether the host runs systemd (upstream's check: `/run/systemd/system` is a directory).
 pub fn running() -> bool {
     Path::new("/run/systemd/system").is_dir()

@@ -108,11 +108,19 @@ fn assert_pod_limits(run: &VmRun, case: &str, paths: &HashMap<String, String>) {
     let seen = cgroups(run, &format!("{case}/cgroups-running"));
     let file = |pod: &str, f: &str| {
         let key = (paths[pod].clone(), f.to_string());
-        seen.get(&key).cloned().unwrap_or_else(|| panic!("{key:?} missing\n{}", run.read(&format!("{case}/cgroups-running"))))
+        seen.get(&key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{key:?} missing\n{}", run.read(&format!("{case}/cgroups-running"))))
     };
     let expected = [
-        ("guaranteed", [("cpu.weight", "20"), ("cpu.max", "50000 100000"), ("memory.max", "67108864"), ("pids.max", "100")]),
-        ("burstable", [("cpu.weight", "4"), ("cpu.max", "max 100000"), ("memory.max", "67108864"), ("pids.max", "100")]),
+        (
+            "guaranteed",
+            [("cpu.weight", "20"), ("cpu.max", "50000 100000"), ("memory.max", "67108864"), ("pids.max", "100")],
+        ),
+        (
+            "burstable",
+            [("cpu.weight", "4"), ("cpu.max", "max 100000"), ("memory.max", "67108864"), ("pids.max", "100")],
+        ),
         ("besteffort", [("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max"), ("pids.max", "100")]),
     ];
     for (pod, files) in expected {
@@ -134,7 +142,11 @@ fn assert_pod_cgroups_gone(run: &VmRun, case: &str) {
     let after = run.read(&format!("{case}/cgroups-deleted"));
     assert!(!after.is_empty(), "{case}: the QoS cgroups stay\n{}", run.report());
     let left: Vec<&str> = after.lines().filter(|l| l.contains("/pod") || l.contains("-pod")).collect();
-    assert!(left.is_empty(), "{case}: pod cgroups left after delete: {left:?}\n{}", run.read(&format!("{case}/gantry.log")));
+    assert!(
+        left.is_empty(),
+        "{case}: pod cgroups left after delete: {left:?}\n{}",
+        run.read(&format!("{case}/gantry.log"))
+    );
 }
 
 #[test]
@@ -185,7 +197,9 @@ fn systemd_driver_slices_carry_the_limits() {
     let slices = run.read("systemd/slices-running");
     let guaranteed = slices
         .lines()
-        .find(|l| l.starts_with(&format!("kubepods-pod{}.slice ", uids(run, "systemd")["guaranteed"].replace('-', "_"))))
+        .find(|l| {
+            l.starts_with(&format!("kubepods-pod{}.slice ", uids(run, "systemd")["guaranteed"].replace('-', "_")))
+        })
         .unwrap_or_else(|| panic!("no guaranteed pod slice unit\n{slices}"));
     for property in ["CPUWeight=20", "CPUQuotaPerSecUSec=500ms", "MemoryMax=67108864", "TasksMax=100"] {
         assert!(guaranteed.split_whitespace().any(|p| p == property), "{property} in {guaranteed}");

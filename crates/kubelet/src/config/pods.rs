@@ -88,7 +88,10 @@ fn driver(field: &str, value: &str, invalid: Invalid) -> Result<CgroupDriver, Co
 /// Upstream accepts -1 (no limit) and positive numbers; 0 also means no limit.
 fn pids_limit(field: &str, value: i64, invalid: Invalid) -> Result<i64, ConfigError> {
     if value < -1 {
-        return Err(invalid(field, format!("{value} is not a process count: use a positive number, or -1 for no limit")));
+        return Err(invalid(
+            field,
+            format!("{value} is not a process count: use a positive number, or -1 for no limit"),
+        ));
     }
     Ok(value)
 }

@@ -146,7 +146,9 @@ pub fn pod(pod: &Pod) -> CgroupValues {
     let cpu_limited = all().all(|c| cpu(c).limit.is_some());
     let memory_limited = all().all(|c| memory(c).limit.is_some());
     match qos::class(pod) {
-        QosClass::Guaranteed => CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit, pids_limit: 0 },
+        QosClass::Guaranteed => {
+            CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit, pids_limit: 0 }
+        }
         QosClass::Burstable => CgroupValues {
             cpu_shares,
             cpu_quota: if cpu_limited { cpu_quota } else { 0 },

@@ -9,15 +9,15 @@ use gantry_cri::{Cri, CriError, api};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::cgroups::{self, CgroupFs};
-use super::systemd::{self, SystemdError};
-use crate::config::CgroupDriver;
 use super::config::{self, ContainerContext, SandboxContext};
 use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::security::{self, ImageUser, NodeSecurity};
+use super::systemd::{self, SystemdError};
 use super::{dns, downward, hooks, hosts, service_env, termination, volumes};
 use crate::agent::events::{EventType, Recorder};
 use crate::cluster::objects::ObjectSource;
+use crate::config::CgroupDriver;
 use crate::config::PodSettings;
 use crate::image::puller::ImagePuller;
 use crate::pod::ObservedPod;
@@ -285,18 +285,13 @@ impl Driver {
             StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory))
         })?;
         let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
-        let response = self
-            .cri
-            .runtime
-            .run_pod_sandbox(request)
-            .await
-            .map_err(|e| {
-                let message = e.to_string();
-                match cgroups::mismatch_in_sandbox_error(self.pods.cgroup_driver, &message) {
-                    Some(mismatch) => StartError::new("CreatePodSandboxError", format!("{mismatch}: {message}")),
-                    None => StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {message}")),
-                }
-            })?;
+        let response = self.cri.runtime.run_pod_sandbox(request).await.map_err(|e| {
+            let message = e.to_string();
+            match cgroups::mismatch_in_sandbox_error(self.pods.cgroup_driver, &message) {
+                Some(mismatch) => StartError::new("CreatePodSandboxError", format!("{mismatch}: {message}")),
+                None => StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {message}")),
+            }
+        })?;
         Ok(response.pod_sandbox_id)
     }
 
@@ -519,9 +514,9 @@ impl Driver {
         let settings = self.pods.clone();
         let task = tokio::task::spawn_blocking(move || {
             for parent in cgroups::qos_paths(&settings) {
-                for path in cgroups::orphans(settings.cgroup_driver, &parent, &fs.children(&parent), |uid| {
-                    keep.contains(uid)
-                }) {
+                for path in
+                    cgroups::orphans(settings.cgroup_driver, &parent, &fs.children(&parent), |uid| keep.contains(uid))
+                {
                     match fs.remove(&path) {
                         Ok(()) => tracing::info!(cgroup = %path, "removed orphaned pod cgroup"),
                         Err(e) => tracing::warn!(cgroup = %path, error = %e, "cannot remove orphaned pod cgroup"),

@@ -166,7 +166,10 @@ impl Slices {
                 if resources.is_empty() {
                     return Ok(());
                 }
-                self.manager.set_unit_properties(&unit, true, &resources).await.map_err(|e| dbus_error("updating", &unit, e))
+                self.manager
+                    .set_unit_properties(&unit, true, &resources)
+                    .await
+                    .map_err(|e| dbus_error("updating", &unit, e))
             }
             Err(e) => Err(e.into_io("creating", &unit)),
         }

@@ -168,6 +168,29 @@ fn cgroupfs_driver_pod_and_qos_cgroups_carry_the_limits() {
     assert_eq!(weight.map(String::as_str), Some("1"), "the besteffort level has the minimum weight");
 }
 
+/// `kubepods` carries the node's allocatable: 2 CPUs − 500m systemReserved → 1536 shares →
+/// weight 59; memory − 256Mi kubeReserved.
+fn assert_kubepods_allocatable(run: &VmRun, case: &str, kubepods: &str) {
+    assert_eq!(run.read("cpus").trim(), "2", "the VM has 2 CPUs");
+    let memory: i64 = run.read("memory-bytes").trim().parse().unwrap();
+    let seen = cgroups(run, &format!("{case}/cgroups-running"));
+    let file = |f: &str| seen.get(&(kubepods.to_string(), f.to_string())).cloned().unwrap_or_default();
+    assert_eq!(file("cpu.weight"), "59", "{case}");
+    assert_eq!(file("memory.max"), (memory - (256 << 20)).to_string(), "{case}");
+}
+
+#[test]
+fn cgroupfs_driver_kubepods_carries_allocatable() {
+    let Some(run) = completed() else { return };
+    assert_kubepods_allocatable(run, "cgroupfs", "/kubepods");
+}
+
+#[test]
+fn systemd_driver_kubepods_slice_carries_allocatable() {
+    let Some(run) = completed() else { return };
+    assert_kubepods_allocatable(run, "systemd", "/kubepods.slice");
+}
+
 #[test]
 fn cgroupfs_driver_pod_cgroups_and_orphans_are_removed() {
     let Some(run) = completed() else { return };

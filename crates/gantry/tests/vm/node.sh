@@ -40,6 +40,9 @@ setup() {
   local t
   for t in $H/*.oci.tar; do ctr -n k8s.io images import "$t" >/dev/null || return 1; done
   stat -fc %T $CG >$R/cgroup-fs
+  # The machine the allocatable is computed from.
+  nproc >$R/cpus
+  awk '$1 == "MemTotal:" { print $2 * 1024 }' /proc/meminfo >$R/memory-bytes
   log "setup done: $(cat $R/cgroup-fs), $(containerd --version)"
 }
 
@@ -53,6 +56,9 @@ enableServer: false
 fileCheckFrequency: 1s
 cgroupDriver: $2
 podPidsLimit: 100
+# Node allocatable (enforceNodeAllocatable defaults to [pods]): kubepods gets the rest.
+kubeReserved: {memory: 256Mi}
+systemReserved: {cpu: 500m}
 # The image has no resolv.conf and the guest no network.
 resolvConf: ""
 ${3:-}

@@ -55,6 +55,20 @@ pub enum AgentError {
     CgroupDriver(#[from] crate::runtime::cgroups::DriverMismatch),
 }
 
+/// The pod settings with the `kubepods` limits for this machine (node allocatable enforcement).
+fn pod_settings(settings: &Settings) -> crate::config::PodSettings {
+    let facts = crate::node::machine::MachineFacts::read(&settings.root_dir);
+    let limits = crate::node::status::pods_cgroup_limits(settings, crate::node::status::capacity(settings, &facts));
+    if let Some(l) = &limits {
+        tracing::info!(
+            cpu_shares = l.cpu_shares,
+            memory_limit = l.memory_limit,
+            "node allocatable enforced on kubepods"
+        );
+    }
+    crate::config::PodSettings { kubepods_limits: limits, ..settings.pods.clone() }
+}
+
 /// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
 fn check_cgroup_version(fail_cgroup_v1: bool) -> Result<(), AgentError> {
     use crate::runtime::cgroups::{self, Hierarchy};
@@ -104,7 +118,7 @@ impl Shared {
             settings.root_dir.clone(),
             settings.images.parallel_pull_limit(),
         )
-        .with_pod_settings(settings.pods.clone())
+        .with_pod_settings(pod_settings(settings))
         .await?;
         driver.check_runtime_cgroup_driver().await?;
         let events = events::Recorder::default();

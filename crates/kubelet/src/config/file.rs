@@ -61,6 +61,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "cgroupDriver",
     "cgroupRoot",
     "podPidsLimit",
+    "enforceNodeAllocatable",
     "failCgroupV1",
     "clusterDNS",
     "clusterDomain",

@@ -33,6 +33,9 @@ pub struct PodSettings {
     pub pod_pids_limit: i64,
     /// `failCgroupV1`: refuse to start on a cgroup v1 host (default false: a warning).
     pub fail_cgroup_v1: bool,
+    /// The `kubepods` cgroup's limits (node allocatable enforcement); not configuration itself
+    /// but derived at start-up from `enforceNodeAllocatable`, the reservations and the machine.
+    pub kubepods_limits: Option<crate::pod::resources::CgroupValues>,
     /// `clusterDNS` / `--cluster-dns`.
     pub cluster_dns: Vec<IpAddr>,
     /// `clusterDomain` / `--cluster-domain`; empty = no cluster search domains.
@@ -55,6 +58,7 @@ impl Default for PodSettings {
             cgroup_root: String::new(),
             pod_pids_limit: -1,
             fail_cgroup_v1: false,
+            kubepods_limits: None,
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             resolv_conf: DEFAULT_RESOLV_CONF.to_string(),

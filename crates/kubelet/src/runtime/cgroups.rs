@@ -86,6 +86,7 @@ pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
         .map(|n| {
             let values = match parts[n - 1].as_str() {
                 _ if n == parts.len() => Some(pod_values(settings, pod)),
+                "kubepods" if n == root_len + 1 => settings.kubepods_limits,
                 // Upstream gives BestEffort pods together the minimum CPU weight.
                 "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
                 _ => None,
@@ -451,6 +452,14 @@ mod tests {
         let p = plan(&rooted, &pod(&[], &[]));
         assert_eq!(p.parent, "/custom/kubepods/besteffort/pod1-2");
         assert_eq!(p.create[0].0, "/custom/kubepods", "the root itself is not created");
+    }
+
+    #[test]
+    fn kubepods_gets_the_allocatable_limits() {
+        let limits = CgroupValues { cpu_shares: 2048, memory_limit: 1 << 30, ..Default::default() };
+        let s = PodSettings { kubepods_limits: Some(limits), ..Default::default() };
+        let p = plan(&s, &pod(&[], &[]));
+        assert_eq!(p.create[0], ("/kubepods".to_string(), Some(limits)));
     }
 
     #[test]

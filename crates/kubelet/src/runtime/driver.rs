@@ -113,7 +113,24 @@ impl Driver {
                 Some(Arc::new(systemd::Slices::connect(listing).await?))
             }
         };
-        Ok(Driver { pods: Arc::new(pods), cgroups, ..self })
+        let driver = Driver { pods: Arc::new(pods), cgroups, ..self };
+        driver.enforce_node_allocatable().await;
+        Ok(driver)
+    }
+
+    /// Gives `kubepods` the node's allocatable as its limits at start-up, as upstream does
+    /// (pods keep them: every pod's sandbox creation sets them again).
+    async fn enforce_node_allocatable(&self) {
+        let (Some(fs), Some(limits)) = (self.cgroups.clone(), self.pods.kubepods_limits) else { return };
+        let Some(kubepods) = cgroups::qos_paths(&self.pods).into_iter().next() else { return };
+        let path = kubepods.clone();
+        let result = tokio::task::spawn_blocking(move || fs.ensure(&path, Some(&limits)))
+            .await
+            .expect("cgroup task does not panic");
+        match result {
+            Ok(()) => tracing::info!(cgroup = %kubepods, "Updated Node Allocatable limit across pods"),
+            Err(e) => tracing::warn!(cgroup = %kubepods, "Failed to update Node Allocatable Limits {kubepods:?}: {e}"),
+        }
     }
 
     /// Checks the runtime's cgroup driver where it reports one (CRI `RuntimeConfig`, as upstream

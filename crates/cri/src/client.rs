@@ -12,7 +12,7 @@ use tokio::net::UnixStream;
 use tonic::transport::{Channel, Uri};
 use tower::service_fn;
 
-use crate::{CriError, Endpoint};
+use crate::{Code, CriError, Endpoint};
 
 /// Both CRI services, validated, plus what the runtime said about itself.
 #[derive(Clone)]
@@ -77,8 +77,8 @@ async fn dial(path: PathBuf) -> io::Result<TokioIo<UnixStream>> {
 fn validate(ep: &Endpoint, result: Result<api::VersionResponse, CriError>) -> Result<api::VersionResponse, CriError> {
     match result {
         Ok(v) => Ok(v),
-        Err(CriError::Call { status, .. }) if status.code() != tonic::Code::DeadlineExceeded => {
-            Err(CriError::NotCriV1 { endpoint: ep.to_string(), detail: describe(&status) })
+        Err(CriError::Call { code, message, .. }) if code != Code::DeadlineExceeded => {
+            Err(CriError::NotCriV1 { endpoint: ep.to_string(), detail: describe(code, &message) })
         }
         Err(other) => Err(other),
     }
@@ -87,17 +87,16 @@ fn validate(ep: &Endpoint, result: Result<api::VersionResponse, CriError>) -> Re
 fn validate_images(ep: &Endpoint, result: Result<api::ListImagesResponse, CriError>) -> Result<(), CriError> {
     match result {
         Ok(_) => Ok(()),
-        Err(CriError::Call { status, .. }) if status.code() == tonic::Code::Unimplemented => {
-            Err(CriError::NotCriV1 { endpoint: ep.to_string(), detail: describe(&status) })
+        Err(CriError::Call { code: Code::Unimplemented, message, .. }) => {
+            Err(CriError::NotCriV1 { endpoint: ep.to_string(), detail: describe(Code::Unimplemented, &message) })
         }
         Err(other) => Err(other),
     }
 }
 
-fn describe(status: &tonic::Status) -> String {
-    let message = status.message();
-    match status.code() {
-        tonic::Code::Unimplemented => format!("the service is not implemented ({message})"),
+fn describe(code: Code, message: &str) -> String {
+    match code {
+        Code::Unimplemented => format!("the service is not implemented ({message})"),
         _ if message.contains("h2") || message.contains("protocol") || message.contains("transport") => {
             format!("the socket does not speak gRPC ({message})")
         }

@@ -27,8 +27,8 @@ pub enum CriError {
     )]
     NotCriV1 { endpoint: String, detail: String },
 
-    #[error("CRI {op} failed: {}", status.message())]
-    Call { op: &'static str, status: tonic::Status },
+    #[error("CRI {op} failed: {message}")]
+    Call { op: &'static str, code: Code, message: String },
 
     #[error("CRI {op} timed out after {timeout:?}")]
     Timeout { op: &'static str, timeout: std::time::Duration },
@@ -36,24 +36,92 @@ pub enum CriError {
 
 impl CriError {
     pub(crate) fn call(op: &'static str, status: tonic::Status) -> Self {
-        CriError::Call { op, status }
+        CriError::Call { op, code: Code::from(status.code()), message: status.message().to_string() }
     }
 
     /// The runtime said the object does not exist (already removed, never created).
     pub fn is_not_found(&self) -> bool {
         match self {
-            CriError::Call { status, .. } => {
-                status.code() == tonic::Code::NotFound || status.message().contains("not found")
-            }
+            CriError::Call { code, message, .. } => *code == Code::NotFound || message.contains("not found"),
             _ => false,
         }
     }
 
-    /// The gRPC status code of a failed call, if this error came from one.
-    pub fn code(&self) -> Option<tonic::Code> {
+    /// The status code of a failed call, if this error came from one.
+    pub fn code(&self) -> Option<Code> {
         match self {
-            CriError::Call { status, .. } => Some(status.code()),
+            CriError::Call { code, .. } => Some(*code),
             _ => None,
         }
+    }
+
+    /// A failed call as Go's gRPC client prints it, which is what upstream shows in events
+    /// and statuses: `rpc error: code = Unknown desc = …`.
+    pub fn grpc_message(&self) -> String {
+        match self {
+            CriError::Call { code, message, .. } => format!("rpc error: code = {code:?} desc = {message}"),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The status code of a failed call, named as gRPC names them, so that callers match on a
+/// type of this crate and never on the transport's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl From<tonic::Code> for Code {
+    fn from(code: tonic::Code) -> Self {
+        use tonic::Code as T;
+        match code {
+            T::Ok => Code::Ok,
+            T::Cancelled => Code::Cancelled,
+            T::Unknown => Code::Unknown,
+            T::InvalidArgument => Code::InvalidArgument,
+            T::DeadlineExceeded => Code::DeadlineExceeded,
+            T::NotFound => Code::NotFound,
+            T::AlreadyExists => Code::AlreadyExists,
+            T::PermissionDenied => Code::PermissionDenied,
+            T::ResourceExhausted => Code::ResourceExhausted,
+            T::FailedPrecondition => Code::FailedPrecondition,
+            T::Aborted => Code::Aborted,
+            T::OutOfRange => Code::OutOfRange,
+            T::Unimplemented => Code::Unimplemented,
+            T::Internal => Code::Internal,
+            T::Unavailable => Code::Unavailable,
+            T::DataLoss => Code::DataLoss,
+            T::Unauthenticated => Code::Unauthenticated,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_calls_read_like_go_grpc_errors() {
+        let e = CriError::call("PullImage", tonic::Status::unknown("failed to resolve"));
+        assert_eq!(e.grpc_message(), "rpc error: code = Unknown desc = failed to resolve");
+        assert_eq!(e.code(), Some(Code::Unknown));
+        assert!(CriError::call("RemoveContainer", tonic::Status::not_found("gone")).is_not_found());
     }
 }

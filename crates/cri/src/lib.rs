@@ -8,11 +8,12 @@
 mod client;
 mod endpoint;
 mod error;
+pub mod health;
 mod observe;
 
 pub use client::{Cri, ImageClient, RuntimeClient, connect};
 pub use endpoint::Endpoint;
-pub use error::CriError;
+pub use error::{Code, CriError};
 /// The generated CRI v1 message types, re-exported so callers need no direct `k8s-cri` dependency.
 pub use k8s_cri::v1 as api;
 pub use observe::{CallObserver, set_call_observer};

@@ -115,7 +115,7 @@ async fn running_containers(ctd: &Containerd) -> usize {
 }
 
 fn status_running(path: &Path) -> usize {
-    gantry_kubelet::agent::status_store::read_pod_list(path)
+    gantry_agent::status_store::read_pod_list(path)
         .unwrap_or_default()
         .iter()
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))

@@ -37,7 +37,9 @@ impl Logging {
             _ => "trace",
         };
         let libraries = if v >= 8 { "debug" } else { "info" };
-        let directives = format!("{libraries},gantry={ours},gantry_kubelet={ours},gantry_cri={ours}");
+        let directives = format!(
+            "{libraries},gantry={ours},gantry_agent={ours},gantry_server={ours},gantry_config={ours},gantry_logs={ours},gantry_pod={ours},gantry_cri={ours}"
+        );
         let _ = self.handle.modify(|f| *f = EnvFilter::new(directives));
     }
 }

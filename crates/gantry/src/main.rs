@@ -31,7 +31,7 @@ enum Command {
     /// Show the pods a standalone node agent runs, from its status file.
     Pods {
         /// The node agent's --root-dir.
-        #[arg(long, default_value = gantry_kubelet::config::DEFAULT_ROOT_DIR)]
+        #[arg(long, default_value = gantry_config::DEFAULT_ROOT_DIR)]
         root_dir: PathBuf,
         /// Print the raw PodList JSON instead of a table.
         #[arg(long, short = 'o', value_parser = ["table", "json"], default_value = "table")]

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{ArgAction, Args};
-use gantry_maintenance::controller::{self, LeaderElection, Options, serve};
 use gantry_maintenance::leader::{self, Timing};
+use gantry_maintenance_controller::{self as controller, LeaderElection, Options, serve};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// Where a pod's service account namespace is mounted.

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use gantry_kubelet::agent::status_store::{STATUS_FILE, read_pod_list};
+use gantry_agent::status_store::{STATUS_FILE, read_pod_list};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 

@@ -65,7 +65,7 @@ fn unknown_flags_are_named() {
 /// without it a warning says v1 is deprecated (the v2 side runs in `vm_node.rs`).
 #[test]
 fn fail_cgroup_v1_on_a_v1_host() {
-    use gantry_kubelet::runtime::cgroups::{self, Hierarchy};
+    use gantry_agent::runtime::cgroups::{self, Hierarchy};
     if cgroups::hierarchy(std::path::Path::new(cgroups::MOUNT)) != Some(Hierarchy::V1) {
         eprintln!("not a cgroup v1 host: nothing to check here");
         return;

@@ -1,7 +1,7 @@
 //! End-to-end tests of the node side of cluster mode: registration, node status, lease,
 //! and start-up errors, against the in-process test API server (with the Node authorizer and
 //! NodeRestriction) or a real cluster (`GANTRY_E2E_KUBECONFIG`), and a private containerd.
-//! The node side runs in-process through `gantry_kubelet::node::start`, the entry point the
+//! The node side runs in-process through `gantry_agent::node::start`, the entry point the
 //! binary calls with `--kubeconfig`.
 
 mod common;
@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use gantry_kubelet::api::{self, ApiError};
-use gantry_kubelet::config::{self, Flags, Settings};
-use gantry_kubelet::node::{self, KUBELET_VERSION, NodeAgent, Startup};
+use gantry_agent::api::{self, ApiError};
+use gantry_agent::node::{self, KUBELET_VERSION, NodeAgent, Startup};
+use gantry_config::{self as config, Flags, Settings};
 use gantry_test_apiserver::{TestApiServer, User};
 use gantry_testkit::Containerd;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -156,8 +156,7 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     let status = node.status.as_ref().unwrap();
     let info = status.node_info.as_ref().unwrap();
     let cri = c.ctd.runtime_client().await.version(k8s_cri::v1::VersionRequest::default()).await.unwrap().into_inner();
-    let expected =
-        gantry_kubelet::node::status::container_runtime_version(&cri.runtime_name, Some(&cri.runtime_version));
+    let expected = gantry_agent::node::status::container_runtime_version(&cri.runtime_name, Some(&cri.runtime_version));
     assert_eq!(info.container_runtime_version, expected);
     assert!(info.container_runtime_version.starts_with("containerd://"), "{}", info.container_runtime_version);
     assert!(!info.container_runtime_version.ends_with("Unknown"));

@@ -54,7 +54,10 @@ async fn default_service_account_volume_gives_a_valid_token_and_ca() {
 #[tokio::test]
 async fn config_map_change_appears_in_the_mounted_file() {
     let Some((env, cluster)) = cluster::setup().await else { return };
-    let gantry = cluster::start_node(&env, &cluster);
+    // The contents follow at the next pod sync: with the default 1m that would be most of
+    // the wait's deadline, so the flag also shows that `--sync-frequency` drives the resync.
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let gantry = env.kubelet(&[&format!("--kubeconfig={}", kubeconfig.display()), "--sync-frequency=3s"]);
     let admin = cluster.admin().await;
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let cm: ConfigMap =

@@ -10,7 +10,7 @@ use crate::api::{
     NodeSelectorTerm, Stage,
 };
 
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+use gantry_vocab::keys::MIRROR as MIRROR_ANNOTATION;
 
 pub const NOW: &str = "2026-11-22T06:00:00Z";
 

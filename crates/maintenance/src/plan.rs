@@ -14,7 +14,7 @@ use crate::api::{
 };
 use crate::selector::{labels_match, node_matches};
 
-const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+use gantry_vocab::keys::MIRROR as MIRROR_ANNOTATION;
 const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
 /// A snapshot of the cluster objects the planner reads.

@@ -202,7 +202,7 @@ impl Gantry {
 
     /// The pods in the status file (empty until the agent wrote it).
     pub fn pods(&self) -> Vec<Pod> {
-        gantry_kubelet::agent::status_store::read_pod_list(&self.root.join("pods.json")).unwrap_or_default()
+        gantry_agent::status_store::read_pod_list(&self.root.join("pods.json")).unwrap_or_default()
     }
 
     pub fn pod(&self, name: &str) -> Option<Pod> {

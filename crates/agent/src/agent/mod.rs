@@ -1,0 +1,425 @@
+//! The node agent in standalone mode: sources in, one worker per pod, a relist that notices
+//! runtime changes (the PLEG), orphan clean-up and garbage collection.
+
+mod holds;
+mod prober;
+pub mod runonce;
+mod worker;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use gantry_cri::CriError;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio::sync::mpsc;
+
+use crate::cluster::ApiLink;
+use crate::cluster::maintenance::HoldInput;
+use crate::runtime::observe::PodIdentity;
+use crate::runtime::{Driver, Observer};
+use crate::source::merge::Merger;
+use crate::source::{SourceKind, SourceUpdate, file, http};
+pub use crate::status_store::StatusStore;
+use gantry_config::Settings;
+use gantry_pod::ObservedPod;
+use gantry_pod::gc::{self, Removal};
+use gantry_vocab::spec;
+
+/// How often the runtime is relisted to notice exits and changes (upstream PLEG period).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
+/// How often dead containers and sandboxes are collected (upstream container GC period).
+const GC_PERIOD: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Cri(#[from] CriError),
+    #[error("no pod manifest update after {0:?}; check --pod-manifest-path / --manifest-url")]
+    NoManifestUpdate(Duration),
+    #[error(
+        "no static pod source is configured: set --pod-manifest-path (staticPodPath) or --manifest-url (staticPodURL)"
+    )]
+    NoSources,
+    #[error(
+        "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode (failCgroupV1 is true)"
+    )]
+    CgroupV1,
+    #[error(transparent)]
+    Systemd(#[from] crate::runtime::systemd::SystemdError),
+    #[error(transparent)]
+    CgroupDriver(#[from] crate::runtime::cgroups::DriverMismatch),
+}
+
+/// The `kubepods` limits for this machine (node allocatable enforcement).
+fn kubepods_limits(settings: &Settings) -> Option<gantry_pod::resources::CgroupValues> {
+    let facts = crate::node::machine::MachineFacts::read(&settings.root_dir);
+    let limits = crate::node::status::pods_cgroup_limits(settings, crate::node::status::capacity(settings, &facts));
+    if let Some(l) = &limits {
+        tracing::info!(
+            cpu_shares = l.cpu_shares,
+            memory_limit = l.memory_limit,
+            "node allocatable enforced on kubepods"
+        );
+    }
+    limits
+}
+
+/// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
+fn check_cgroup_version(fail_cgroup_v1: bool) -> Result<(), AgentError> {
+    use crate::runtime::cgroups::{self, Hierarchy};
+    let hierarchy = cgroups::hierarchy(std::path::Path::new(cgroups::MOUNT));
+    tracing::info!(?hierarchy, "cgroup hierarchy");
+    if hierarchy == Some(Hierarchy::V1) {
+        if fail_cgroup_v1 {
+            return Err(AgentError::CgroupV1);
+        }
+        tracing::warn!(reason = "CgroupV1", "{}", cgroups::V1_DEPRECATED);
+    }
+    Ok(())
+}
+
+/// What every worker needs.
+pub struct Shared {
+    pub driver: Driver,
+    pub observer: Observer,
+    pub statuses: Arc<StatusStore>,
+    pub host_ip: Option<String>,
+    pub pod_logs_dir: PathBuf,
+    /// `syncFrequency`: the longest a pod worker waits before it observes its pod again (and
+    /// refreshes the contents of its ConfigMap, Secret and projected volumes).
+    pub sync_frequency: Duration,
+    /// Set in cluster mode: final pod deletion and events go to the API server.
+    pub api: Option<ApiLink>,
+    pub events: crate::events::Recorder,
+}
+
+impl Shared {
+    /// Connects to the runtime named in `settings` and validates it.
+    pub async fn connect(settings: &Settings) -> Result<Arc<Self>, AgentError> {
+        gantry_metrics::install();
+        check_cgroup_version(settings.pods.fail_cgroup_v1)?;
+        let cri = gantry_cri::connect(
+            &settings.container_runtime_endpoint,
+            settings.image_service_endpoint.as_deref(),
+            settings.runtime_request_timeout,
+        )
+        .await?;
+        tracing::info!(
+            runtime = %cri.version.runtime_name, version = %cri.version.runtime_version,
+            api = %cri.version.runtime_api_version, node = %settings.node_name, "connected to container runtime"
+        );
+        let observer = Observer::new(cri.runtime.clone(), &settings.node_name);
+        let driver = Driver::new(
+            cri,
+            &settings.node_name,
+            settings.pod_logs_dir.clone(),
+            settings.root_dir.clone(),
+            settings.images.parallel_pull_limit(),
+        )
+        .with_pod_settings(settings.pods.clone(), kubepods_limits(settings))
+        .await?;
+        driver.check_runtime_cgroup_driver().await?;
+        let events = crate::events::Recorder::default();
+        Ok(Arc::new(Shared {
+            driver: driver.with_events(events.clone()),
+            observer,
+            statuses: Arc::new(StatusStore::default()),
+            host_ip: None,
+            pod_logs_dir: settings.pod_logs_dir.clone(),
+            sync_frequency: settings.sync_frequency,
+            api: None,
+            events,
+        }))
+    }
+
+    /// The same, reporting to the API server through `client` (cluster mode).
+    pub fn with_api(self: Arc<Self>, client: kube::Client, node: &str, host_ip: Option<String>) -> Arc<Self> {
+        let mut shared = Arc::into_inner(self).expect("with_api is called before workers start");
+        shared.events = crate::events::Recorder::to_api(client.clone(), node);
+        let objects = crate::cluster::objects::ObjectSource::new(client.clone());
+        shared.driver = shared.driver.with_objects(objects).with_events(shared.events.clone());
+        shared.api = Some(ApiLink { client });
+        shared.host_ip = host_ip;
+        Arc::new(shared)
+    }
+}
+
+/// A long-running task for the caller's supervisor, with the name it is logged under.
+pub type NamedTask = (&'static str, BoxFuture<'static, ()>);
+
+/// The pod sources feeding one agent.
+pub struct Sources {
+    pub kinds: Vec<SourceKind>,
+    pub tx: mpsc::Sender<SourceUpdate>,
+    pub rx: mpsc::Receiver<SourceUpdate>,
+    /// The source loops, to run under the caller's supervisor.
+    pub tasks: Vec<NamedTask>,
+}
+
+/// The configured static pod sources; nothing runs until the caller runs `tasks`.
+pub fn sources(settings: &Settings) -> Sources {
+    let (tx, rx) = mpsc::channel(16);
+    let mut kinds = Vec::new();
+    let mut tasks: Vec<NamedTask> = Vec::new();
+    if let Some(path) = &settings.static_pod_path {
+        kinds.push(SourceKind::File);
+        let run = file::run(path.clone(), settings.node_name.clone(), settings.file_check_frequency, tx.clone());
+        tasks.push(("static-pod-files", Box::pin(run)));
+    }
+    if let Some(url) = &settings.static_pod_url {
+        kinds.push(SourceKind::Http);
+        let source = http::HttpSource::new(url.clone(), settings.static_pod_url_header.clone(), &settings.node_name);
+        tasks.push(("static-pod-url", Box::pin(http::run(source, settings.http_check_frequency, tx.clone()))));
+    }
+    Sources { kinds, tx, rx, tasks }
+}
+
+/// The long-running agent.
+pub struct Agent {
+    shared: Arc<Shared>,
+    merger: Merger,
+    configured: Vec<SourceKind>,
+    /// Everything the sources want.
+    /// Shared with the workers: every source update would otherwise copy each pod once more.
+    merged: BTreeMap<String, Arc<Pod>>,
+    /// What the node runs: `merged` minus the static pods a node maintenance holds.
+    desired: BTreeMap<String, Arc<Pod>>,
+    node: String,
+    holds: tokio::sync::watch::Sender<HoldInput>,
+    holds_rx: tokio::sync::watch::Receiver<HoldInput>,
+    /// Static pods held by node maintenances.
+    held: holds::Holds,
+    workers: HashMap<String, worker::Handle>,
+    done_tx: mpsc::UnboundedSender<String>,
+    done_rx: mpsc::UnboundedReceiver<String>,
+    fingerprints: HashMap<String, u64>,
+    last_gc: Instant,
+    /// Pods being deleted through the API whose termination already ran.
+    finished: std::collections::HashSet<String>,
+    /// The static pods, for the mirror pod manager.
+    statics: tokio::sync::watch::Sender<Vec<Pod>>,
+}
+
+impl Agent {
+    pub fn new(shared: Arc<Shared>, configured: Vec<SourceKind>, node: &str) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let holds = tokio::sync::watch::Sender::new(HoldInput::default());
+        Agent {
+            shared,
+            merger: Merger::default(),
+            configured,
+            merged: BTreeMap::new(),
+            desired: BTreeMap::new(),
+            node: node.to_string(),
+            holds_rx: holds.subscribe(),
+            holds,
+            held: holds::Holds::default(),
+            workers: HashMap::new(),
+            done_tx,
+            done_rx,
+            fingerprints: HashMap::new(),
+            last_gc: Instant::now(),
+            finished: Default::default(),
+            statics: tokio::sync::watch::Sender::new(Vec::new()),
+        }
+    }
+
+    /// The static pods that have (or should have) a mirror pod, as they change: held static
+    /// pods lose their mirror once stopped, which is how the maintenance controller sees them go.
+    pub fn static_pods(&self) -> tokio::sync::watch::Receiver<Vec<Pod>> {
+        self.statics.subscribe()
+    }
+
+    /// Where the NodeMaintenance watch publishes the hold input. Set the saved input before
+    /// `run`, so held static pods are never started.
+    pub fn holds(&self) -> tokio::sync::watch::Sender<HoldInput> {
+        self.holds.clone()
+    }
+
+    /// Runs until the process ends. Pods keep running when it does.
+    pub async fn run(mut self, mut updates: mpsc::Receiver<SourceUpdate>) {
+        let mut relist = tokio::time::interval(RELIST_PERIOD);
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                Some(update) = updates.recv() => self.apply(update),
+                Some(uid) = self.done_rx.recv() => {
+                    self.workers.remove(&uid);
+                    if self.held.worker_done(&uid) {
+                        self.publish_statics();
+                    }
+                    self.reconcile();
+                }
+                Ok(()) = self.holds_rx.changed() => self.refresh(),
+                _ = relist.tick() => self.housekeeping().await,
+            }
+        }
+    }
+
+    fn apply(&mut self, update: SourceUpdate) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let desired = self.merger.apply(update, &now);
+        for message in &desired.rejected {
+            tracing::error!("{message}");
+        }
+        self.merged = desired.pods.into_iter().map(|(uid, pod)| (uid, Arc::new(pod))).collect();
+        self.refresh();
+    }
+
+    /// Applies the maintenance holds to the merged pods: a newly held static pod leaves the
+    /// desired set (its worker stops it gracefully), a released one comes back (and starts).
+    fn refresh(&mut self) {
+        let statics: Vec<Pod> =
+            self.merged.values().filter(|p| !gantry_vocab::keys::is_api_pod(p)).map(|p| Pod::clone(p)).collect();
+        let decision = self.holds_rx.borrow_and_update().held(&self.node, &statics);
+        let changes = self.held.update(decision, |uid| self.workers.contains_key(uid));
+        let name = |uid: &str| self.merged.get(uid).map(|p| spec::full_name(p)).unwrap_or_default();
+        for (uid, maintenance) in &changes.held {
+            tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "stopping static pod for node maintenance");
+        }
+        for (uid, maintenance) in &changes.released {
+            tracing::info!(pod = %name(uid), pod_uid = %uid, maintenance = %maintenance, "node maintenance released static pod");
+        }
+        self.desired = self.held.desired(&self.merged);
+        self.publish_statics();
+        self.reconcile();
+    }
+
+    /// Mirror pods follow the static pods, except held ones once stopped.
+    fn publish_statics(&self) {
+        self.statics.send_replace(self.held.mirrored(&self.merged));
+    }
+
+    /// Starts workers for new pods, forwards spec changes, and terminates pods that are
+    /// unwanted or being deleted through the API.
+    fn reconcile(&mut self) {
+        self.finished.retain(|uid| self.desired.contains_key(uid));
+        for (uid, pod) in &self.desired {
+            let deleting = pod.metadata.deletion_timestamp.is_some();
+            match self.workers.get_mut(uid) {
+                None if deleting => {
+                    if self.finished.insert(uid.clone()) {
+                        let handle = worker::spawn_terminator(pod.clone(), self.shared.clone(), self.done_tx.clone());
+                        self.workers.insert(uid.clone(), handle);
+                    }
+                }
+                None => {
+                    tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "adding pod");
+                    let handle = worker::spawn(pod.clone(), self.shared.clone(), self.done_tx.clone());
+                    self.workers.insert(uid.clone(), handle);
+                }
+                Some(h) if !h.terminating => {
+                    // Every source update lists all pods; only a pod that changed wakes its worker.
+                    if *h.pod != **pod {
+                        h.pod = pod.clone();
+                        let _ = h.tx.send(worker::Msg::Update(pod.clone()));
+                    }
+                    if deleting {
+                        tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "pod is being deleted");
+                        h.terminating = true;
+                        self.finished.insert(uid.clone());
+                        let _ = h.tx.send(worker::Msg::Terminate);
+                    }
+                }
+                Some(_) => {} // restarts once the old incarnation is gone
+            }
+        }
+        for (uid, h) in self.workers.iter_mut().filter(|(uid, h)| !h.terminating && !self.desired.contains_key(*uid)) {
+            tracing::info!(pod_uid = %uid, "removing pod");
+            h.terminating = true;
+            let _ = h.tx.send(worker::Msg::Terminate);
+        }
+    }
+
+    /// The relist: wakes workers whose pods changed in the runtime, stops pods that no source
+    /// wants (after every source reported, so a restart does not kill pods it has not read
+    /// yet), and collects garbage.
+    async fn housekeeping(&mut self) {
+        let snapshot = match self.shared.observer.all().await {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list pods in the runtime");
+                return;
+            }
+        };
+        let sources_ready = self.merger.all_reported(&self.configured);
+        for (uid, observed) in &snapshot.pods {
+            let fp = fingerprint(observed);
+            if self.fingerprints.insert(uid.clone(), fp) != Some(fp)
+                && let Some(h) = self.workers.get(uid)
+            {
+                let _ = h.tx.send(worker::Msg::Wake);
+            }
+            if sources_ready && !self.workers.contains_key(uid) && !self.desired.contains_key(uid) {
+                self.stop_orphan(uid, snapshot.identities.get(uid));
+            }
+        }
+        self.fingerprints.retain(|uid, _| snapshot.pods.contains_key(uid));
+        if self.last_gc.elapsed() >= GC_PERIOD {
+            self.last_gc = Instant::now();
+            self.collect_garbage(&snapshot.pods).await;
+            if sources_ready {
+                let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
+                self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
+            }
+        }
+    }
+
+    fn stop_orphan(&mut self, uid: &str, identity: Option<&PodIdentity>) {
+        let pod = orphan_pod(uid, identity);
+        tracing::info!(pod = %spec::full_name(&pod), pod_uid = uid, "stopping pod that no source defines any more");
+        let handle = worker::spawn_terminator(Arc::new(pod), self.shared.clone(), self.done_tx.clone());
+        self.workers.insert(uid.to_string(), handle);
+    }
+
+    async fn collect_garbage(&self, pods: &HashMap<String, ObservedPod>) {
+        for (uid, observed) in pods {
+            if self.workers.get(uid).is_some_and(|h| h.terminating) {
+                continue;
+            }
+            for removal in gc::collect(observed, self.desired.contains_key(uid)) {
+                let result = match &removal {
+                    Removal::Container(id) => self.shared.driver.remove_container(id).await,
+                    Removal::Sandbox(id) => self.shared.driver.remove_sandbox(id).await,
+                };
+                if let Err(e) = result {
+                    tracing::warn!(pod_uid = %uid, ?removal, error = %e, "garbage collection failed");
+                }
+            }
+        }
+    }
+}
+
+/// A pod object good enough to stop what the runtime still runs for a vanished pod.
+fn orphan_pod(uid: &str, identity: Option<&PodIdentity>) -> Pod {
+    let identity =
+        identity.cloned().unwrap_or(PodIdentity { name: String::new(), namespace: String::new(), grace_seconds: 30 });
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(identity.name),
+            namespace: Some(identity.namespace),
+            uid: Some(uid.to_string()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec { termination_grace_period_seconds: Some(identity.grace_seconds), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn fingerprint(observed: &ObservedPod) -> u64 {
+    let mut items: Vec<(&str, u8)> = observed
+        .sandboxes
+        .iter()
+        .map(|s| (s.id.as_str(), u8::from(s.ready)))
+        .chain(observed.containers.iter().map(|c| (c.id.as_str(), c.state as u8)))
+        .collect();
+    items.sort();
+    let mut hasher = DefaultHasher::new();
+    items.hash(&mut hasher);
+    hasher.finish()
+}

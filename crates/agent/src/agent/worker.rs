@@ -1,0 +1,490 @@
+//! One task per pod: observe, plan, act, report, wait. Pods never block each other, and a
+//! pod that cannot run only ever affects itself.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use tokio::sync::mpsc;
+
+use super::Shared;
+use super::prober::Probers;
+use crate::events::EventType;
+use crate::runtime::{Driver, StartError, Started};
+use gantry_pod::backoff::{self, Backoff};
+use gantry_pod::plan::{self, KillReason, PodActions, Start};
+use gantry_pod::probe::{self, Health, ProbeKill};
+use gantry_pod::status::{self, Waiting};
+use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
+use gantry_vocab::spec;
+use gantry_vocab::spec::RestartPolicy;
+
+pub enum Msg {
+    /// The pod's spec changed (same UID).
+    Update(Arc<Pod>),
+    /// Something about the pod may have changed in the runtime; look again.
+    Wake,
+    /// The pod is no longer wanted: stop it gracefully and remove it.
+    Terminate,
+}
+
+/// Upper bound on how long a pod goes without being looked at.
+/// While an init container runs, look more often than the relist does, so the next one
+/// starts promptly.
+const INIT_POLL: Duration = Duration::from_millis(200);
+const MAX_ERROR_DELAY: Duration = Duration::from_secs(10);
+/// Plan/act rounds per sync before yielding; a converging pod needs two or three.
+const MAX_ROUNDS: usize = 6;
+
+pub struct Handle {
+    pub tx: mpsc::UnboundedSender<Msg>,
+    /// The pod as the worker last got it.
+    pub pod: Arc<Pod>,
+    pub terminating: bool,
+}
+
+/// Starts the worker; `done` receives the UID once the pod has been terminated and removed.
+pub fn spawn(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+    start(pod, shared, done, false)
+}
+
+/// A worker that only stops and removes a pod (one that no source defines any more).
+pub fn spawn_terminator(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
+    start(pod, shared, done, true)
+}
+
+fn start(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>, terminating: bool) -> Handle {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let uid = spec::uid(&pod).to_string();
+    let probers = Probers::new(&tx);
+    let handle = Handle { tx, pod: pod.clone(), terminating };
+    tokio::spawn(async move {
+        let worker = Worker::new(pod, shared, probers);
+        if terminating {
+            drop(rx);
+            Box::pin(worker.terminate()).await;
+        } else {
+            worker.run(rx).await;
+        }
+        let _ = done.send(uid);
+    });
+    handle
+}
+
+struct Worker {
+    pod: Arc<Pod>,
+    shared: Arc<Shared>,
+    backoff: Backoff,
+    /// Why containers are not running, from the last attempt to start them.
+    waiting: HashMap<String, Waiting>,
+    error_delay: Option<Duration>,
+    /// Set when the last start attempt failed only because image pulls are backed off: how
+    /// long until the first of them may be tried again.
+    image_retry: Option<Duration>,
+    start_time: Option<Nanos>,
+    probers: Probers,
+    /// When this worker first saw the pod; None once its start duration was recorded.
+    seen_at: Option<std::time::Instant>,
+}
+
+impl Worker {
+    fn new(pod: Arc<Pod>, shared: Arc<Shared>, probers: Probers) -> Self {
+        Worker {
+            pod,
+            shared,
+            backoff: Backoff::default(),
+            waiting: HashMap::new(),
+            error_delay: None,
+            image_retry: None,
+            start_time: None,
+            probers,
+            seen_at: Some(std::time::Instant::now()),
+        }
+    }
+
+    /// The pod's task lives as long as the pod and mostly sleeps; the futures of its steps are
+    /// boxed so that they take memory only while they run (inline, each idle task kept ~20 KiB).
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        if let Err((reason, message)) = Box::pin(self.admit()).await {
+            return Box::pin(self.rejected(reason, &message, rx)).await;
+        }
+        loop {
+            let wait = Box::pin(self.sync()).await;
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(Msg::Update(pod)) => self.pod = pod,
+                    Some(Msg::Wake) => {}
+                    Some(Msg::Terminate) | None => return Box::pin(self.terminate()).await,
+                },
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Upstream admits a pod once, when it arrives; a pod that already has a sandbox (an agent
+    /// restart) was admitted before.
+    async fn admit(&self) -> Result<(), (&'static str, String)> {
+        let observed = self.shared.observer.pod(spec::uid(&self.pod)).await;
+        if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
+            return Ok(());
+        }
+        self.shared.driver.admit(&self.pod)
+    }
+
+    /// A rejected pod never starts: it fails with the reason, and waits to be removed.
+    async fn rejected(mut self, reason: &str, message: &str, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        self.shared.events.record(&self.pod, None, EventType::Warning, reason, message);
+        let status = k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some(reason.to_string()),
+            message: Some(format!("Pod was rejected: {message}")),
+            qos_class: Some(gantry_pod::qos::class(&self.pod).as_str().to_string()),
+            ..Default::default()
+        };
+        self.shared.statuses.set(&self.pod, status);
+        loop {
+            match rx.recv().await {
+                Some(Msg::Update(pod)) => self.pod = pod,
+                Some(Msg::Wake) => {}
+                Some(Msg::Terminate) | None => return self.terminate().await,
+            }
+        }
+    }
+
+    /// Brings the pod one step closer to its spec; returns how long to wait before the next
+    /// look (absent any message).
+    async fn sync(&mut self) -> Duration {
+        for _ in 0..MAX_ROUNDS {
+            let observed = match self.shared.observer.pod(spec::uid(&self.pod)).await {
+                Ok(observed) => observed,
+                Err(e) => {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot read pod state from the runtime");
+                    return self.failed();
+                }
+            };
+            let now = now();
+            self.probers.sync(&self.pod, &observed, &self.shared);
+            let health = self.probers.health();
+            let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
+            let restarts = spec::restart_policy(&self.pod) != RestartPolicy::Never;
+            let probe_kills = probe::kills(&observed, &health, restarts);
+            self.note_back_off(&actions);
+            if actions.start.is_empty()
+                && actions.kill_containers.is_empty()
+                && actions.create_sandbox.is_none()
+                && !actions.kill_pod
+                && probe_kills.is_empty()
+            {
+                if let Some(sandbox) = observed.current_sandbox() {
+                    self.shared.driver.refresh_volumes(&self.pod, sandbox.ip.as_deref()).await;
+                }
+                self.publish(&observed, &health, now);
+                self.error_delay = None;
+                return self.next_wait(&observed, &actions);
+            }
+            if !self.kill_unhealthy(&probe_kills, &observed).await || !self.execute(&actions, &observed, now).await {
+                if let Ok(observed) = self.shared.observer.pod(spec::uid(&self.pod)).await {
+                    self.publish(&observed, &self.probers.health(), now);
+                }
+                // Image pull backoff has its own schedule; looking earlier only repeats BackOff.
+                return self.image_retry.take().unwrap_or_else(|| self.failed());
+            }
+        }
+        // Still not converged: something undoes our actions (e.g. a container that never
+        // leaves an unknown state); back off rather than spin.
+        self.failed()
+    }
+
+    fn next_wait(&self, observed: &ObservedPod, actions: &PodActions) -> Duration {
+        let init_running = spec::init_containers(&self.pod)
+            .iter()
+            .any(|c| observed.latest(&c.name).is_some_and(|i| i.state == ContainerState::Running));
+        let mut wait = if init_running { INIT_POLL } else { self.shared.sync_frequency };
+        if let Some(backoff) = actions.next_wake() {
+            wait = wait.min(Duration::from_nanos(backoff as u64));
+        }
+        wait
+    }
+
+    fn failed(&mut self) -> Duration {
+        let delay = self.error_delay.map_or(Duration::from_secs(1), |d| (d * 2).min(MAX_ERROR_DELAY));
+        self.error_delay = Some(delay);
+        delay
+    }
+
+    fn note_back_off(&mut self, actions: &PodActions) {
+        for b in &actions.back_off {
+            let waiting = Waiting { reason: "CrashLoopBackOff".into(), message: b.delay_message.clone() };
+            if self.waiting.get(&b.name) != Some(&waiting) {
+                self.shared.events.record(
+                    &self.pod,
+                    Some(&b.name),
+                    EventType::Warning,
+                    "BackOff",
+                    &format!("Back-off restarting failed container {} in pod {}", b.name, spec::name(&self.pod)),
+                );
+            }
+            self.waiting.insert(b.name.clone(), waiting);
+        }
+    }
+
+    /// Kills containers whose liveness or startup probe failed; the plan restarts them per the
+    /// restart policy once they exited. Returns false if a kill failed.
+    async fn kill_unhealthy(&self, kills: &[ProbeKill], observed: &ObservedPod) -> bool {
+        let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
+        for k in kills {
+            let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };
+            self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &k.message);
+            let grace = container(&self.pod, &k.name)
+                .and_then(|c| k.kind.of(c)?.termination_grace_period_seconds)
+                .map_or_else(|| Driver::grace(&self.pod), |s| Duration::from_secs(s.max(0) as u64));
+            if !self.stop_container(info, grace, pod_ip).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Stops one container (preStop first); returns false if StopContainer failed.
+    async fn stop_container(&self, info: &ContainerInfo, grace: Duration, pod_ip: Option<&str>) -> bool {
+        let (result, hook_failed) =
+            self.shared.driver.stop_container(&self.pod, &info.name, &info.id, grace, pod_ip).await;
+        if hook_failed {
+            self.failed_pre_stop(&info.name);
+        }
+        if let Err(e) = result {
+            tracing::warn!(pod = %spec::full_name(&self.pod), container = %info.name, error = %e, "cannot stop container");
+            return false;
+        }
+        true
+    }
+
+    fn failed_pre_stop(&self, name: &str) {
+        self.shared.events.record(&self.pod, Some(name), EventType::Warning, "FailedPreStopHook", "PreStopHook failed");
+    }
+
+    /// Returns false if any step failed (the failure is recorded for the status).
+    async fn execute(&mut self, actions: &PodActions, observed: &ObservedPod, now: Nanos) -> bool {
+        let driver = &self.shared.driver;
+        let grace = Driver::grace(&self.pod);
+        if actions.kill_pod {
+            self.killing_events(observed.running().map(|c| c.name.as_str()));
+            match driver.kill_pod(&self.pod, observed, grace).await {
+                Ok(failed_hooks) => failed_hooks.iter().for_each(|name| self.failed_pre_stop(name)),
+                Err(e) => {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot stop pod");
+                    return false;
+                }
+            }
+        }
+        for k in &actions.kill_containers {
+            let why = match k.reason {
+                KillReason::SpecChanged => format!("Container {} definition changed, will be restarted", k.name),
+                KillReason::Stuck => format!("Stopping container {}", k.name),
+            };
+            self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &why);
+            let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };
+            let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
+            if !self.stop_container(info, grace, pod_ip).await {
+                return false;
+            }
+        }
+        if let Some(attempt) = actions.create_sandbox {
+            return self.create_sandbox(attempt).await;
+        }
+        self.start_all(&actions.start, observed, now).await
+    }
+
+    async fn create_sandbox(&mut self, attempt: u32) -> bool {
+        if attempt > 0 {
+            self.shared.events.record(
+                &self.pod,
+                None,
+                EventType::Normal,
+                "SandboxChanged",
+                "Pod sandbox changed, it will be killed and re-created.",
+            );
+        }
+        match self.shared.driver.create_sandbox(&self.pod, attempt).await {
+            Ok(_) => {
+                self.start_time.get_or_insert_with(now);
+                true
+            }
+            Err(e) => {
+                self.shared.events.record(&self.pod, None, EventType::Warning, "FailedCreatePodSandBox", &e.message);
+                false
+            }
+        }
+    }
+
+    async fn start_all(&mut self, starts: &[Start], observed: &ObservedPod, now: Nanos) -> bool {
+        let Some(sandbox) = observed.current_sandbox() else { return false };
+        let uid = spec::uid(&self.pod).to_string();
+        for s in starts.iter().filter_map(|s| s.restart_of.map(|f| (s, f))) {
+            self.backoff.record_restart(&backoff::key(&uid, &s.0.name), s.1, now);
+        }
+        let driver = &self.shared.driver;
+        let pod = &self.pod;
+        let results = join_all(starts.iter().map(|s| async move {
+            let c = container(pod, &s.name)?;
+            let result = driver.start_container(pod, c, &sandbox.id, s.attempt, sandbox.ip.as_deref()).await;
+            Some((s, c.image.clone().unwrap_or_default(), result))
+        }))
+        .await;
+        let mut ok = true;
+        let mut image_retry = None::<Duration>;
+        let mut other_failure = false;
+        for (s, image, result) in results.into_iter().flatten() {
+            if result.as_ref().is_err_and(|e| e.reason == "ImagePullBackOff") {
+                let remaining = self.shared.driver.images().backoff_remaining(&self.pod, &image).unwrap_or_default();
+                image_retry = Some(image_retry.map_or(remaining, |r| r.min(remaining)));
+            } else {
+                other_failure |= result.is_err();
+            }
+            ok &= self.record_start(s, result);
+        }
+        self.image_retry = image_retry.filter(|_| !other_failure);
+        ok
+    }
+
+    fn record_start(&mut self, s: &Start, result: Result<Started, StartError>) -> bool {
+        let event = |reason: &str, message: &str| {
+            self.shared.events.record(&self.pod, Some(&s.name), EventType::Normal, reason, message)
+        };
+        match result {
+            Ok(started) => {
+                event("Created", &format!("Created container {}", s.name));
+                event("Started", &format!("Started container {}", s.name));
+                tracing::debug!(container_id = %started.id, container = %s.name, "container started");
+                self.waiting.remove(&s.name);
+                true
+            }
+            Err(e) if e.reason == "PostStartHookError" => {
+                // The details (which may hold secrets) go only into the status, as upstream.
+                let event = |kind, reason: &str, message: &str| {
+                    self.shared.events.record(&self.pod, Some(&s.name), kind, reason, message)
+                };
+                event(EventType::Warning, "FailedPostStartHook", "PostStartHook failed");
+                event(EventType::Normal, "Killing", "FailedPostStartHook");
+                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                false
+            }
+            Err(e) if e.reason == "ContainerCreating" => {
+                self.shared.events.record(&self.pod, None, EventType::Warning, "FailedMount", &e.message);
+                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                false
+            }
+            Err(e) => {
+                // The image puller already reported the details of image failures.
+                let message = match e.reason {
+                    r if IMAGE_PULL_REASONS.contains(&r) => format!("Error: {r}"),
+                    _ => format!("Error: {}", e.message),
+                };
+                self.shared.events.record(&self.pod, Some(&s.name), EventType::Warning, "Failed", &message);
+                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                false
+            }
+        }
+    }
+
+    fn killing_events<'a>(&self, names: impl Iterator<Item = &'a str>) {
+        for name in names {
+            self.shared.events.record(
+                &self.pod,
+                Some(name),
+                EventType::Normal,
+                "Killing",
+                &format!("Stopping container {name}"),
+            );
+        }
+    }
+
+    fn publish(&mut self, observed: &ObservedPod, health: &HashMap<String, Health>, now: Nanos) {
+        // A container that runs again no longer waits for anything.
+        self.waiting.retain(|name, _| !observed.latest(name).is_some_and(|i| i.state == ContainerState::Running));
+        if self.start_time.is_none() && observed.current_sandbox().is_some() {
+            self.start_time = observed.current_sandbox().map(|s| s.created_at);
+        }
+        // Before our first report, the API's view (if any) is the previous status.
+        let previous =
+            self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status).or_else(|| self.pod.status.clone());
+        let status = status::compute(&status::Input {
+            pod: &self.pod,
+            observed,
+            waiting: &self.waiting,
+            health,
+            runtime_name: self.shared.driver.runtime_name(),
+            host_ip: self.shared.host_ip.as_deref(),
+            start_time: self.start_time,
+            previous: previous.as_ref(),
+            now,
+        });
+        let old_phase = previous.as_ref().and_then(|s| s.phase.clone());
+        if old_phase != status.phase {
+            tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = spec::uid(&self.pod), phase = status.phase.as_deref().unwrap_or_default(), "pod phase changed");
+        }
+        if status.phase.as_deref() == Some("Running")
+            && let Some(seen) = self.seen_at.take()
+        {
+            gantry_metrics::METRICS.pod_start_duration.observe(seen.elapsed().as_secs_f64());
+        }
+        self.shared.statuses.set(&self.pod, status);
+    }
+
+    /// Stops the pod with its grace period, then removes its containers, sandboxes and files.
+    async fn terminate(self) {
+        let uid = spec::uid(&self.pod).to_string();
+        let grace = Driver::grace(&self.pod);
+        let mut delay = Duration::from_secs(1);
+        loop {
+            match self.try_terminate(grace).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot stop pod; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_ERROR_DELAY);
+                }
+            }
+        }
+        self.shared.statuses.remove(&uid);
+        tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = %uid, "pod stopped and removed");
+        if let Some(api) = &self.shared.api
+            && gantry_vocab::keys::is_api_pod(&self.pod)
+        {
+            api.delete_pod(&self.pod).await;
+        }
+    }
+
+    async fn try_terminate(&self, grace: Duration) -> Result<(), gantry_cri::CriError> {
+        let uid = spec::uid(&self.pod);
+        let observed = self.shared.observer.pod(uid).await?;
+        self.killing_events(observed.running().map(|c| c.name.as_str()));
+        for name in self.shared.driver.kill_pod(&self.pod, &observed, grace).await? {
+            self.failed_pre_stop(&name);
+        }
+        let observed = self.shared.observer.pod(uid).await?;
+        self.shared.driver.remove_pod(uid, &observed).await?;
+        let log_dir = gantry_vocab::paths::pod_log_dir(&self.shared.pod_logs_dir, &self.pod);
+        if let Err(e) = tokio::fs::remove_dir_all(&log_dir).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %log_dir.display(), error = %e, "cannot remove pod log directory");
+        }
+        Ok(())
+    }
+}
+
+/// Container start failures caused by the image (upstream's image manager errors).
+const IMAGE_PULL_REASONS: &[&str] =
+    &["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "ImageInspectError"];
+
+fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+    spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name)
+}
+
+pub fn now() -> Nanos {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    since_epoch.as_nanos() as Nanos
+}

@@ -1,0 +1,326 @@
+//! The API server clients of cluster mode (`--kubeconfig`).
+//!
+//! [`connect`] loads the kubeconfig (client certificates, bearer tokens and
+//! token files, exec plugins: whatever the kube client supports), adds the
+//! client-side rate limit (`kubeAPIQPS`/`kubeAPIBurst`), and checks the
+//! connection with one request (`GET /api/v1/nodes/<node>`) so that a wrong
+//! kubeconfig fails start-up with one [`ApiError`] saying what is wrong.
+//!
+//! [`connect_clients`] also returns a second client without the rate limit
+//! for the node's heartbeats (status and lease), as upstream keeps those out
+//! of the shared QPS budget so that a busy agent never looks dead.
+
+mod ratelimit;
+mod request_metrics;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
+use kube::{Api, Client};
+
+pub use ratelimit::{RateLimitLayer, RateLimited};
+
+use gantry_config::Settings;
+
+/// How long the start-up check waits for the API server.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// client-go's defaults when `kubeAPIQPS`/`kubeAPIBurst` are 0.
+const CLIENT_DEFAULT_QPS: u32 = 5;
+const CLIENT_DEFAULT_BURST: u32 = 10;
+
+/// Why the API server cannot be used. Each message names the kubeconfig and,
+/// once it is known, the server URL and the kubeconfig user.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// No `--kubeconfig` (standalone mode).
+    #[error("no kubeconfig: cluster mode needs --kubeconfig")]
+    NoKubeconfig,
+
+    /// The kubeconfig file cannot be read.
+    #[error("cannot read kubeconfig {} (given with --kubeconfig): {reason}", path.display())]
+    ReadKubeconfig { path: PathBuf, reason: String },
+
+    /// The kubeconfig is malformed or refers to something unusable (missing
+    /// context, certificate file, unparsable server URL, bad key, ...).
+    #[error("kubeconfig {} (given with --kubeconfig) is not usable: {reason}", path.display())]
+    InvalidKubeconfig { path: PathBuf, reason: String },
+
+    /// No connection to the server (refused, DNS, TLS, timeout).
+    #[error("cannot reach the API server at {url} (server of kubeconfig {}): {reason}", kubeconfig.display())]
+    Unreachable { url: String, kubeconfig: PathBuf, reason: String },
+
+    /// HTTP 401.
+    #[error(
+        "the API server rejected the node's credentials (expired or invalid): user {user:?} in kubeconfig {}, \
+         server {url}: {message}",
+        kubeconfig.display()
+    )]
+    Unauthorized { url: String, user: String, kubeconfig: PathBuf, message: String },
+
+    /// HTTP 403.
+    #[error(
+        "the API server at {url} forbids the node's requests: user {user:?} in kubeconfig {} may not get Node {node:?} \
+         ({message}); the node's credentials must be for system:node:{node} (group system:nodes), or be granted \
+         access to it",
+        kubeconfig.display()
+    )]
+    Forbidden { url: String, user: String, kubeconfig: PathBuf, node: String, message: String },
+
+    /// Something answered, but not as a Kubernetes API server would.
+    #[error(
+        "the server at {url} (from kubeconfig {}) does not answer like a Kubernetes API server: {detail}; check the \
+         server URL",
+        kubeconfig.display()
+    )]
+    NotKubernetes { url: String, kubeconfig: PathBuf, detail: String },
+
+    /// Any other error status (5xx, 429, ...): the server is there but unwell.
+    #[error("the API server at {url} failed the start-up check with HTTP {code} {reason}: {message}")]
+    Server { url: String, code: u16, reason: String, message: String },
+}
+
+impl ApiError {
+    /// Whether retrying later may succeed without changing the configuration
+    /// (server down or unwell), as opposed to a kubeconfig or credential
+    /// problem.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ApiError::Unreachable { .. } | ApiError::Server { .. })
+    }
+}
+
+/// The clients of one node agent.
+#[derive(Clone)]
+pub struct ApiClients {
+    /// Rate-limited (`kubeAPIQPS`/`kubeAPIBurst`): pods, events, mirror pods.
+    pub client: Client,
+    /// Not rate-limited: node status and lease only.
+    pub heartbeat: Client,
+    /// The server URL, for messages.
+    pub server: String,
+    /// The kubeconfig user entry in use, for messages.
+    pub user: String,
+    /// The kubeconfig file.
+    pub kubeconfig: PathBuf,
+}
+
+/// Loads the kubeconfig, builds the rate-limited client and checks it
+/// against the server.
+pub async fn connect(settings: &Settings) -> Result<Client, ApiError> {
+    Ok(connect_clients(settings).await?.client)
+}
+
+/// [`connect`], returning both clients.
+pub async fn connect_clients(settings: &Settings) -> Result<ApiClients, ApiError> {
+    let clients = build(settings).await?;
+    check(&clients, &settings.node_name).await?;
+    Ok(clients)
+}
+
+/// Builds the clients without contacting the server.
+pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
+    let path = settings.kubeconfig.clone().ok_or(ApiError::NoKubeconfig)?;
+    let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| kubeconfig_error(&path, e))?;
+    let user = current_user(&kubeconfig);
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| kubeconfig_error(&path, e))?;
+    trim_token_file(&mut config, &path)?;
+    let server = config.cluster_url.to_string().trim_end_matches('/').to_string();
+    let invalid = |e: kube::Error| ApiError::InvalidKubeconfig { path: path.clone(), reason: error_chain(&e) };
+
+    let (qps, burst) = effective_rate(settings.kube_api_qps, settings.kube_api_burst);
+    let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
+    let counted = request_metrics::RequestMetricsLayer::new(host);
+    let client = ClientBuilder::try_from(config.clone()).map_err(invalid)?.with_layer(&counted);
+    let client = match qps {
+        Some(qps) => client.with_layer(&RateLimitLayer::new(qps, burst)).build(),
+        None => client.build(),
+    };
+    let heartbeat = ClientBuilder::try_from(config).map_err(invalid)?.with_layer(&counted).build();
+    Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path })
+}
+
+/// client-go trims the whitespace around a `tokenFile`'s token (files
+/// written with `echo` end with a newline); kube sends it as is, which is
+/// not a valid header. Such a token is read here, trimmed, and used inline
+/// (so it is not re-read when the file changes; token files without
+/// surrounding whitespace, such as projected service account tokens, keep
+/// kube's periodic re-reading).
+fn trim_token_file(config: &mut kube::Config, kubeconfig: &Path) -> Result<(), ApiError> {
+    let auth = &mut config.auth_info;
+    let Some(file) = auth.token_file.clone().filter(|_| auth.token.is_none()) else {
+        return Ok(());
+    };
+    let raw = std::fs::read_to_string(&file).map_err(|e| ApiError::InvalidKubeconfig {
+        path: kubeconfig.to_path_buf(),
+        reason: format!("cannot read tokenFile {file}: {e}"),
+    })?;
+    let token = raw.trim();
+    if token.is_empty() {
+        return Err(ApiError::InvalidKubeconfig {
+            path: kubeconfig.to_path_buf(),
+            reason: format!("tokenFile {file} is empty"),
+        });
+    }
+    if token.len() != raw.len() {
+        auth.token = Some(secrecy::SecretString::from(token.to_string()));
+        auth.token_file = None;
+    }
+    Ok(())
+}
+
+/// The token bucket for `kubeAPIQPS`/`kubeAPIBurst` as client-go applies
+/// them: 0 means the client defaults (5/10); `None` = no limit.
+pub fn effective_rate(qps: i32, burst: i32) -> (Option<u32>, u32) {
+    let qps = if qps == 0 { CLIENT_DEFAULT_QPS as i32 } else { qps };
+    let burst = if burst <= 0 { CLIENT_DEFAULT_BURST } else { burst as u32 };
+    (u32::try_from(qps).ok().filter(|q| *q > 0), burst)
+}
+
+/// One request that needs working credentials: reading our own Node
+/// (`404 NotFound` is fine: the node may not be registered yet).
+pub async fn check(clients: &ApiClients, node: &str) -> Result<(), ApiError> {
+    let nodes: Api<Node> = Api::all(clients.heartbeat.clone());
+    let ctx = CheckContext {
+        url: clients.server.clone(),
+        user: clients.user.clone(),
+        kubeconfig: clients.kubeconfig.clone(),
+        node: node.to_string(),
+    };
+    match tokio::time::timeout(CHECK_TIMEOUT, nodes.get(node)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => classify(&e, &ctx).map_or(Ok(()), Err),
+        Err(_) => Err(ApiError::Unreachable {
+            url: ctx.url,
+            kubeconfig: ctx.kubeconfig,
+            reason: format!("no answer within {}s", CHECK_TIMEOUT.as_secs()),
+        }),
+    }
+}
+
+/// What the start-up check needs to explain an error.
+#[derive(Clone, Debug)]
+pub struct CheckContext {
+    pub url: String,
+    pub user: String,
+    pub kubeconfig: PathBuf,
+    pub node: String,
+}
+
+/// Turns the start-up check's error into an [`ApiError`]; `None` when the
+/// answer proves the server works (our Node is simply not there yet).
+pub fn classify(err: &kube::Error, ctx: &CheckContext) -> Option<ApiError> {
+    let url = ctx.url.clone();
+    let kubeconfig = ctx.kubeconfig.clone();
+    match err {
+        kube::Error::Api(status) => {
+            let message = if status.message.is_empty() { status.reason.clone() } else { status.message.clone() };
+            match status.code {
+                404 if status.reason == "NotFound" => None,
+                401 => Some(ApiError::Unauthorized { url, user: ctx.user.clone(), kubeconfig, message }),
+                403 => Some(ApiError::Forbidden {
+                    url,
+                    user: ctx.user.clone(),
+                    kubeconfig,
+                    node: ctx.node.clone(),
+                    message,
+                }),
+                code if code >= 500 || code == 429 => {
+                    Some(ApiError::Server { url, code, reason: status.reason.clone(), message })
+                }
+                code => Some(ApiError::NotKubernetes {
+                    url,
+                    kubeconfig,
+                    detail: format!(
+                        "GET /api/v1/nodes/{} returned HTTP {code}: {}",
+                        ctx.node,
+                        truncate(&status.message, 200)
+                    ),
+                }),
+            }
+        }
+        kube::Error::SerdeError(e) => Some(ApiError::NotKubernetes {
+            url,
+            kubeconfig,
+            detail: format!("GET /api/v1/nodes/{} did not return a Node ({e})", ctx.node),
+        }),
+        kube::Error::Auth(e) => Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(e) }),
+        kube::Error::InferKubeconfig(e) => {
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(e) })
+        }
+        other if auth_error(other).is_some() => {
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(other) })
+        }
+        other => Some(ApiError::Unreachable { url, kubeconfig, reason: error_chain(other) }),
+    }
+}
+
+/// A credential problem found while sending (bad token file, exec plugin
+/// failure, ...), wrapped in a service error.
+fn auth_error(e: &kube::Error) -> Option<&kube::client::AuthError> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(auth) = s.downcast_ref::<kube::client::AuthError>() {
+            return Some(auth);
+        }
+        source = s.source();
+    }
+    None
+}
+
+fn kubeconfig_error(path: &Path, e: KubeconfigError) -> ApiError {
+    match e {
+        KubeconfigError::ReadConfig(io, _) => {
+            ApiError::ReadKubeconfig { path: path.to_path_buf(), reason: io.to_string() }
+        }
+        other => ApiError::InvalidKubeconfig { path: path.to_path_buf(), reason: error_chain(&other) },
+    }
+}
+
+/// The user entry of the current context ("" if none).
+fn current_user(kubeconfig: &Kubeconfig) -> String {
+    let Some(current) = &kubeconfig.current_context else {
+        return String::new();
+    };
+    kubeconfig
+        .contexts
+        .iter()
+        .find(|c| &c.name == current)
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.user.clone())
+        .unwrap_or_default()
+}
+
+/// "outer: inner: root", without repeating a message its cause already says.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let msg = s.to_string();
+        if !parts.last().is_some_and(|p| p.contains(&msg)) {
+            parts.push(msg);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let s = s.trim();
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,24 @@
+//! Gantry's node agent: the orchestration between pod sources, the pure pod core
+//! (`gantry-pod`), the CRI runtime (`gantry-cri`) and, in cluster mode, the API server.
+//!
+//! Top-level modules, lowest first (each uses only those above it; a test checks that the
+//! module graph has no cycle):
+//! - `events`: pod and node events (log lines, and Events in the API server);
+//! - `status_store`: the latest status of every pod, and `<root-dir>/pods.json`;
+//! - `api`: the API client from a kubeconfig;
+//! - `source`: where desired pods come from (manifest folder, URL; merge);
+//! - `cluster`: the API server's side of pods (bound pods, mirrors, status, objects pods refer to);
+//! - `image`: pulls, pull secrets, image GC;
+//! - `runtime`: pod spec → CRI calls (the driver), volumes, probes' actions, hooks;
+//! - `node`: Node registration, status, Lease;
+//! - `agent`: the agent loop and one worker per pod.
+
+pub mod agent;
+pub mod api;
+pub mod cluster;
+pub mod events;
+pub mod image;
+pub mod node;
+pub mod runtime;
+pub mod source;
+pub mod status_store;

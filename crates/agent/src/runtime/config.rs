@@ -1,0 +1,283 @@
+//! Pod spec → CRI sandbox and container configs. Pure: everything it needs is passed in.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use gantry_cri::api;
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::downward;
+use super::env::{self, EnvObjects};
+use super::security::{self, ImageUser, NodeSecurity};
+use gantry_pod::{qos, requests, resources};
+use gantry_vocab::cri_labels as labels;
+use gantry_vocab::paths::container_log_path;
+use gantry_vocab::spec;
+
+/// What a sandbox config needs beyond the pod, computed by the driver from node settings.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxContext {
+    /// The kernel hostname (empty for host-network pods: the runtime keeps the node's).
+    pub hostname: String,
+    pub dns: api::DnsConfig,
+    pub cgroup_parent: String,
+    /// The sandbox security context without namespace options.
+    pub security: api::LinuxSandboxSecurityContext,
+}
+
+pub fn sandbox_config(
+    pod: &Pod,
+    node: &str,
+    pod_logs_dir: &Path,
+    attempt: u32,
+    ctx: SandboxContext,
+) -> api::PodSandboxConfig {
+    let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
+    let mut sandbox_labels = pod.metadata.labels.clone().unwrap_or_default().into_iter().collect::<HashMap<_, _>>();
+    sandbox_labels.extend(labels::sandbox(node, name, namespace, uid));
+    let mut annotations: HashMap<String, String> =
+        pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect();
+    annotations.insert(labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string());
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.to_string(),
+            uid: uid.to_string(),
+            namespace: namespace.to_string(),
+            attempt,
+        }),
+        hostname: ctx.hostname,
+        log_directory: gantry_vocab::paths::pod_log_dir(pod_logs_dir, pod).to_string_lossy().into_owned(),
+        port_mappings: port_mappings(pod),
+        labels: sandbox_labels,
+        annotations,
+        dns_config: Some(ctx.dns),
+        linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: ctx.cgroup_parent,
+            security_context: Some(api::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                ..ctx.security
+            }),
+            sysctls: sysctls(pod),
+            resources: Some(linux_resources(resources::sandbox(pod), 0)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn linux_resources(v: resources::CgroupValues, oom_score_adj: i64) -> api::LinuxContainerResources {
+    api::LinuxContainerResources {
+        cpu_period: v.cpu_period,
+        cpu_quota: v.cpu_quota,
+        cpu_shares: v.cpu_shares,
+        memory_limit_in_bytes: v.memory_limit,
+        oom_score_adj,
+        ..Default::default()
+    }
+}
+
+fn sysctls(pod: &Pod) -> HashMap<String, String> {
+    let sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    sc.and_then(|s| s.sysctls.as_ref()).into_iter().flatten().map(|s| (s.name.clone(), s.value.clone())).collect()
+}
+
+fn namespace_options(pod: &Pod) -> api::NamespaceOption {
+    let s = pod.spec.as_ref();
+    let node_if = |flag: Option<bool>| {
+        if flag.unwrap_or(false) { api::NamespaceMode::Node } else { api::NamespaceMode::Pod }
+    };
+    let pid = if s.and_then(|s| s.host_pid).unwrap_or(false) {
+        api::NamespaceMode::Node
+    } else if s.and_then(|s| s.share_process_namespace).unwrap_or(false) {
+        api::NamespaceMode::Pod
+    } else {
+        api::NamespaceMode::Container
+    };
+    api::NamespaceOption {
+        network: node_if(s.and_then(|s| s.host_network)) as i32,
+        pid: pid as i32,
+        ipc: node_if(s.and_then(|s| s.host_ipc)) as i32,
+        ..Default::default()
+    }
+}
+
+fn port_mappings(pod: &Pod) -> Vec<api::PortMapping> {
+    spec::containers(pod)
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.unwrap_or(0) > 0)
+        .map(|p| api::PortMapping {
+            protocol: match p.protocol.as_deref() {
+                Some("UDP") => api::Protocol::Udp,
+                Some("SCTP") => api::Protocol::Sctp,
+                _ => api::Protocol::Tcp,
+            } as i32,
+            container_port: p.container_port,
+            host_port: p.host_port.unwrap_or(0),
+            host_ip: p.host_ip.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// What a container config needs beyond the pod and the container itself.
+pub struct ContainerContext<'a> {
+    pub node: &'a str,
+    pub attempt: u32,
+    pub pod_ip: Option<&'a str>,
+    pub host_ip: Option<&'a str>,
+    pub mounts: Vec<api::Mount>,
+    /// The ConfigMaps and Secrets the environment refers to.
+    pub env_objects: EnvObjects,
+    /// Node allocatable (CPU milli, memory bytes): the default for `resourceFieldRef` limits,
+    /// and the memory capacity the OOM score is relative to.
+    pub node_allocatable: (i128, i128),
+    /// The user the image runs as, for `runAsNonRoot`.
+    pub image_user: ImageUser,
+    pub node_security: NodeSecurity<'a>,
+}
+
+pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Result<api::ContainerConfig, String> {
+    let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
+    let annotations = HashMap::from([
+        (labels::CONTAINER_HASH.to_string(), spec::container_hash(c)),
+        (labels::RESTART_COUNT.to_string(), ctx.attempt.to_string()),
+        (labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string()),
+        (labels::TERMINATION_MESSAGE_PATH.to_string(), super::termination::container_path(c).to_string()),
+        (labels::TERMINATION_MESSAGE_POLICY.to_string(), super::termination::policy(c).to_string()),
+    ]);
+    let fields = downward::Fields {
+        node: ctx.node.to_string(),
+        pod_ip: ctx.pod_ip.map(str::to_string),
+        host_ip: ctx.host_ip.map(str::to_string),
+        node_cpu_milli: ctx.node_allocatable.0,
+        node_memory_bytes: ctx.node_allocatable.1,
+    };
+    let resolved = env::resolve(pod, c, &fields, &ctx.env_objects)?;
+    requests::check(c)?;
+    let limits = resources::container(c);
+    let security = security::container(pod, c, &ctx.image_user, &ctx.node_security)?;
+    Ok(api::ContainerConfig {
+        metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
+        image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
+        command: resolved.command,
+        args: resolved.args,
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: resolved.envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect(),
+        mounts: ctx.mounts,
+        labels: labels::container(ctx.node, name, namespace, uid, &c.name),
+        annotations,
+        log_path: container_log_path(&c.name, ctx.attempt),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(api::LinuxContainerConfig {
+            resources: Some(linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1))),
+            security_context: Some(api::LinuxContainerSecurityContext {
+                namespace_options: Some(namespace_options(pod)),
+                ..security
+            }),
+        }),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn pod() -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("web-node1".into()),
+                namespace: Some("kube-system".into()),
+                uid: Some("abc".into()),
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "web".into(),
+                    image: Some("busybox:1".into()),
+                    command: Some(vec!["sh".into()]),
+                    env: Some(vec![
+                        EnvVar { name: "A".into(), value: Some("1".into()), ..Default::default() },
+                        EnvVar {
+                            name: "POD".into(),
+                            value_from: Some(EnvVarSource {
+                                field_ref: Some(ObjectFieldSelector {
+                                    field_path: "metadata.name".into(),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    ]),
+                    ports: Some(vec![
+                        ContainerPort { container_port: 80, host_port: Some(8080), ..Default::default() },
+                        ContainerPort { container_port: 81, ..Default::default() },
+                    ]),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sandbox_carries_identity_logs_and_host_ports() {
+        let ctx = SandboxContext { hostname: "web-node1".into(), ..Default::default() };
+        let cfg = sandbox_config(&pod(), "node1", Path::new("/var/log/pods"), 2, ctx);
+        assert_eq!(cfg.log_directory, "/var/log/pods/kube-system_web-node1_abc");
+        assert_eq!(cfg.metadata.as_ref().unwrap().attempt, 2);
+        assert_eq!(cfg.labels[labels::POD_UID], "abc");
+        assert_eq!(cfg.labels[labels::NODE], "node1");
+        assert_eq!(cfg.labels["app"], "web");
+        assert_eq!(cfg.port_mappings.len(), 1, "only ports with a hostPort are mapped");
+        assert_eq!(cfg.hostname, "web-node1");
+    }
+
+    #[test]
+    fn container_config_resolves_env_and_log_path() {
+        let p = pod();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let ctx = ContainerContext {
+            node: "node1",
+            attempt: 3,
+            pod_ip: None,
+            host_ip: None,
+            mounts: vec![],
+            env_objects: EnvObjects::default(),
+            node_allocatable: (0, 1 << 30),
+            image_user: ImageUser { uid: Some(0), username: String::new() },
+            node_security: NodeSecurity {
+                seccomp_default: false,
+                allow_privileged: true,
+                seccomp_root: Path::new("/s"),
+            },
+        };
+        let cfg = container_config(&p, c, ctx).unwrap();
+        assert_eq!(cfg.log_path, "web/3.log");
+        let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
+        assert_eq!(env, [("A", "1"), ("POD", "web-node1")]);
+        assert_eq!(cfg.annotations[labels::CONTAINER_HASH], spec::container_hash(c));
+        let linux = cfg.linux.unwrap();
+        let resources = linux.resources.unwrap();
+        assert_eq!((resources.cpu_shares, resources.oom_score_adj), (2, 1000), "BestEffort");
+        assert_eq!(linux.security_context.unwrap().run_as_user.unwrap().value, 0, "the image's user");
+    }
+
+    #[test]
+    fn host_network_pods_use_the_node_namespace() {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        let cfg = sandbox_config(&p, "n", Path::new("/l"), 0, SandboxContext::default());
+        let ns = cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.network, api::NamespaceMode::Node as i32);
+        assert_eq!(cfg.hostname, "");
+    }
+}

@@ -1,0 +1,581 @@
+//! Executes the core's actions through CRI.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use gantry_cri::{Cri, CriError, api};
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::cgroups::{self, CgroupFs};
+use super::config::{self, ContainerContext, SandboxContext};
+use super::env::{self, EnvObjects};
+use super::handlers::Target;
+use super::security::{self, ImageUser, NodeSecurity};
+use super::systemd::{self, SystemdError};
+use super::{dns, downward, hooks, hosts, service_env, termination, volumes};
+use crate::cluster::objects::ObjectSource;
+use crate::events::{EventType, Recorder};
+use crate::image::puller::ImagePuller;
+use gantry_config::CgroupDriver;
+use gantry_config::PodSettings;
+use gantry_pod::ObservedPod;
+use gantry_pod::resources::CgroupValues;
+use gantry_vocab::spec;
+
+/// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct StartError {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl StartError {
+    pub(super) fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        StartError { reason, message: message.into() }
+    }
+}
+
+/// A container that is running now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub id: String,
+}
+
+#[derive(Clone)]
+pub struct Driver {
+    cri: Cri,
+    node: String,
+    pod_logs_dir: PathBuf,
+    root_dir: PathBuf,
+    /// ConfigMaps, Secrets and tokens for volumes and env (cluster mode only).
+    objects: Option<ObjectSource>,
+    images: ImagePuller,
+    /// Cgroups, DNS and security settings for pods.
+    pods: Arc<PodSettings>,
+    /// Who makes the pod cgroups: the cgroup file system (cgroupfs driver, v1 or v2) or
+    /// systemd's slices (systemd driver).
+    cgroups: Option<Arc<dyn CgroupFs>>,
+    /// The `kubepods` cgroup's limits (node allocatable enforcement).
+    kubepods_limits: Option<CgroupValues>,
+    /// Events about a pod's setup (DNS configuration).
+    events: Recorder,
+    /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
+    seccomp_root: PathBuf,
+}
+
+impl Driver {
+    /// `parallel_pulls`: how many image pulls may run at once node-wide (`None`: no limit).
+    pub fn new(cri: Cri, node: &str, pod_logs_dir: PathBuf, root_dir: PathBuf, parallel_pulls: Option<usize>) -> Self {
+        let images = ImagePuller::new(cri.images.clone(), parallel_pulls);
+        Driver {
+            cri,
+            node: node.to_string(),
+            pod_logs_dir,
+            seccomp_root: root_dir.join("seccomp"),
+            root_dir,
+            objects: None,
+            images,
+            pods: Arc::default(),
+            cgroups: None,
+            kubepods_limits: None,
+            events: Recorder::default(),
+        }
+    }
+
+    pub fn with_objects(self, objects: ObjectSource) -> Self {
+        let images = self.images.clone().with_secrets(objects.clone());
+        Driver { objects: Some(objects), images, ..self }
+    }
+
+    /// Image events (Pulling, Pulled, …) and pod setup events (DNS) go to `events`.
+    pub fn with_events(self, events: Recorder) -> Self {
+        Driver { images: self.images.clone().with_events(events.clone()), events, ..self }
+    }
+
+    pub fn images(&self) -> &ImagePuller {
+        &self.images
+    }
+
+    /// Pod settings, and who makes the pod cgroups: Gantry in the cgroup file system (cgroupfs
+    /// driver, either hierarchy) or systemd as slice units (systemd driver).
+    /// `kubepods_limits`: the node allocatable to enforce on `kubepods`, if any.
+    pub async fn with_pod_settings(
+        self,
+        pods: PodSettings,
+        kubepods_limits: Option<CgroupValues>,
+    ) -> Result<Self, SystemdError> {
+        let cgroups: Option<Arc<dyn CgroupFs>> = match pods.cgroup_driver {
+            _ if !pods.cgroups_per_qos => None,
+            CgroupDriver::Cgroupfs => cgroups::detect().map(Arc::from),
+            CgroupDriver::Systemd => {
+                if !systemd::running() {
+                    return Err(SystemdError::NotRunning);
+                }
+                let mount = Path::new(cgroups::MOUNT);
+                // Slices are listed in the unified tree, or in v1's memory hierarchy.
+                let listing = match cgroups::hierarchy(mount) {
+                    Some(cgroups::Hierarchy::V1) => mount.join("memory"),
+                    _ => mount.to_path_buf(),
+                };
+                Some(Arc::new(systemd::Slices::connect(listing).await?))
+            }
+        };
+        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, ..self };
+        driver.enforce_node_allocatable().await;
+        Ok(driver)
+    }
+
+    /// Gives `kubepods` the node's allocatable as its limits at start-up, as upstream does
+    /// (pods keep them: every pod's sandbox creation sets them again).
+    async fn enforce_node_allocatable(&self) {
+        let (Some(fs), Some(limits)) = (self.cgroups.clone(), self.kubepods_limits) else { return };
+        let Some(kubepods) = cgroups::qos_paths(&self.pods).into_iter().next() else { return };
+        let path = kubepods.clone();
+        let result = tokio::task::spawn_blocking(move || fs.ensure(&path, Some(&limits)))
+            .await
+            .expect("cgroup task does not panic");
+        match result {
+            Ok(()) => tracing::info!(cgroup = %kubepods, "Updated Node Allocatable limit across pods"),
+            Err(e) => tracing::warn!(cgroup = %kubepods, "Failed to update Node Allocatable Limits {kubepods:?}: {e}"),
+        }
+    }
+
+    /// Checks the runtime's cgroup driver where it reports one (CRI `RuntimeConfig`, as upstream
+    /// asks it at start-up); runtimes without the call are checked at the first sandbox.
+    pub async fn check_runtime_cgroup_driver(&self) -> Result<(), cgroups::DriverMismatch> {
+        let reported = match self.cri.runtime.runtime_config(api::RuntimeConfigRequest {}).await {
+            Ok(config) => config.linux.map(|l| l.cgroup_driver()),
+            Err(e) if e.code() == Some(gantry_cri::Code::Unimplemented) => {
+                tracing::info!(
+                    "CRI implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver from kubelet config."
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver");
+                None
+            }
+        };
+        let Some(runtime) = reported else { return Ok(()) };
+        let runtime = match runtime {
+            api::CgroupDriver::Systemd => CgroupDriver::Systemd,
+            api::CgroupDriver::Cgroupfs => CgroupDriver::Cgroupfs,
+        };
+        tracing::info!(cgroup_driver = runtime.as_str(), "cgroup driver reported by the container runtime");
+        cgroups::check_runtime_driver(self.pods.cgroup_driver, runtime)
+    }
+
+    fn node_security(&self) -> NodeSecurity<'_> {
+        NodeSecurity {
+            seccomp_default: self.pods.seccomp_default,
+            allow_privileged: self.pods.allow_privileged,
+            seccomp_root: &self.seccomp_root,
+        }
+    }
+
+    fn fields(&self, pod_ip: Option<&str>) -> downward::Fields {
+        let (node_cpu_milli, node_memory_bytes) = node_allocatable();
+        downward::Fields {
+            node: self.node.clone(),
+            pod_ip: pod_ip.map(str::to_string),
+            host_ip: None,
+            node_cpu_milli,
+            node_memory_bytes,
+        }
+    }
+
+    /// Rewrites the pod's API-backed volumes whose sources changed (called on each pod sync).
+    pub async fn refresh_volumes(&self, pod: &Pod, pod_ip: Option<&str>) {
+        if !volumes::has_projections(pod) {
+            return;
+        }
+        if let Err(e) = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &self.fields(pod_ip)).await {
+            tracing::warn!(pod = %spec::full_name(pod), error = %e.message, "cannot refresh volumes");
+        }
+    }
+
+    /// The ConfigMaps and Secrets the container's environment refers to (missing ones absent).
+    async fn env_objects(&self, pod: &Pod, c: &Container) -> Result<EnvObjects, StartError> {
+        let (cms, secrets) = env::referenced(c);
+        let mut out = EnvObjects::default();
+        let ns = spec::namespace(pod);
+        let failed = |m: String| StartError::new("CreateContainerConfigError", m);
+        if let Some(source) = &self.objects {
+            let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+            match source.services(ns, links).await {
+                Ok(services) => out.services = service_env::for_pod(pod, &services),
+                // Static pods must run while the API server does not (it may be one of them).
+                Err(e) if !gantry_vocab::keys::is_api_pod(pod) => {
+                    tracing::warn!(pod = %spec::full_name(pod), error = %e, "starting static pod without service environment variables");
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        if cms.is_empty() && secrets.is_empty() {
+            return Ok(out);
+        }
+        let Some(source) = &self.objects else {
+            return Err(StartError::new(
+                "CreateContainerConfigError",
+                "env refers to API objects but there is no API server",
+            ));
+        };
+        for name in cms {
+            if let Some(cm) = source.config_map(ns, &name).await.map_err(failed)? {
+                out.config_maps.insert(name, cm);
+            }
+        }
+        for name in secrets {
+            if let Some(s) = source.secret(ns, &name).await.map_err(failed)? {
+                out.secrets.insert(name, s);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn runtime_name(&self) -> &str {
+        &self.cri.version.runtime_name
+    }
+
+    /// `--root-dir` (pod directories, volumes).
+    pub fn root_dir(&self) -> &Path {
+        &self.root_dir
+    }
+
+    pub fn cri(&self) -> &Cri {
+        &self.cri
+    }
+
+    /// Whether this node can run the pod at all (sysctl admission); `Err((reason, message))`.
+    pub fn admit(&self, pod: &Pod) -> Result<(), (&'static str, String)> {
+        gantry_pod::sysctl::admit(pod, &self.pods.allowed_unsafe_sysctls)
+            .map_err(|m| (gantry_pod::sysctl::FORBIDDEN_REASON, m))
+    }
+
+    /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
+    /// DNS events (once per sandbox, not on every container start).
+    async fn sandbox_context(&self, pod: &Pod, record: bool) -> Result<SandboxContext, StartError> {
+        let failed = |m: String| StartError::new("CreatePodSandboxError", m);
+        let host_resolv_conf = match self.pods.resolv_conf.as_str() {
+            "" => None,
+            path => Some(
+                tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|e| failed(format!("cannot read resolv.conf {path}: {e}")))?,
+            ),
+        };
+        let node_dns = dns::NodeDns {
+            cluster_dns: &self.pods.cluster_dns,
+            cluster_domain: &self.pods.cluster_domain,
+            host_resolv_conf: host_resolv_conf.as_deref(),
+        };
+        let pod_dns = dns::compose(pod, &node_dns);
+        if record {
+            for (reason, message) in &pod_dns.events {
+                self.events.record(pod, None, EventType::Warning, reason, message);
+            }
+        }
+        let hostname = if spec::host_network(pod) {
+            String::new()
+        } else {
+            hosts::kernel_hostname(pod, &self.pods.cluster_domain).map_err(failed)?
+        };
+        Ok(SandboxContext {
+            hostname,
+            dns: pod_dns.config,
+            cgroup_parent: cgroups::plan(&self.pods, self.kubepods_limits, pod).parent,
+            security: security::sandbox(pod, &self.node_security()).map_err(failed)?,
+        })
+    }
+
+    /// Creates the pod's cgroups (QoS level, then the pod's own with its limits).
+    async fn ensure_cgroups(&self, pod: &Pod) -> Result<(), StartError> {
+        let Some(fs) = self.cgroups.clone() else { return Ok(()) };
+        let plan = cgroups::plan(&self.pods, self.kubepods_limits, pod);
+        tokio::task::spawn_blocking(move || {
+            plan.create.iter().try_for_each(|(path, values)| fs.ensure(path, values.as_ref()))
+        })
+        .await
+        .expect("cgroup task does not panic")
+        .map_err(|e| StartError::new("CreatePodSandboxError", format!("cannot create the pod cgroup: {e}")))
+    }
+
+    /// Creates the pod's sandbox (network namespace, pause container) and its log directory.
+    pub async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<String, StartError> {
+        self.ensure_cgroups(pod).await?;
+        let ctx = self.sandbox_context(pod, true).await?;
+        let config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, attempt, ctx);
+        tokio::fs::create_dir_all(&config.log_directory).await.map_err(|e| {
+            StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory))
+        })?;
+        let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        let response = self.cri.runtime.run_pod_sandbox(request).await.map_err(|e| {
+            let message = e.to_string();
+            match cgroups::mismatch_in_sandbox_error(self.pods.cgroup_driver, &message) {
+                Some(mismatch) => StartError::new("CreatePodSandboxError", format!("{mismatch}: {message}")),
+                None => StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {message}")),
+            }
+        })?;
+        Ok(response.pod_sandbox_id)
+    }
+
+    /// The managed `/etc/hosts` mount, unless a volume is mounted there or the pod has no IP yet.
+    async fn hosts_mount(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        pod_ip: Option<&str>,
+    ) -> Result<Option<api::Mount>, StartError> {
+        let user_mounted = c.volume_mounts.iter().flatten().any(|m| m.mount_path.trim_end_matches('/') == "/etc/hosts");
+        if user_mounted || (pod_ip.is_none() && !spec::host_network(pod)) {
+            return Ok(None);
+        }
+        let node_hosts = if spec::host_network(pod) {
+            tokio::fs::read_to_string("/etc/hosts").await.unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let content = hosts::content(pod, pod_ip, &self.pods.cluster_domain, &node_hosts);
+        let dir = volumes::pod_dir(&self.root_dir, spec::uid(pod));
+        let mount = tokio::task::spawn_blocking(move || hosts::write(&dir, &content))
+            .await
+            .expect("hosts task does not panic")
+            .map_err(|e| StartError::new("CreateContainerConfigError", format!("cannot write the hosts file: {e}")))?;
+        Ok(Some(mount))
+    }
+
+    /// The user the container's image runs as.
+    async fn image_user(&self, c: &Container) -> Result<ImageUser, StartError> {
+        let spec = api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() };
+        let status = self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec), verbose: false });
+        let image = status.await.map_err(|e| StartError::new("ImageInspectError", e.to_string()))?.image;
+        Ok(ImageUser::of(image.as_ref()))
+    }
+
+    /// Makes the image present (see [`ImagePuller`]), then creates and starts the container.
+    pub async fn start_container(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        sandbox_id: &str,
+        attempt: u32,
+        pod_ip: Option<&str>,
+    ) -> Result<Started, StartError> {
+        self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
+        let fields = self.fields(pod_ip);
+        let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
+        let mut mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
+        mounts.extend(self.termination_message_mount(pod, c, attempt)?);
+        let env_objects = self.env_objects(pod, c).await?;
+        let image_user = self.image_user(c).await?;
+        let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
+        let ctx = ContainerContext {
+            node: &self.node,
+            attempt,
+            pod_ip,
+            host_ip: None,
+            mounts,
+            env_objects,
+            node_allocatable,
+            image_user,
+            node_security: self.node_security(),
+        };
+        let container_config =
+            config::container_config(pod, c, ctx).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let sandbox_ctx = self.sandbox_context(pod, false).await?;
+        let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0, sandbox_ctx);
+        let request = api::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(container_config),
+            sandbox_config: Some(sandbox_config),
+        };
+        let id = self
+            .cri
+            .runtime
+            .create_container(request)
+            .await
+            .map_err(|e| StartError::new("CreateContainerError", e.to_string()))?
+            .container_id;
+        self.cri
+            .runtime
+            .start_container(api::StartContainerRequest { container_id: id.clone() })
+            .await
+            .map_err(|e| StartError::new("RunContainerError", e.to_string()))?;
+        if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            let target = Target::new(&self.cri.runtime, &id, c, pod, pod_ip);
+            if let Err(message) = hooks::run(target, pod, hook).await {
+                // Upstream kills the container (preStop included) and reports it as not started.
+                if let (Err(e), _) = self.stop_container(pod, &c.name, &id, Self::grace(pod), pod_ip).await {
+                    tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %e, "cannot stop container after its postStart hook failed");
+                }
+                return Err(StartError::new("PostStartHookError", message));
+            }
+        }
+        Ok(Started { id })
+    }
+
+    /// The bind mount of the container's termination message file (a fresh, empty host file
+    /// per instance), unless the container has no `terminationMessagePath`.
+    fn termination_message_mount(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        attempt: u32,
+    ) -> Result<Option<api::Mount>, StartError> {
+        let container_path = termination::container_path(c);
+        if container_path.is_empty() {
+            return Ok(None);
+        }
+        let host = termination::host_file(&volumes::pod_dir(&self.root_dir, spec::uid(pod)), &c.name, attempt);
+        termination::create(&host).map_err(|e| {
+            StartError::new("CreateContainerConfigError", format!("cannot create {}: {e}", host.display()))
+        })?;
+        Ok(Some(api::Mount {
+            container_path: container_path.to_string(),
+            host_path: host.to_string_lossy().into_owned(),
+            ..Default::default()
+        }))
+    }
+
+    /// Stops one container with the given grace period; a container that is already gone is
+    /// not an error.
+    pub async fn kill_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
+        already_gone_is_ok(self.cri.runtime.stop_container(id, grace).await)
+    }
+
+    /// Stops one container of `pod`: its preStop hook first, bounded by the grace period, then
+    /// StopContainer with what is left of it (at least 2 s). Returns whether preStop failed.
+    pub async fn stop_container(
+        &self,
+        pod: &Pod,
+        name: &str,
+        id: &str,
+        grace: Duration,
+        pod_ip: Option<&str>,
+    ) -> (Result<(), CriError>, bool) {
+        let hook = spec::containers(pod)
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| Some((s, s.lifecycle.as_ref()?.pre_stop.as_ref()?)));
+        let mut grace_left = grace;
+        let mut hook_failed = false;
+        if let Some((container, hook)) = hook.filter(|_| !grace.is_zero()) {
+            let target = Target::new(&self.cri.runtime, id, container, pod, pod_ip);
+            let started = std::time::Instant::now();
+            hook_failed = match tokio::time::timeout(grace, hooks::run(target, pod, hook)).await {
+                Ok(Ok(())) => false,
+                Ok(Err(message)) => {
+                    tracing::warn!(pod = %spec::full_name(pod), container = name, error = %message, "preStop hook failed");
+                    true
+                }
+                // Not finishing within the grace period is not a failure; StopContainer follows.
+                Err(_) => false,
+            };
+            grace_left = hooks::remaining_grace(grace, started.elapsed());
+        }
+        (self.kill_container(id, grace_left).await, hook_failed)
+    }
+
+    /// Stops every running container of the pod at once (each after its preStop hook), then
+    /// its sandboxes. Returns the containers whose preStop hook failed.
+    pub async fn kill_pod(&self, pod: &Pod, observed: &ObservedPod, grace: Duration) -> Result<Vec<String>, CriError> {
+        let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
+        let stops = observed.running().map(|c| async move {
+            let (result, hook_failed) = self.stop_container(pod, &c.name, &c.id, grace, pod_ip).await;
+            result.map(|()| hook_failed.then(|| c.name.clone()))
+        });
+        let failed_hooks = join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        for s in observed.sandboxes.iter().filter(|s| s.ready) {
+            let request = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
+            already_gone_is_ok(self.cri.runtime.stop_pod_sandbox(request).await)?;
+        }
+        Ok(failed_hooks.into_iter().flatten().collect())
+    }
+
+    pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
+        let request = api::RemoveContainerRequest { container_id: id.to_string() };
+        already_gone_is_ok(self.cri.runtime.remove_container(request).await)
+    }
+
+    pub async fn remove_sandbox(&self, id: &str) -> Result<(), CriError> {
+        let request = api::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() };
+        already_gone_is_ok(self.cri.runtime.remove_pod_sandbox(request).await)
+    }
+
+    /// Removes everything of a pod that is gone for good, including its directory.
+    pub async fn remove_pod(&self, uid: &str, observed: &ObservedPod) -> Result<(), CriError> {
+        for c in &observed.containers {
+            self.remove_container(&c.id).await?;
+        }
+        for s in &observed.sandboxes {
+            self.remove_sandbox(&s.id).await?;
+        }
+        volumes::cleanup(&self.root_dir, uid).await;
+        self.remove_cgroups(uid).await;
+        if let Some(objects) = &self.objects {
+            objects.forget(uid);
+        }
+        Ok(())
+    }
+
+    /// Removes the pod's cgroup (whichever QoS level it was under) once its containers are gone.
+    async fn remove_cgroups(&self, uid: &str) {
+        let Some(fs) = self.cgroups.clone() else { return };
+        let paths = cgroups::pod_paths(&self.pods, uid);
+        let result = tokio::task::spawn_blocking(move || paths.iter().try_for_each(|p| fs.remove(p)))
+            .await
+            .expect("cgroup task does not panic");
+        if let Err(e) = result {
+            tracing::warn!(pod_uid = uid, error = %e, "cannot remove the pod cgroup");
+        }
+    }
+
+    /// Removes the cgroups of pods that are gone (e.g. removed while the agent was down); `keep`
+    /// holds the UIDs of every pod that exists in the runtime or is wanted.
+    pub async fn remove_orphaned_cgroups(&self, keep: std::collections::HashSet<String>) {
+        let Some(fs) = self.cgroups.clone() else { return };
+        let settings = self.pods.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            for parent in cgroups::qos_paths(&settings) {
+                for path in
+                    cgroups::orphans(settings.cgroup_driver, &parent, &fs.children(&parent), |uid| keep.contains(uid))
+                {
+                    match fs.remove(&path) {
+                        Ok(()) => tracing::info!(cgroup = %path, "removed orphaned pod cgroup"),
+                        Err(e) => tracing::warn!(cgroup = %path, error = %e, "cannot remove orphaned pod cgroup"),
+                    }
+                }
+            }
+        });
+        task.await.expect("cgroup task does not panic");
+    }
+
+    /// The grace period for stopping `pod` now.
+    pub fn grace(pod: &Pod) -> Duration {
+        Duration::from_secs(spec::termination_grace_seconds(pod) as u64)
+    }
+}
+
+/// The node's CPU (milli) and memory (bytes), the downward API's default for missing limits.
+fn node_allocatable() -> (i128, i128) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i128;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i128>().ok())
+        .unwrap_or(0);
+    (cpus * 1000, kib * 1024)
+}
+
+/// Stopping or removing something that no longer exists has done its job.
+fn already_gone_is_ok<T>(result: Result<T, CriError>) -> Result<(), CriError> {
+    match result {
+        Err(e) if !e.is_not_found() => Err(e),
+        _ => Ok(()),
+    }
+}

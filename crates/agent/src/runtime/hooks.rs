@@ -1,0 +1,125 @@
+//! Lifecycle hooks (`postStart`, `preStop`) with `exec`, `httpGet` and `sleep`, and the upstream
+//! failure messages.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{LifecycleHandler, Pod};
+
+use super::handlers::{self, ExecError, Target};
+use gantry_vocab::spec;
+
+/// Upstream never lets preStop eat the whole grace period: StopContainer gets at least this.
+pub const MIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs a hook; `Err` carries upstream's detailed message, which goes into the container's
+/// waiting state (events only say that the hook failed, so secrets do not leak into them). An
+/// HTTP hook succeeds on any response, as upstream's does.
+pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result<(), String> {
+    let who = Who { container: &t.container.name, pod: pod_ref(pod) };
+    if let Some(e) = &handler.exec {
+        let cmd = e.command.clone().unwrap_or_default();
+        return match handlers::exec(t, &cmd, Duration::ZERO).await {
+            Ok(out) if out.exit_code == 0 => Ok(()),
+            Ok(out) => {
+                let error = format!("command '{}' exited with {}: {}", cmd.join(" "), out.exit_code, out.output);
+                Err(who.exec_failed(&cmd, &error, &out.output))
+            }
+            Err(ExecError::TimedOut) => Err(who.exec_failed(&cmd, "timed out", "")),
+            Err(ExecError::Failed(e)) => Err(who.exec_failed(&cmd, &e, "")),
+        };
+    }
+    if let Some(h) = &handler.http_get {
+        let path = h.path.as_deref().unwrap_or_default();
+        return handlers::http(h, t.container, t.pod_ip, Duration::ZERO)
+            .await
+            .map(|_| ())
+            .map_err(|e| who.http_failed(path, &e));
+    }
+    if let Some(s) = &handler.sleep {
+        tokio::time::sleep(Duration::from_secs(s.seconds.max(0) as u64)).await;
+        return Ok(());
+    }
+    Err(format!(
+        "Lifecycle hook for Container {:?} in Pod {:?} has no handler (exec, httpGet or sleep)",
+        who.container, who.pod
+    ))
+}
+
+/// The container a hook ran for, in upstream's failure messages.
+struct Who<'a> {
+    container: &'a str,
+    pod: String,
+}
+
+impl Who<'_> {
+    fn exec_failed(&self, cmd: &[String], error: &str, output: &str) -> String {
+        format!(
+            "Exec lifecycle hook ([{}]) for Container {:?} in Pod {:?} failed - error: {error}, message: {output:?}",
+            cmd.join(" "),
+            self.container,
+            self.pod
+        )
+    }
+
+    fn http_failed(&self, path: &str, error: &str) -> String {
+        format!(
+            "HTTP lifecycle hook ({path}) for Container {:?} in Pod {:?} failed - error: {error}",
+            self.container, self.pod
+        )
+    }
+}
+
+/// Upstream's `format.Pod`: `name_namespace(uid)`.
+pub fn pod_ref(pod: &Pod) -> String {
+    format!("{}_{}({})", spec::name(pod), spec::namespace(pod), spec::uid(pod))
+}
+
+/// The grace left for StopContainer after preStop ran for `elapsed` (whole seconds, as
+/// upstream counts them), never below [`MIN_GRACE`].
+pub fn remaining_grace(grace: Duration, elapsed: Duration) -> Duration {
+    Duration::from_secs(grace.as_secs().saturating_sub(elapsed.as_secs())).max(MIN_GRACE)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn pre_stop_time_comes_out_of_the_grace_period() {
+        let s = Duration::from_secs;
+        assert_eq!(remaining_grace(s(30), Duration::from_millis(10_900)), s(20));
+        assert_eq!(remaining_grace(s(30), s(29)), MIN_GRACE);
+        assert_eq!(remaining_grace(s(5), s(60)), MIN_GRACE);
+    }
+
+    #[test]
+    fn failure_messages_as_upstream_words_them() {
+        let who = Who { container: "web", pod: "web_prod(u1)".into() };
+        let cmd = ["sh".to_string(), "-c".into(), "exit 3".into()];
+        assert_eq!(
+            who.exec_failed(&cmd, "command 'sh -c exit 3' exited with 3: ", "oops\n"),
+            "Exec lifecycle hook ([sh -c exit 3]) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: \
+             command 'sh -c exit 3' exited with 3: , message: \"oops\\n\""
+        );
+        assert_eq!(
+            who.http_failed("/hook", "connection refused"),
+            "HTTP lifecycle hook (/hook) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: connection refused"
+        );
+    }
+
+    #[test]
+    fn pod_reference_as_upstream_formats_it() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("prod".into()),
+                uid: Some("u1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(pod_ref(&pod), "web_prod(u1)");
+    }
+}

@@ -1,0 +1,312 @@
+//! A pod's volumes on the host: `hostPath` (with its `type` checks), `emptyDir` (disk, or tmpfs
+//! for `medium: Memory`), and the API-backed `configMap`, `secret`, `downwardAPI` and
+//! `projected` volumes written through the atomic writer. Types that need a CSI driver are
+//! refused with a reason naming the volume.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use gantry_cri::api;
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+
+use super::driver::StartError;
+use super::projection::{self, Objects};
+use super::{atomic_writer, downward};
+use crate::cluster::objects::ObjectSource;
+use gantry_vocab::quantity;
+use gantry_vocab::spec;
+
+/// A volume ready on the host.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub path: PathBuf,
+    /// API-backed volumes are always mounted read-only, as upstream does.
+    pub read_only: bool,
+}
+
+/// `<root-dir>/pods/<uid>`: everything Gantry keeps on disk for one pod.
+pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
+    root_dir.join("pods").join(uid)
+}
+
+/// `<pod-dir>/volumes/kubernetes.io~<plugin>/<name>`, as upstream lays them out.
+fn volume_dir(root_dir: &Path, pod: &Pod, plugin: &str, name: &str) -> PathBuf {
+    pod_dir(root_dir, spec::uid(pod)).join("volumes").join(format!("kubernetes.io~{plugin}")).join(name)
+}
+
+/// Sets up (or refreshes) every volume of the pod and returns where each one is on the host.
+pub async fn prepare(
+    root_dir: &Path,
+    pod: &Pod,
+    objects: Option<&ObjectSource>,
+    fields: &downward::Fields,
+) -> Result<HashMap<String, Prepared>, StartError> {
+    let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group);
+    let mut out = HashMap::new();
+    for v in pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default() {
+        let failed = |m: String| {
+            StartError::new("ContainerCreating", format!("MountVolume.SetUp failed for volume {:?} : {m}", v.name))
+        };
+        let prepared = if let Some(host) = &v.host_path {
+            let path = PathBuf::from(&host.path);
+            check_host_path(&path, host.type_.as_deref().unwrap_or_default()).await.map_err(failed)?;
+            Prepared { path, read_only: false }
+        } else if let Some(e) = &v.empty_dir {
+            let path = volume_dir(root_dir, pod, "empty-dir", &v.name);
+            let memory = e.medium.as_deref() == Some("Memory");
+            let size = e.size_limit.as_ref().map(|q| quantity::parse_units(&q.0)).transpose().map_err(failed)?;
+            setup_empty_dir(&path, memory, size, fs_group.map(|g| g as u32)).map_err(failed)?;
+            Prepared { path, read_only: false }
+        } else if projection::is_projection(v) {
+            let plugin = plugin_name(v);
+            let path = volume_dir(root_dir, pod, plugin, &v.name);
+            let objects = objects.ok_or_else(|| failed(format!("{plugin} volumes need an API server")))?;
+            let fetched = fetch(pod, v, objects).await.map_err(failed)?;
+            let files = projection::files(pod, v, &fetched, fields).map_err(failed)?;
+            let group = fs_group.map(|g| g as u32);
+            let (p, f) = (path.clone(), files);
+            let memory = memory_backed(v);
+            let changed = tokio::task::spawn_blocking(move || {
+                if memory {
+                    mount_tmpfs(&p, None)?;
+                }
+                atomic_writer::write(&p, &f, group)
+            })
+            .await
+            .expect("writer task does not panic")
+            .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+            if changed {
+                tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
+            }
+            Prepared { path, read_only: true }
+        } else {
+            return Err(StartError::new(
+                "CreateContainerConfigError",
+                format!("volume {:?}: {} volumes are not supported (no CSI or volume plugin)", v.name, kind(v)),
+            ));
+        };
+        out.insert(v.name.clone(), prepared);
+    }
+    Ok(out)
+}
+
+/// Whether any volume of the pod follows API objects and so needs refreshing.
+pub fn has_projections(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default().iter().any(projection::is_projection)
+}
+
+/// Upstream keeps secret, downward API and projected volumes (service account tokens) on tmpfs,
+/// so their contents never reach the node's disk; configMaps go to disk.
+fn memory_backed(v: &Volume) -> bool {
+    v.secret.is_some() || v.downward_api.is_some() || v.projected.is_some()
+}
+
+/// Creates the directory with a tmpfs on it (once: a pod's containers start concurrently and
+/// each sets up the pod's volumes).
+fn mount_tmpfs(path: &Path, size: Option<i128>) -> std::io::Result<()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    std::fs::create_dir_all(path)?;
+    if is_tmpfs(path) {
+        return Ok(());
+    }
+    let options = size.map(|s| format!("size={s}"));
+    nix::mount::mount(Some("tmpfs"), path, Some("tmpfs"), nix::mount::MsFlags::empty(), options.as_deref())
+        .map_err(std::io::Error::from)
+}
+
+fn plugin_name(v: &Volume) -> &'static str {
+    if v.config_map.is_some() {
+        "configmap"
+    } else if v.secret.is_some() {
+        "secret"
+    } else if v.downward_api.is_some() {
+        "downward-api"
+    } else {
+        "projected"
+    }
+}
+
+/// The volume's type as named in the pod spec, for the unsupported-type message.
+fn kind(v: &Volume) -> String {
+    let value = serde_json::to_value(v).unwrap_or_default();
+    let mut names = value.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| *k != "name");
+    names.next().cloned().unwrap_or_else(|| "unknown".into())
+}
+
+async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, String> {
+    let ns = spec::namespace(pod);
+    let refs = projection::references(v);
+    let mut objects = Objects::default();
+    for name in refs.config_maps {
+        if let Some(cm) = source.config_map(ns, &name).await? {
+            objects.config_maps.insert(name, cm);
+        }
+    }
+    for name in refs.secrets {
+        if let Some(s) = source.secret(ns, &name).await? {
+            objects.secrets.insert(name, s);
+        }
+    }
+    for key in refs.tokens {
+        let token = source.token(pod, &key).await?;
+        objects.tokens.insert(key, token);
+    }
+    Ok(objects)
+}
+
+async fn check_host_path(path: &Path, kind: &str) -> Result<(), String> {
+    let meta = tokio::fs::metadata(path).await;
+    let failed = |what: &str| Err(format!("hostPath type check failed: {} is not a {what}", path.display()));
+    match kind {
+        "" => Ok(()),
+        "DirectoryOrCreate" if meta.is_err() => {
+            tokio::fs::create_dir_all(path).await.map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).await.map_err(|e| e.to_string())
+        }
+        "FileOrCreate" if meta.is_err() => {
+            if let Some(parent) = path.parent() {
+                tokio::fs::create_dir_all(parent).await.map_err(|e| e.to_string())?;
+            }
+            tokio::fs::File::create(path).await.map(drop).map_err(|e| format!("cannot create {}: {e}", path.display()))
+        }
+        "Directory" | "DirectoryOrCreate" if !meta.as_ref().is_ok_and(|m| m.is_dir()) => failed("directory"),
+        "File" | "FileOrCreate" if !meta.as_ref().is_ok_and(|m| m.is_file()) => failed("file"),
+        "Socket" if !meta.as_ref().is_ok_and(|m| m.file_type().is_socket()) => failed("socket file"),
+        "CharDevice" if !meta.as_ref().is_ok_and(|m| m.file_type().is_char_device()) => failed("character device"),
+        "BlockDevice" if !meta.as_ref().is_ok_and(|m| m.file_type().is_block_device()) => failed("block device"),
+        "Directory" | "DirectoryOrCreate" | "File" | "FileOrCreate" | "Socket" | "CharDevice" | "BlockDevice" => Ok(()),
+        other => Err(format!("hostPath type {other:?} is not valid")),
+    }
+}
+
+/// The directory (world-writable as upstream), a tmpfs on it for `medium: Memory`, and the
+/// fsGroup's ownership.
+fn setup_empty_dir(path: &Path, memory: bool, size: Option<i128>, group: Option<u32>) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("cannot set up {}: {e}", path.display());
+    std::fs::create_dir_all(path).map_err(|e| err(&e))?;
+    if memory {
+        mount_tmpfs(path, size).map_err(|e| err(&e))?;
+    }
+    let mut mode = 0o777;
+    if let Some(g) = group {
+        std::os::unix::fs::chown(path, None, Some(g)).map_err(|e| err(&e))?;
+        mode = projection::fs_group_mode(mode, true, false);
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| err(&e))
+}
+
+fn is_tmpfs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+/// The CRI mounts for a container's `volumeMounts`.
+pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Mount>, String> {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            let v = volumes.get(&m.name).ok_or_else(|| {
+                format!("container {:?}: volumeMount {:?} names no volume of the pod", c.name, m.name)
+            })?;
+            let host = match m.sub_path.as_deref() {
+                Some(sub) if !sub.is_empty() => {
+                    projection::validate_path(sub)
+                        .map_err(|e| format!("container {:?}: volumeMount {:?} subPath: {e}", c.name, m.name))?;
+                    v.path.join(sub)
+                }
+                _ => v.path.clone(),
+            };
+            let propagation = match m.mount_propagation.as_deref() {
+                None | Some("None") => api::MountPropagation::PropagationPrivate,
+                Some("HostToContainer") => api::MountPropagation::PropagationHostToContainer,
+                Some("Bidirectional") => api::MountPropagation::PropagationBidirectional,
+                Some(other) => {
+                    return Err(format!(
+                        "container {:?}: volumeMount {:?}: invalid mountPropagation {other:?}",
+                        c.name, m.name
+                    ));
+                }
+            };
+            Ok(api::Mount {
+                container_path: m.mount_path.clone(),
+                host_path: host.to_string_lossy().into_owned(),
+                readonly: m.read_only.unwrap_or(false) || v.read_only,
+                propagation: propagation as i32,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// Removes the pod's directory once the pod is gone, unmounting memory-backed volumes first.
+pub async fn cleanup(root_dir: &Path, uid: &str) {
+    let dir = pod_dir(root_dir, uid);
+    let plugins = std::fs::read_dir(dir.join("volumes")).into_iter().flatten().flatten();
+    let volumes = plugins.flat_map(|p| std::fs::read_dir(p.path()).into_iter().flatten().flatten());
+    for v in volumes {
+        if is_tmpfs(&v.path())
+            && let Err(err) = nix::mount::umount(&v.path())
+        {
+            tracing::warn!(pod_uid = uid, dir = %v.path().display(), error = %err, "cannot unmount volume");
+        }
+    }
+    if let Err(e) = tokio::fs::remove_dir_all(&dir).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(pod_uid = uid, dir = %dir.display(), error = %e, "cannot remove pod directory");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::VolumeMount;
+
+    use super::*;
+
+    fn vols() -> HashMap<String, Prepared> {
+        HashMap::from([
+            ("data".to_string(), Prepared { path: "/v/data".into(), read_only: false }),
+            ("cfg".to_string(), Prepared { path: "/v/cfg".into(), read_only: true }),
+        ])
+    }
+
+    fn mount(name: &str, path: &str) -> VolumeMount {
+        VolumeMount { name: name.into(), mount_path: path.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn volume_mounts_map_to_cri_mounts() {
+        let mut sub = mount("data", "/d");
+        sub.sub_path = Some("x/y".into());
+        sub.mount_propagation = Some("HostToContainer".into());
+        let c = Container {
+            name: "c".into(),
+            volume_mounts: Some(vec![sub, mount("cfg", "/etc/cfg")]),
+            ..Default::default()
+        };
+        let m = mounts(&c, &vols()).unwrap();
+        assert_eq!(m[0].host_path, "/v/data/x/y");
+        assert!(!m[0].readonly);
+        assert_eq!(m[0].propagation, api::MountPropagation::PropagationHostToContainer as i32);
+        assert!(m[1].readonly, "API-backed volumes are mounted read-only");
+    }
+
+    #[test]
+    fn bad_mounts_name_the_field() {
+        let mut escape = mount("data", "/d");
+        escape.sub_path = Some("../etc".into());
+        let c = Container { name: "c".into(), volume_mounts: Some(vec![escape]), ..Default::default() };
+        assert!(mounts(&c, &vols()).unwrap_err().contains("subPath"));
+        let c = Container { name: "c".into(), volume_mounts: Some(vec![mount("nope", "/n")]), ..Default::default() };
+        assert!(mounts(&c, &vols()).unwrap_err().contains("\"nope\""));
+    }
+
+    #[test]
+    fn unsupported_volume_kind_is_named() {
+        let v: Volume =
+            serde_json::from_value(serde_json::json!({"name": "d", "nfs": {"server": "s", "path": "/"}})).unwrap();
+        assert_eq!(kind(&v), "nfs");
+    }
+}

@@ -1,0 +1,95 @@
+//! The latest status of every pod the agent runs, and the standalone status file.
+//!
+//! Without an API server the status has to be visible somewhere: the store writes a v1
+//! `PodList` to `<root-dir>/pods.json` (atomically, on every change), which `gantry pods`
+//! prints as a table and any JSON tool can read.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use tokio::sync::watch;
+
+use gantry_vocab::spec;
+
+pub const STATUS_FILE: &str = "pods.json";
+
+pub struct StatusStore {
+    pods: Mutex<BTreeMap<String, Pod>>,
+    /// Bumped on every change; each consumer (status file, API status sync) subscribes.
+    version: watch::Sender<u64>,
+}
+
+impl Default for StatusStore {
+    fn default() -> Self {
+        StatusStore { pods: Mutex::default(), version: watch::Sender::new(0) }
+    }
+}
+
+impl StatusStore {
+    /// Records `status` for `pod`; returns whether anything changed.
+    pub fn set(&self, pod: &Pod, status: PodStatus) -> bool {
+        let uid = spec::uid(pod).to_string();
+        let mut pods = self.pods.lock().unwrap();
+        let unchanged = pods.get(&uid).is_some_and(|p| p.status.as_ref() == Some(&status) && p.spec == pod.spec);
+        if unchanged {
+            return false;
+        }
+        let mut record = pod.clone();
+        record.status = Some(status);
+        pods.insert(uid, record);
+        drop(pods);
+        self.version.send_modify(|v| *v += 1);
+        true
+    }
+
+    pub fn remove(&self, uid: &str) {
+        if self.pods.lock().unwrap().remove(uid).is_some() {
+            self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    pub fn get(&self, uid: &str) -> Option<Pod> {
+        self.pods.lock().unwrap().get(uid).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Pod> {
+        self.pods.lock().unwrap().values().cloned().collect()
+    }
+
+    /// A receiver that sees every change from now on.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Keeps `<root-dir>/pods.json` up to date. Runs until the process ends.
+    pub async fn write_file_forever(&self, root_dir: PathBuf) {
+        let path = root_dir.join(STATUS_FILE);
+        let mut changes = self.subscribe();
+        loop {
+            changes.borrow_and_update();
+            if let Err(e) = write_pod_list(&path, &self.all()).await {
+                tracing::warn!(file = %path.display(), error = %e, "cannot write pod status file");
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn write_pod_list(path: &Path, pods: &[Pod]) -> std::io::Result<()> {
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "PodList", "items": pods });
+    let tmp = path.with_extension("json.tmp");
+    tokio::fs::write(&tmp, serde_json::to_vec_pretty(&list)?).await?;
+    tokio::fs::rename(&tmp, path).await
+}
+
+/// Reads a status file written by [`StatusStore::write_file_forever`].
+pub fn read_pod_list(path: &Path) -> Result<Vec<Pod>, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let list: k8s_openapi::List<Pod> =
+        serde_json::from_slice(&data).map_err(|e| format!("{}: not a pod list: {e}", path.display()))?;
+    Ok(list.items)
+}

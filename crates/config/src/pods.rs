@@ -1,0 +1,299 @@
+//! How pods are set up on this node: cgroups (`cgroupsPerQOS`, `cgroupDriver`, `cgroupRoot`),
+//! DNS (`clusterDNS`, `clusterDomain`, `resolvConf`) and security (`allowedUnsafeSysctls`,
+//! `seccompDefault`, `--allow-privileged`), with upstream defaults and validation.
+
+use std::net::IpAddr;
+
+use super::ConfigError;
+use super::file::KubeletConfiguration;
+use super::flags::Flags;
+
+pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// How pod cgroups are named and created (`cgroupDriver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CgroupDriver {
+    /// Paths in the cgroup file system, e.g. `/kubepods/burstable/pod<uid>`.
+    #[default]
+    Cgroupfs,
+    /// systemd slices, e.g. `kubepods-burstable-pod<uid>.slice`.
+    Systemd,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSettings {
+    /// `cgroupsPerQOS` / `--cgroups-per-qos`, default true.
+    pub cgroups_per_qos: bool,
+    /// `cgroupDriver` / `--cgroup-driver`, default cgroupfs.
+    pub cgroup_driver: CgroupDriver,
+    /// `cgroupRoot` / `--cgroup-root`; with `cgroupsPerQOS`, empty means `/`.
+    pub cgroup_root: String,
+    /// `podPidsLimit` / `--pod-max-pids`: `pids.max` of every pod cgroup; -1 (default) or 0:
+    /// no limit.
+    pub pod_pids_limit: i64,
+    /// `failCgroupV1`: refuse to start on a cgroup v1 host (default false: a warning).
+    pub fail_cgroup_v1: bool,
+    /// `clusterDNS` / `--cluster-dns`.
+    pub cluster_dns: Vec<IpAddr>,
+    /// `clusterDomain` / `--cluster-domain`; empty = no cluster search domains.
+    pub cluster_domain: String,
+    /// `resolvConf` / `--resolv-conf`, default /etc/resolv.conf; empty = no host DNS.
+    pub resolv_conf: String,
+    /// `allowedUnsafeSysctls` / `--allowed-unsafe-sysctls`: names or `prefix*` patterns.
+    pub allowed_unsafe_sysctls: Vec<String>,
+    /// `seccompDefault` / `--seccomp-default`: RuntimeDefault for containers that set none.
+    pub seccomp_default: bool,
+    /// `--allow-privileged` (removed upstream, where privileged containers are always allowed).
+    pub allow_privileged: bool,
+}
+
+impl Default for PodSettings {
+    fn default() -> Self {
+        PodSettings {
+            cgroups_per_qos: true,
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            cgroup_root: String::new(),
+            pod_pids_limit: -1,
+            fail_cgroup_v1: false,
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: DEFAULT_RESOLV_CONF.to_string(),
+            allowed_unsafe_sysctls: Vec::new(),
+            seccomp_default: false,
+            allow_privileged: true,
+        }
+    }
+}
+
+impl CgroupDriver {
+    /// The name in the configuration (`cgroupDriver`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
+        }
+    }
+}
+
+type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+
+fn driver(field: &str, value: &str, invalid: Invalid) -> Result<CgroupDriver, ConfigError> {
+    match value {
+        "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
+        "systemd" => Ok(CgroupDriver::Systemd),
+        other => Err(invalid(field, format!("invalid cgroup driver {other:?}: use \"cgroupfs\" or \"systemd\""))),
+    }
+}
+
+/// Upstream accepts -1 (no limit) and positive numbers; 0 also means no limit.
+fn pids_limit(field: &str, value: i64, invalid: Invalid) -> Result<i64, ConfigError> {
+    if value < -1 {
+        return Err(invalid(
+            field,
+            format!("{value} is not a process count: use a positive number, or -1 for no limit"),
+        ));
+    }
+    Ok(value)
+}
+
+fn dns_ips<S: AsRef<str>>(field: &str, values: &[S], invalid: Invalid) -> Result<Vec<IpAddr>, ConfigError> {
+    values
+        .iter()
+        .map(|v| {
+            let v = v.as_ref().trim();
+            v.parse().map_err(|_| invalid(field, format!("{v:?} is not a valid IP address")))
+        })
+        .collect()
+}
+
+fn sysctl_patterns<S: AsRef<str>>(field: &str, values: &[S], invalid: Invalid) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for v in values {
+        let v = v.as_ref().trim();
+        let name = v.strip_suffix('*').unwrap_or(v);
+        if v.is_empty() || name.contains('*') || name.contains(char::is_whitespace) {
+            return Err(invalid(field, format!("{v:?} is not a sysctl name or a prefix ending in *")));
+        }
+        out.push(v.to_string());
+    }
+    Ok(out)
+}
+
+impl PodSettings {
+    pub(super) fn apply_file(&mut self, c: &KubeletConfiguration, invalid: Invalid) -> Result<(), ConfigError> {
+        if let Some(b) = c.cgroups_per_qos {
+            self.cgroups_per_qos = b;
+        }
+        if let Some(d) = c.cgroup_driver.as_deref().filter(|d| !d.is_empty()) {
+            self.cgroup_driver = driver("cgroupDriver", d, invalid)?;
+        }
+        if let Some(r) = &c.cgroup_root {
+            self.cgroup_root = r.clone();
+        }
+        if let Some(n) = c.pod_pids_limit {
+            self.pod_pids_limit = pids_limit("podPidsLimit", n, invalid)?;
+        }
+        if let Some(b) = c.fail_cgroup_v1 {
+            self.fail_cgroup_v1 = b;
+        }
+        if let Some(ips) = &c.cluster_dns {
+            self.cluster_dns = dns_ips("clusterDNS", ips, invalid)?;
+        }
+        if let Some(d) = &c.cluster_domain {
+            self.cluster_domain = d.trim_end_matches('.').to_string();
+        }
+        if let Some(r) = &c.resolv_conf {
+            self.resolv_conf = r.clone();
+        }
+        if let Some(s) = &c.allowed_unsafe_sysctls {
+            self.allowed_unsafe_sysctls = sysctl_patterns("allowedUnsafeSysctls", s, invalid)?;
+        }
+        if let Some(b) = c.seccomp_default {
+            self.seccomp_default = b;
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_flags(&mut self, f: &Flags, invalid: Invalid) -> Result<(), ConfigError> {
+        if let Some(b) = f.cgroups_per_qos {
+            self.cgroups_per_qos = b;
+        }
+        if let Some(d) = &f.cgroup_driver {
+            self.cgroup_driver = driver("--cgroup-driver", d, invalid)?;
+        }
+        if let Some(r) = &f.cgroup_root {
+            self.cgroup_root = r.clone();
+        }
+        if let Some(n) = f.pod_max_pids {
+            self.pod_pids_limit = pids_limit("--pod-max-pids", n, invalid)?;
+        }
+        if !f.cluster_dns.is_empty() {
+            let values: Vec<&str> = f.cluster_dns.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).collect();
+            self.cluster_dns = dns_ips("--cluster-dns", &values, invalid)?;
+        }
+        if let Some(d) = &f.cluster_domain {
+            self.cluster_domain = d.trim_end_matches('.').to_string();
+        }
+        if let Some(r) = &f.resolv_conf {
+            self.resolv_conf = r.clone();
+        }
+        if !f.allowed_unsafe_sysctls.is_empty() {
+            let values: Vec<&str> =
+                f.allowed_unsafe_sysctls.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).collect();
+            self.allowed_unsafe_sysctls = sysctl_patterns("--allowed-unsafe-sysctls", &values, invalid)?;
+        }
+        if let Some(b) = f.seccomp_default {
+            self.seccomp_default = b;
+        }
+        if let Some(b) = f.allow_privileged {
+            self.allow_privileged = b;
+        }
+        self.check(invalid)
+    }
+
+    /// Upstream: the systemd driver needs slice-shaped names, so a cgroupRoot must be one.
+    fn check(&self, invalid: Invalid) -> Result<(), ConfigError> {
+        if self.cgroup_driver == CgroupDriver::Systemd
+            && !self.cgroup_root.is_empty()
+            && self.cgroup_root != "/"
+            && !self.cgroup_root.ends_with(".slice")
+        {
+            return Err(invalid(
+                "cgroupRoot",
+                format!(
+                    "{:?} is not a systemd slice name (like \"kubelet.slice\"), as the systemd cgroup driver needs",
+                    self.cgroup_root
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Input;
+
+    fn invalid(field: &str, reason: String) -> ConfigError {
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), reason }
+    }
+
+    #[test]
+    fn defaults_are_upstream() {
+        let s = PodSettings::default();
+        assert!(s.cgroups_per_qos && s.allow_privileged && !s.seccomp_default);
+        assert_eq!(s.cgroup_driver, CgroupDriver::Cgroupfs);
+        assert_eq!(s.resolv_conf, "/etc/resolv.conf");
+        assert_eq!((s.pod_pids_limit, s.fail_cgroup_v1), (-1, false));
+    }
+
+    #[test]
+    fn pids_limit_below_minus_one_is_rejected() {
+        let mut s = PodSettings::default();
+        let e = s.apply_flags(&Flags { pod_max_pids: Some(-2), ..Default::default() }, &invalid).unwrap_err();
+        assert!(e.to_string().contains("--pod-max-pids"), "{e}");
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let mut s = PodSettings::default();
+        let c = KubeletConfiguration {
+            cgroup_driver: Some("systemd".into()),
+            cluster_dns: Some(vec!["10.96.0.10".into()]),
+            cluster_domain: Some("cluster.local.".into()),
+            allowed_unsafe_sysctls: Some(vec!["net.core.*".into()]),
+            pod_pids_limit: Some(100),
+            fail_cgroup_v1: Some(true),
+            ..Default::default()
+        };
+        s.apply_file(&c, &invalid).unwrap();
+        assert_eq!((s.pod_pids_limit, s.fail_cgroup_v1), (100, true));
+        assert_eq!(s.cgroup_driver, CgroupDriver::Systemd);
+        assert_eq!(s.cluster_domain, "cluster.local");
+        assert_eq!(s.allowed_unsafe_sysctls, ["net.core.*"]);
+        let f = Flags {
+            cgroup_driver: Some("cgroupfs".into()),
+            cluster_dns: vec!["10.0.0.10,fd00::10".into()],
+            resolv_conf: Some(String::new()),
+            ..Default::default()
+        };
+        s.apply_flags(&f, &invalid).unwrap();
+        assert_eq!(s.cgroup_driver, CgroupDriver::Cgroupfs);
+        assert_eq!(s.cluster_dns.len(), 2);
+        assert_eq!(s.resolv_conf, "");
+    }
+
+    #[test]
+    fn flags_parse() {
+        let f = Flags::parse_args(&[
+            "--cgroups-per-qos=false",
+            "--cgroup-root=/k",
+            "--cluster-dns=10.0.0.10",
+            "--cluster-dns",
+            "10.0.0.11",
+            "--allowed-unsafe-sysctls=kernel.msg*,net.core.somaxconn",
+            "--seccomp-default",
+            "--allow-privileged=false",
+        ])
+        .unwrap();
+        assert!(f.compat.unimplemented.is_empty(), "{:?}", f.compat.unimplemented);
+        let mut s = PodSettings::default();
+        s.apply_flags(&f, &invalid).unwrap();
+        assert!(!s.cgroups_per_qos && s.seccomp_default && !s.allow_privileged);
+        assert_eq!(s.cgroup_root, "/k");
+        assert_eq!(s.cluster_dns.len(), 2);
+        assert_eq!(s.allowed_unsafe_sysctls, ["kernel.msg*", "net.core.somaxconn"]);
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let mut s = PodSettings::default();
+        let f = Flags { cgroup_driver: Some("docker".into()), ..Default::default() };
+        assert!(s.apply_flags(&f, &invalid).unwrap_err().to_string().contains("--cgroup-driver"));
+        let c = KubeletConfiguration { cluster_dns: Some(vec!["dns.local".into()]), ..Default::default() };
+        assert!(s.apply_file(&c, &invalid).unwrap_err().to_string().contains("clusterDNS"));
+        let f = Flags { allowed_unsafe_sysctls: vec!["net.*.x".into()], ..Default::default() };
+        assert!(s.apply_flags(&f, &invalid).unwrap_err().to_string().contains("--allowed-unsafe-sysctls"));
+    }
+}

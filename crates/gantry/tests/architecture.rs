@@ -1,0 +1,277 @@
+//! The layering rules of ARCHITECTURE.md, checked on the sources so that a change breaking one
+//! fails the suite instead of waiting for a reviewer:
+//! - only `gantry-cri` depends on gRPC (`tonic`, `prost`, `k8s-cri`) or names it in code;
+//! - inside every crate, the top-level modules import each other without a cycle (the compiler
+//!   already refuses cycles between crates);
+//! - every config field listed as implemented is read by the code that claims it.
+//!
+//! The test kit and the test API server are test harness, not layers of the agent, and are
+//! left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const HARNESS: [&str; 2] = ["testkit", "test-apiserver"];
+const GRPC_CRATES: [&str; 4] = ["tonic", "prost", "k8s-cri", "tonic-health"];
+
+fn crates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The workspace's agent crates: folder name and path.
+fn layer_crates() -> Vec<(String, PathBuf)> {
+    let mut out: Vec<_> = fs::read_dir(crates_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("Cargo.toml").exists())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), p))
+        .filter(|(name, _)| !HARNESS.contains(&name.as_str()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Dependency names in a Cargo.toml's `[dependencies]` section (not dev- or build-).
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut in_deps = false;
+    let mut deps = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+        } else if in_deps && let Some((name, _)) = line.split_once('=') {
+            let name = name.trim().trim_end_matches(".workspace").to_string();
+            if !name.is_empty() && !name.starts_with('#') {
+                deps.push(name);
+            }
+        }
+    }
+    deps
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn only_the_cri_crate_speaks_grpc() {
+    let mut offenders = Vec::new();
+    for (name, path) in layer_crates().into_iter().filter(|(n, _)| n != "cri") {
+        let manifest = fs::read_to_string(path.join("Cargo.toml")).unwrap();
+        for dep in dependencies(&manifest).into_iter().filter(|d| GRPC_CRATES.contains(&d.as_str())) {
+            offenders.push(format!("crates/{name} depends on {dep}"));
+        }
+        for file in rust_files(&path.join("src")) {
+            let text = fs::read_to_string(&file).unwrap();
+            if text.contains("tonic::") || text.contains("k8s_cri::") || text.contains("prost::") {
+                offenders.push(format!("{} names a gRPC type", file.display()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "gRPC belongs to crates/cri only:\n{}", offenders.join("\n"));
+}
+
+/// Top-level module → the crate's other top-level modules it refers to.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut modules = BTreeMap::new();
+    for entry in fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        let files = if path.is_dir() { rust_files(&path) } else { vec![path.clone()] };
+        let top_files: Vec<PathBuf> = vec![path.clone(), path.join("mod.rs")];
+        let mut uses = BTreeSet::new();
+        for file in files {
+            let text = fs::read_to_string(&file).unwrap();
+            uses.extend(references(&text, "crate::"));
+            if top_files.contains(&file) {
+                // In a top-level module's own file, `super::` is the crate root.
+                uses.extend(references(&text, "super::"));
+            }
+        }
+        modules.insert(name, uses);
+    }
+    let names: BTreeSet<String> = modules.keys().cloned().collect();
+    modules
+        .iter()
+        .map(|(m, uses)| (m.clone(), uses.iter().filter(|u| *u != m && names.contains(*u)).cloned().collect()))
+        .collect()
+}
+
+/// The module names after each `prefix` (`crate::runtime::…` → `runtime`; `crate::{a, b}` → both).
+fn references(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices(prefix) {
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let rest = &text[i + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(group.split(',').map(|p| ident(p.trim())).filter(|s| !s.is_empty()));
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out
+}
+
+fn ident(s: &str) -> String {
+    s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+}
+
+/// A cycle in the graph, as the path of module names that closes it.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|p| p == m) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(m.to_string());
+            return Some(cycle);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for next in graph.get(m).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|m| visit(m, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn top_level_modules_import_each_other_without_cycles() {
+    let mut cycles = Vec::new();
+    for (name, path) in layer_crates() {
+        if let Some(cycle) = find_cycle(&module_graph(&path.join("src"))) {
+            cycles.push(format!("crates/{name}: {}", cycle.join(" → ")));
+        }
+    }
+    assert!(cycles.is_empty(), "module import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_cycle_check_sees_cycles() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::from(["c".to_string()])),
+        ("c".to_string(), BTreeSet::from(["a".to_string()])),
+    ]
+    .into();
+    assert_eq!(find_cycle(&graph), Some(vec!["a", "b", "c", "a"].into_iter().map(String::from).collect()));
+    assert_eq!(
+        references("use crate::{agent::Shared, runtime::Driver};\nlet x = crate::node::f();", "crate::"),
+        BTreeSet::from(["agent".to_string(), "runtime".to_string(), "node".to_string()])
+    );
+}
+
+/// Every `KubeletConfiguration` field listed as implemented, the `Settings` member (or method)
+/// it resolves to, and the file that reads it. Flags resolve to the same members, so this
+/// covers them too. A field whose consumer stops reading it fails the test below; a field
+/// added to the implemented list without a row here fails it too.
+const CLAIMS: &[(&str, &str, &str)] = &[
+    ("apiVersion", "API_VERSION", "crates/config/src/file.rs"),
+    ("kind", "KIND", "crates/config/src/file.rs"),
+    ("staticPodPath", "static_pod_path", "crates/agent/src/agent/mod.rs"),
+    ("staticPodURL", "static_pod_url", "crates/agent/src/agent/mod.rs"),
+    ("staticPodURLHeader", "static_pod_url_header", "crates/agent/src/agent/mod.rs"),
+    ("fileCheckFrequency", "file_check_frequency", "crates/agent/src/agent/mod.rs"),
+    ("httpCheckFrequency", "http_check_frequency", "crates/agent/src/agent/mod.rs"),
+    ("syncFrequency", "sync_frequency", "crates/agent/src/agent/worker.rs"),
+    ("containerRuntimeEndpoint", "container_runtime_endpoint", "crates/agent/src/agent/mod.rs"),
+    ("imageServiceEndpoint", "image_service_endpoint", "crates/agent/src/agent/mod.rs"),
+    ("runtimeRequestTimeout", "runtime_request_timeout", "crates/agent/src/agent/mod.rs"),
+    ("podLogsDir", "pod_logs_dir", "crates/agent/src/agent/mod.rs"),
+    ("featureGates", "feature_gates", "crates/agent/src/node/status.rs"),
+    ("runOnce", "run_once", "crates/gantry/src/kubelet.rs"),
+    ("maxPods", "max_pods", "crates/agent/src/node/status.rs"),
+    ("registerNode", "register_node", "crates/agent/src/node/controller.rs"),
+    ("registerWithTaints", "register_with_taints", "crates/agent/src/node/status.rs"),
+    ("kubeAPIQPS", "kube_api_qps", "crates/agent/src/api/mod.rs"),
+    ("kubeAPIBurst", "kube_api_burst", "crates/agent/src/api/mod.rs"),
+    ("nodeStatusUpdateFrequency", "node_status_update_frequency", "crates/agent/src/node/controller.rs"),
+    ("nodeStatusReportFrequency", "node_status_report_frequency", "crates/agent/src/node/controller.rs"),
+    ("nodeLeaseDurationSeconds", "node_lease_duration_seconds", "crates/agent/src/node/controller.rs"),
+    ("kubeReserved", "kube_reserved", "crates/agent/src/node/status.rs"),
+    ("systemReserved", "system_reserved", "crates/agent/src/node/status.rs"),
+    ("evictionHard", "eviction_hard", "crates/agent/src/node/pressure.rs"),
+    ("port", "port", "crates/server/src/lib.rs"),
+    ("podsPerCore", "pods_per_core", "crates/agent/src/node/status.rs"),
+    ("imageGCHighThresholdPercent", "gc_high_threshold_percent", "crates/agent/src/image/collector.rs"),
+    ("imageGCLowThresholdPercent", "gc_low_threshold_percent", "crates/agent/src/image/collector.rs"),
+    ("imageMinimumGCAge", "minimum_gc_age", "crates/agent/src/image/collector.rs"),
+    ("imageMaximumGCAge", "maximum_gc_age", "crates/agent/src/image/collector.rs"),
+    ("serializeImagePulls", "parallel_pull_limit", "crates/agent/src/agent/mod.rs"),
+    ("maxParallelImagePulls", "parallel_pull_limit", "crates/agent/src/agent/mod.rs"),
+    ("cgroupsPerQOS", "cgroups_per_qos", "crates/agent/src/runtime/driver.rs"),
+    ("cgroupDriver", "cgroup_driver", "crates/agent/src/runtime/driver.rs"),
+    ("cgroupRoot", "cgroup_root", "crates/agent/src/runtime/cgroups.rs"),
+    ("clusterDNS", "cluster_dns", "crates/agent/src/runtime/dns.rs"),
+    ("clusterDomain", "cluster_domain", "crates/agent/src/runtime/dns.rs"),
+    ("resolvConf", "resolv_conf", "crates/agent/src/runtime/driver.rs"),
+    ("allowedUnsafeSysctls", "allowed_unsafe_sysctls", "crates/agent/src/runtime/driver.rs"),
+    ("seccompDefault", "seccomp_default", "crates/agent/src/runtime/driver.rs"),
+    ("containerLogMaxSize", "max_size", "crates/logs/src/rotation.rs"),
+    ("containerLogMaxFiles", "max_files", "crates/logs/src/rotation.rs"),
+    ("containerLogMaxWorkers", "max_workers", "crates/logs/src/rotation.rs"),
+    ("containerLogMonitorInterval", "monitor_interval", "crates/logs/src/rotation.rs"),
+    ("enableServer", "enabled", "crates/node/src/lib.rs"),
+    ("address", "address", "crates/server/src/lib.rs"),
+    ("readOnlyPort", "read_only_port", "crates/server/src/lib.rs"),
+    ("tlsCertFile", "tls_cert_file", "crates/server/src/tls.rs"),
+    ("tlsPrivateKeyFile", "tls_private_key_file", "crates/server/src/tls.rs"),
+    ("tlsCipherSuites", "tls_cipher_suites", "crates/server/src/tls.rs"),
+    ("tlsMinVersion", "tls_min_version", "crates/server/src/tls.rs"),
+    ("authentication", "anonymous", "crates/server/src/authn.rs"),
+    ("authorization", "authorization_mode", "crates/server/src/authz.rs"),
+    ("healthzPort", "healthz_port", "crates/server/src/lib.rs"),
+    ("healthzBindAddress", "healthz_bind_address", "crates/server/src/lib.rs"),
+    ("enableDebuggingHandlers", "debugging_handlers", "crates/server/src/routes.rs"),
+];
+
+#[test]
+fn implemented_config_fields_are_read_by_their_consumers() {
+    let listed: BTreeSet<&str> = gantry_config::IMPLEMENTED_FIELDS.iter().copied().collect();
+    let claimed: BTreeSet<&str> = CLAIMS.iter().map(|(field, _, _)| *field).collect();
+    assert_eq!(listed, claimed, "IMPLEMENTED_FIELDS and CLAIMS list the same fields");
+    let root = crates_dir().parent().unwrap().to_path_buf();
+    let mut unread = Vec::new();
+    for (field, member, file) in CLAIMS {
+        let text = fs::read_to_string(root.join(file)).unwrap_or_default();
+        // Only the code, not its unit tests.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let read = [format!(".{member}"), format!("{member}(")].iter().any(|p| {
+            code.match_indices(p.as_str()).any(|(i, _)| {
+                let after = code[i + p.len()..].chars().next();
+                !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        }) || (*member == "API_VERSION" || *member == "KIND") && code.contains(member);
+        if !read {
+            unread.push(format!("{field}: {file} does not read {member}"));
+        }
+    }
+    assert!(unread.is_empty(), "fields claimed as implemented but not read:\n{}", unread.join("\n"));
+}

@@ -1,0 +1,235 @@
+//! The agent's own Prometheus metrics (`/metrics`) and the prober's (`/metrics/probes`), with
+//! upstream names and labels. The registries are process-wide: CRI calls, pod workers and
+//! probers record from wherever they run; the HTTP handlers encode on demand.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerStateLabels {
+    pub container_state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub probe_type: String,
+    pub result: String,
+    pub container: String,
+    pub pod: String,
+    pub namespace: String,
+    pub pod_uid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub code: String,
+    pub method: String,
+    pub host: String,
+}
+
+/// Upstream's pod start duration buckets (seconds).
+const POD_START_BUCKETS: [f64; 25] = [
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0,
+    600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    probe_registry: Registry,
+    pub running_pods: Gauge,
+    pub running_containers: Family<ContainerStateLabels, Gauge>,
+    pub pod_start_duration: Histogram,
+    pub runtime_operations: Family<OperationLabels, Counter>,
+    pub runtime_operation_errors: Family<OperationLabels, Counter>,
+    pub runtime_operation_duration: Family<OperationLabels, Histogram>,
+    pub rest_client_requests: Family<RequestLabels, Counter>,
+    pub probes: Family<ProbeLabels, Counter>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let running_pods = Gauge::default();
+        registry.register(
+            "kubelet_running_pods",
+            "[ALPHA] Number of pods that have a running pod sandbox",
+            running_pods.clone(),
+        );
+        let running_containers = Family::<ContainerStateLabels, Gauge>::default();
+        registry.register(
+            "kubelet_running_containers",
+            "[ALPHA] Number of containers currently running",
+            running_containers.clone(),
+        );
+        let pod_start_duration = Histogram::new(POD_START_BUCKETS);
+        registry.register(
+            "kubelet_pod_start_duration_seconds",
+            "[ALPHA] Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
+            pod_start_duration.clone(),
+        );
+        // The registry appends `_total` to counters.
+        let runtime_operations = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "kubelet_runtime_operations",
+            "[ALPHA] Cumulative number of runtime operations by operation type.",
+            runtime_operations.clone(),
+        );
+        let runtime_operation_errors = Family::<OperationLabels, Counter>::default();
+        registry.register(
+            "kubelet_runtime_operations_errors",
+            "[ALPHA] Cumulative number of runtime operation errors by operation type.",
+            runtime_operation_errors.clone(),
+        );
+        let runtime_operation_duration = Family::<OperationLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.5, 14))
+        });
+        registry.register(
+            "kubelet_runtime_operations_duration_seconds",
+            "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type.",
+            runtime_operation_duration.clone(),
+        );
+        let rest_client_requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "rest_client_requests",
+            "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
+            rest_client_requests.clone(),
+        );
+        let mut probe_registry = Registry::default();
+        let probes = Family::<ProbeLabels, Counter>::default();
+        probe_registry.register(
+            "prober_probe",
+            "[ALPHA] Cumulative number of a liveness, readiness or startup probe for a container by result.",
+            probes.clone(),
+        );
+        Metrics {
+            registry,
+            probe_registry,
+            running_pods,
+            running_containers,
+            pod_start_duration,
+            runtime_operations,
+            runtime_operation_errors,
+            runtime_operation_duration,
+            rest_client_requests,
+            probes,
+        }
+    }
+
+    /// `/metrics` in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    /// `/metrics/probes`.
+    pub fn encode_probes(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.probe_registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// Reports CRI calls into the runtime operation metrics; call once at start-up.
+pub fn install() {
+    gantry_cri::set_call_observer(record_cri_call);
+}
+
+fn record_cri_call(op: &'static str, elapsed: Duration, ok: bool) {
+    let labels = OperationLabels { operation_type: operation_type(op) };
+    let m = &*METRICS;
+    m.runtime_operations.get_or_create(&labels).inc();
+    m.runtime_operation_duration.get_or_create(&labels).observe(elapsed.as_secs_f64());
+    if !ok {
+        m.runtime_operation_errors.get_or_create(&labels).inc();
+    }
+}
+
+/// Upstream's operation types are the snake_case RPC names (`list_containers`).
+pub fn operation_type(rpc: &str) -> String {
+    let mut out = String::with_capacity(rpc.len() + 4);
+    for (i, ch) in rpc.chars().enumerate() {
+        if ch.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_lowercase());
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Counts one probe run (`probe_type` Liveness/Readiness/Startup, `result`
+/// successful/failed/unknown).
+pub fn record_probe(probe_type: &str, result: &str, container: &str, pod: &str, namespace: &str, pod_uid: &str) {
+    METRICS
+        .probes
+        .get_or_create(&ProbeLabels {
+            probe_type: probe_type.into(),
+            result: result.into(),
+            container: container.into(),
+            pod: pod.into(),
+            namespace: namespace.into(),
+            pod_uid: pod_uid.into(),
+        })
+        .inc();
+}
+
+/// Sets the running pod and container gauges from the runtime's current lists.
+pub fn set_running(pods: i64, containers_by_state: &[(&str, i64)]) {
+    METRICS.running_pods.set(pods);
+    for (state, n) in containers_by_state {
+        METRICS.running_containers.get_or_create(&ContainerStateLabels { container_state: state.to_string() }).set(*n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_as_upstream() {
+        assert_eq!(operation_type("ListContainers"), "list_containers");
+        assert_eq!(operation_type("Version"), "version");
+        record_cri_call("ListPodSandbox", Duration::from_millis(3), false);
+        record_probe("Readiness", "successful", "app", "web", "default", "u1");
+        set_running(2, &[("running", 3), ("exited", 1)]);
+        let text = METRICS.encode();
+        assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"list_pod_sandbox\"} 1"), "{text}");
+        assert!(
+            text.contains("kubelet_runtime_operations_errors_total{operation_type=\"list_pod_sandbox\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kubelet_runtime_operations_duration_seconds_bucket{le=\"0.005\",operation_type=\"list_pod_sandbox\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("kubelet_running_pods 2"), "{text}");
+        assert!(text.contains("kubelet_running_containers{container_state=\"running\"} 3"), "{text}");
+        assert!(text.contains("# TYPE kubelet_pod_start_duration_seconds histogram"), "{text}");
+        let probes = METRICS.encode_probes();
+        assert!(
+            probes.contains("prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 1"),
+            "{probes}"
+        );
+    }
+}

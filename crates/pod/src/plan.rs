@@ -1,0 +1,222 @@
+//! Desired spec + observed runtime state → the CRI actions to take next.
+//!
+//! One call to [`compute`] looks at a snapshot and returns everything that should happen now.
+//! The worker executes the actions, observes again, and calls it again: the plan converges
+//! because every action moves the runtime state towards the spec.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::backoff::{self, Backoff};
+use super::{ContainerInfo, ContainerState, Nanos, ObservedPod, SandboxInfo};
+use gantry_vocab::spec::{self, RestartPolicy};
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PodActions {
+    /// Stop every container and the sandbox: the pod ran to completion, or its sandbox is gone
+    /// and what is left of it must be cleared before a new one is made.
+    pub kill_pod: bool,
+    /// Create a sandbox with this attempt number.
+    pub create_sandbox: Option<u32>,
+    pub kill_containers: Vec<Kill>,
+    pub start: Vec<Start>,
+    /// Containers that should restart but are still in crash-loop backoff.
+    pub back_off: Vec<BackingOff>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kill {
+    pub id: String,
+    pub name: String,
+    pub reason: KillReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// The container's spec changed.
+    SpecChanged,
+    /// Created but never started (e.g. we crashed in between), or its state is unknown.
+    Stuck,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Start {
+    pub name: String,
+    pub init: bool,
+    pub attempt: u32,
+    /// When this start restarts a container that exited, when that one finished; the worker
+    /// records it in the backoff.
+    pub restart_of: Option<Nanos>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackingOff {
+    pub name: String,
+    pub remaining: Nanos,
+    pub delay_message: String,
+}
+
+impl PodActions {
+    pub fn is_empty(&self) -> bool {
+        *self == PodActions::default()
+    }
+
+    /// The soonest a backoff expires, i.e. when the pod must be looked at again.
+    pub fn next_wake(&self) -> Option<Nanos> {
+        self.back_off.iter().map(|b| b.remaining).min()
+    }
+}
+
+/// Computes the next actions for `pod`.
+pub fn compute(pod: &Pod, observed: &ObservedPod, backoff: &Backoff, now: Nanos) -> PodActions {
+    let planner = Planner { pod, observed, backoff, now, uid: spec::uid(pod), policy: spec::restart_policy(pod) };
+    match observed.current_sandbox() {
+        Some(sandbox) if sandbox.ready => planner.in_sandbox(sandbox),
+        previous => planner.without_sandbox(previous),
+    }
+}
+
+struct Planner<'a> {
+    pod: &'a Pod,
+    observed: &'a ObservedPod,
+    backoff: &'a Backoff,
+    now: Nanos,
+    uid: &'a str,
+    policy: RestartPolicy,
+}
+
+impl Planner<'_> {
+    fn without_sandbox(&self, previous: Option<&SandboxInfo>) -> PodActions {
+        let mut actions = PodActions { kill_pod: self.observed.running().next().is_some(), ..Default::default() };
+        if self.ran_to_completion() {
+            return actions;
+        }
+        actions.create_sandbox = Some(previous.map_or(0, |s| s.attempt + 1));
+        match spec::init_containers(self.pod).first() {
+            Some(first) => self.start_or_back_off(first, true, &mut actions),
+            None => {
+                for c in spec::containers(self.pod) {
+                    self.start_or_back_off(c, false, &mut actions);
+                }
+            }
+        }
+        actions
+    }
+
+    /// A pod whose sandbox is gone gets a new one unless its containers already finished
+    /// for good (upstream: restartPolicy Never once anything ran, or OnFailure once all
+    /// regular containers succeeded).
+    fn ran_to_completion(&self) -> bool {
+        match self.policy {
+            RestartPolicy::Always => false,
+            RestartPolicy::Never => !self.observed.containers.is_empty(),
+            RestartPolicy::OnFailure => spec::containers(self.pod).iter().all(|c| {
+                self.observed.latest(&c.name).is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
+            }),
+        }
+    }
+
+    fn in_sandbox(&self, sandbox: &SandboxInfo) -> PodActions {
+        let mut actions = PodActions::default();
+        if !self.init_done(sandbox, &mut actions) {
+            return actions;
+        }
+        let mut alive = 0;
+        for c in spec::containers(self.pod) {
+            match self.observed.latest_in(&c.name, &sandbox.id) {
+                None => self.start_or_back_off(c, false, &mut actions),
+                Some(i) if i.state == ContainerState::Running => {
+                    if i.spec_hash == spec::container_hash(c) {
+                        alive += 1;
+                    } else {
+                        actions.kill_containers.push(kill(i, KillReason::SpecChanged));
+                        self.start_or_back_off(c, false, &mut actions);
+                    }
+                }
+                Some(i) if i.state == ContainerState::Exited => {
+                    if self.policy.restarts(i.exit_code) {
+                        self.start_or_back_off(c, false, &mut actions);
+                    }
+                }
+                Some(i) => {
+                    actions.kill_containers.push(kill(i, KillReason::Stuck));
+                    self.start_or_back_off(c, false, &mut actions);
+                }
+            }
+        }
+        if alive == 0 && actions.start.is_empty() && actions.back_off.is_empty() {
+            actions.kill_pod = true;
+        }
+        actions
+    }
+
+    /// Walks the init containers in order. Returns true when all have succeeded in this
+    /// sandbox; otherwise fills `actions` with the one step to take next.
+    fn init_done(&self, sandbox: &SandboxInfo, actions: &mut PodActions) -> bool {
+        let regular_started =
+            spec::containers(self.pod).iter().any(|c| self.observed.latest_in(&c.name, &sandbox.id).is_some());
+        if regular_started {
+            return true;
+        }
+        for c in spec::init_containers(self.pod) {
+            match self.observed.latest_in(&c.name, &sandbox.id) {
+                None => {}
+                Some(i) if i.state == ContainerState::Running => return false,
+                Some(i) if i.state == ContainerState::Exited && i.exit_code == 0 => continue,
+                Some(i) if i.state == ContainerState::Exited && self.policy == RestartPolicy::Never => {
+                    actions.kill_pod = true;
+                    return false;
+                }
+                Some(i) if i.state == ContainerState::Exited => {}
+                Some(i) => actions.kill_containers.push(kill(i, KillReason::Stuck)),
+            }
+            self.start_or_back_off(c, true, actions);
+            return false;
+        }
+        true
+    }
+
+    fn start_or_back_off(&self, c: &Container, init: bool, actions: &mut PodActions) {
+        let latest = self.observed.latest(&c.name);
+        let attempt = latest.map_or(0, |i| i.attempt + 1);
+        let restart_of = latest.filter(|i| i.state == ContainerState::Exited).map(|i| i.finished_at);
+        if let Some(finished_at) = restart_of {
+            let key = backoff::key(self.uid, &c.name);
+            if let Some(remaining) = self.backoff.remaining(&key, finished_at, self.now) {
+                actions.back_off.push(BackingOff {
+                    name: c.name.clone(),
+                    remaining,
+                    delay_message: back_off_message(self.backoff.delay(&key), &c.name, self.pod),
+                });
+                return;
+            }
+        }
+        actions.start.push(Start { name: c.name.clone(), init, attempt, restart_of });
+    }
+}
+
+fn kill(i: &ContainerInfo, reason: KillReason) -> Kill {
+    Kill { id: i.id.clone(), name: i.name.clone(), reason }
+}
+
+/// The upstream CrashLoopBackOff message.
+fn back_off_message(delay: Nanos, container: &str, pod: &Pod) -> String {
+    format!(
+        "back-off {} restarting failed container={container} pod={}_{}({})",
+        format_go_duration(delay),
+        spec::name(pod),
+        spec::namespace(pod),
+        spec::uid(pod)
+    )
+}
+
+/// Whole durations the way Go prints them (`10s`, `1m20s`, `5m0s`).
+pub fn format_go_duration(nanos: Nanos) -> String {
+    let secs = nanos / super::SECOND;
+    match (secs / 60, secs % 60) {
+        (0, s) => format!("{s}s"),
+        (m, s) => format!("{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+use crate::SECOND;
+
+const NOW: Nanos = 10_000 * SECOND;
+
+fn container(name: &str) -> Container {
+    Container { name: name.into(), image: Some("busybox:1".into()), ..Default::default() }
+}
+
+fn pod(init: &[&str], regular: &[&str], policy: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta { name: Some("p".into()), uid: Some("u1".into()), ..Default::default() },
+        spec: Some(PodSpec {
+            init_containers: (!init.is_empty()).then(|| init.iter().map(|n| container(n)).collect()),
+            containers: regular.iter().map(|n| container(n)).collect(),
+            restart_policy: Some(policy.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn sandbox(id: &str, attempt: u32, ready: bool) -> SandboxInfo {
+    SandboxInfo { id: id.into(), attempt, ready, created_at: attempt as i64, ip: None, additional_ips: vec![] }
+}
+
+fn instance(pod: &Pod, name: &str, sandbox: &str, attempt: u32, state: ContainerState, exit: i32) -> ContainerInfo {
+    let spec = spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name).unwrap();
+    ContainerInfo {
+        sandbox_id: sandbox.into(),
+        attempt,
+        created_at: NOW - 100 * SECOND,
+        started_at: NOW - 90 * SECOND,
+        finished_at: if state == ContainerState::Exited { NOW - SECOND } else { 0 },
+        exit_code: exit,
+        image: "busybox:1".into(),
+        image_ref: "sha256:1".into(),
+        spec_hash: spec::container_hash(spec),
+        ..ContainerInfo::fixture(&format!("{name}-{attempt}"), name, state)
+    }
+}
+
+fn names(starts: &[Start]) -> Vec<&str> {
+    starts.iter().map(|s| s.name.as_str()).collect()
+}
+
+#[test]
+fn new_pod_gets_a_sandbox_and_all_regular_containers() {
+    let p = pod(&[], &["a", "b"], "Always");
+    let actions = compute(&p, &ObservedPod::default(), &Backoff::default(), NOW);
+    assert_eq!(actions.create_sandbox, Some(0));
+    assert_eq!(names(&actions.start), ["a", "b"]);
+    assert!(!actions.kill_pod);
+}
+
+#[test]
+fn new_pod_with_init_containers_starts_only_the_first_init() {
+    let p = pod(&["i1", "i2"], &["a"], "Always");
+    let actions = compute(&p, &ObservedPod::default(), &Backoff::default(), NOW);
+    assert_eq!(actions.create_sandbox, Some(0));
+    assert_eq!(names(&actions.start), ["i1"]);
+    assert!(actions.start[0].init);
+}
+
+#[test]
+fn init_containers_run_one_at_a_time_in_order() {
+    let p = pod(&["i1", "i2"], &["a"], "Always");
+    let mut obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![] };
+    obs.containers.push(instance(&p, "i1", "s", 0, ContainerState::Running, 0));
+    assert!(compute(&p, &obs, &Backoff::default(), NOW).is_empty(), "waits for i1");
+
+    obs.containers[0] = instance(&p, "i1", "s", 0, ContainerState::Exited, 0);
+    assert_eq!(names(&compute(&p, &obs, &Backoff::default(), NOW).start), ["i2"]);
+
+    obs.containers.push(instance(&p, "i2", "s", 0, ContainerState::Exited, 0));
+    assert_eq!(names(&compute(&p, &obs, &Backoff::default(), NOW).start), ["a"]);
+}
+
+#[test]
+fn failed_init_container_fails_the_pod_under_never_and_restarts_otherwise() {
+    for (policy, expect_kill) in [("Never", true), ("OnFailure", false), ("Always", false)] {
+        let p = pod(&["i1"], &["a"], policy);
+        let obs = ObservedPod {
+            sandboxes: vec![sandbox("s", 0, true)],
+            containers: vec![instance(&p, "i1", "s", 0, ContainerState::Exited, 1)],
+        };
+        let actions = compute(&p, &obs, &Backoff::default(), NOW);
+        assert_eq!(actions.kill_pod, expect_kill, "{policy}");
+        assert_eq!(actions.start.is_empty(), expect_kill, "{policy}");
+    }
+}
+
+#[test]
+fn running_pod_needs_nothing() {
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, true)],
+        containers: vec![instance(&p, "a", "s", 3, ContainerState::Running, 0)],
+    };
+    assert!(compute(&p, &obs, &Backoff::default(), NOW).is_empty());
+}
+
+#[test]
+fn exited_containers_restart_per_policy() {
+    let cases = [
+        ("Always", 0, true),
+        ("Always", 1, true),
+        ("OnFailure", 0, false),
+        ("OnFailure", 2, true),
+        ("Never", 1, false),
+    ];
+    for (policy, exit, restarts) in cases {
+        let p = pod(&[], &["a"], policy);
+        let obs = ObservedPod {
+            sandboxes: vec![sandbox("s", 0, true)],
+            containers: vec![instance(&p, "a", "s", 0, ContainerState::Exited, exit)],
+        };
+        let actions = compute(&p, &obs, &Backoff::default(), NOW);
+        assert_eq!(!actions.start.is_empty(), restarts, "{policy} exit {exit}");
+        assert_eq!(actions.kill_pod, !restarts, "a finished pod releases its sandbox ({policy} exit {exit})");
+        if restarts {
+            assert_eq!(actions.start[0].attempt, 1);
+            assert_eq!(actions.start[0].restart_of, Some(NOW - SECOND));
+        }
+    }
+}
+
+#[test]
+fn restart_waits_for_backoff() {
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, true)],
+        containers: vec![instance(&p, "a", "s", 1, ContainerState::Exited, 1)],
+    };
+    let mut backoff = Backoff::default();
+    backoff.record_restart(&backoff::key("u1", "a"), NOW - 30 * SECOND, NOW - 30 * SECOND);
+    let actions = compute(&p, &obs, &backoff, NOW);
+    assert!(actions.start.is_empty());
+    assert!(!actions.kill_pod, "a pod in backoff keeps its sandbox");
+    assert_eq!(actions.back_off.len(), 1);
+    assert_eq!(actions.next_wake(), Some(9 * SECOND));
+    assert!(
+        actions.back_off[0].delay_message.starts_with("back-off 10s restarting failed container=a pod=p_default(u1)")
+    );
+}
+
+#[test]
+fn changed_spec_replaces_the_container() {
+    let p = pod(&[], &["a"], "Always");
+    let mut running = instance(&p, "a", "s", 0, ContainerState::Running, 0);
+    running.spec_hash = "old".into();
+    let obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![running] };
+    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    assert_eq!(actions.kill_containers.len(), 1);
+    assert_eq!(actions.kill_containers[0].reason, KillReason::SpecChanged);
+    assert_eq!(names(&actions.start), ["a"]);
+}
+
+#[test]
+fn dead_sandbox_is_replaced_and_init_containers_run_again() {
+    let p = pod(&["i1"], &["a"], "Always");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, false)],
+        containers: vec![
+            instance(&p, "i1", "s", 0, ContainerState::Exited, 0),
+            instance(&p, "a", "s", 0, ContainerState::Running, 0),
+        ],
+    };
+    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    assert!(actions.kill_pod, "the stale container is stopped first");
+    assert_eq!(actions.create_sandbox, Some(1));
+    assert_eq!(names(&actions.start), ["i1"]);
+    assert_eq!(actions.start[0].attempt, 1);
+}
+
+#[test]
+fn completed_pod_gets_no_new_sandbox() {
+    let p = pod(&[], &["a"], "Never");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, false)],
+        containers: vec![instance(&p, "a", "s", 0, ContainerState::Exited, 0)],
+    };
+    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    assert!(actions.is_empty());
+}
+
+#[test]
+fn created_but_never_started_container_is_replaced() {
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, true)],
+        containers: vec![instance(&p, "a", "s", 0, ContainerState::Created, 0)],
+    };
+    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    assert_eq!(actions.kill_containers[0].reason, KillReason::Stuck);
+    assert_eq!(actions.start[0].attempt, 1);
+}
+
+#[test]
+fn go_durations() {
+    assert_eq!(format_go_duration(10 * SECOND), "10s");
+    assert_eq!(format_go_duration(80 * SECOND), "1m20s");
+    assert_eq!(format_go_duration(300 * SECOND), "5m0s");
+}

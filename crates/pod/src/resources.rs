@@ -1,0 +1,194 @@
+//! Requests and limits → the cgroup values a container or a whole pod gets, with upstream's
+//! conversions: CPU shares from the request (min 2), CFS quota from the limit over a 100 ms
+//! period (min 1 ms), memory limit in bytes.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use gantry_vocab::spec;
+
+use crate::qos::{self, QosClass};
+use crate::requests::{cpu, memory};
+
+pub const CPU_PERIOD_US: i64 = 100_000;
+const MIN_SHARES: i64 = 2;
+const MAX_SHARES: i64 = 262_144;
+const SHARES_PER_CPU: i128 = 1024;
+const MIN_QUOTA_US: i64 = 1000;
+
+/// What goes into a cgroup; zero means "leave unset".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CgroupValues {
+    pub cpu_shares: i64,
+    pub cpu_quota: i64,
+    pub cpu_period: i64,
+    pub memory_limit: i64,
+    /// `pids.max`; only pod cgroups get one (`podPidsLimit`).
+    pub pids_limit: i64,
+}
+
+/// Upstream `MilliCPUToShares`.
+pub fn shares(milli_cpu: i128) -> i64 {
+    if milli_cpu <= 0 {
+        return MIN_SHARES;
+    }
+    ((milli_cpu * SHARES_PER_CPU / 1000) as i64).clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// The cgroup v2 `cpu.weight` for CPU shares, with the linear formula the Go kubelet uses for
+/// the cgroups it manages itself (kubepods, QoS levels, pods): 2 → 1, 1024 → 39, 262144 → 10000.
+pub fn cpu_weight(shares: i64) -> i64 {
+    if shares >= MAX_SHARES {
+        return 10_000;
+    }
+    1 + ((shares.max(MIN_SHARES) - MIN_SHARES) * 9999) / (MAX_SHARES - MIN_SHARES)
+}
+
+/// Upstream `MilliCPUToQuota`: 0 (no quota) without a limit.
+pub fn quota(milli_cpu: i128, period: i64) -> i64 {
+    if milli_cpu <= 0 {
+        return 0;
+    }
+    ((milli_cpu * period as i128 / 1000) as i64).max(MIN_QUOTA_US)
+}
+
+/// A container's cgroup values (upstream `calculateLinuxResources`).
+pub fn container(c: &Container) -> CgroupValues {
+    let cpu = cpu(c);
+    CgroupValues {
+        cpu_shares: shares(cpu.request.unwrap_or(0)),
+        cpu_quota: quota(cpu.limit.unwrap_or(0), CPU_PERIOD_US),
+        cpu_period: CPU_PERIOD_US,
+        memory_limit: memory(c).limit.unwrap_or(0) as i64,
+        pids_limit: 0,
+    }
+}
+
+/// The pod's total of one amount: the larger of the app containers' sum and the largest init
+/// container, since init containers run one at a time before the others.
+fn pod_total(pod: &Pod, amount: impl Fn(&Container) -> Option<i128>) -> i128 {
+    let apps: i128 = spec::containers(pod).iter().filter_map(&amount).sum();
+    let init = spec::init_containers(pod).iter().filter_map(&amount).max().unwrap_or(0);
+    apps.max(init)
+}
+
+/// The whole pod's values for the sandbox config (upstream `calculateSandboxResources`), for
+/// runtimes that size a VM or a pod-level cgroup themselves; independent of the QoS class.
+pub fn sandbox(pod: &Pod) -> CgroupValues {
+    CgroupValues {
+        cpu_shares: shares(pod_total(pod, |c| cpu(c).request)),
+        cpu_quota: quota(pod_total(pod, |c| cpu(c).limit), CPU_PERIOD_US),
+        cpu_period: CPU_PERIOD_US,
+        memory_limit: pod_total(pod, |c| memory(c).limit) as i64,
+        pids_limit: 0,
+    }
+}
+
+/// The pod cgroup's values (upstream `ResourceConfigForPod`): Guaranteed pods get shares, quota
+/// and memory limit; Burstable pods get shares, and a quota or memory limit only when every
+/// container sets that limit; BestEffort pods get the minimum shares.
+pub fn pod(pod: &Pod) -> CgroupValues {
+    let all = || spec::init_containers(pod).iter().chain(spec::containers(pod));
+    let cpu_shares = shares(pod_total(pod, |c| cpu(c).request));
+    let cpu_quota = quota(pod_total(pod, |c| cpu(c).limit), CPU_PERIOD_US);
+    let memory_limit = pod_total(pod, |c| memory(c).limit) as i64;
+    let cpu_limited = all().all(|c| cpu(c).limit.is_some());
+    let memory_limited = all().all(|c| memory(c).limit.is_some());
+    match qos::class(pod) {
+        QosClass::Guaranteed => {
+            CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit, pids_limit: 0 }
+        }
+        QosClass::Burstable => CgroupValues {
+            cpu_shares,
+            cpu_quota: if cpu_limited { cpu_quota } else { 0 },
+            cpu_period: if cpu_limited { CPU_PERIOD_US } else { 0 },
+            memory_limit: if memory_limited { memory_limit } else { 0 },
+            pids_limit: 0,
+        },
+        QosClass::BestEffort => CgroupValues { cpu_shares: MIN_SHARES, ..Default::default() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    use super::*;
+    use crate::requests::tests::container as res;
+
+    fn pod_of(init: Vec<Container>, containers: Vec<Container>) -> Pod {
+        Pod {
+            spec: Some(PodSpec { init_containers: Some(init), containers, ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cpu_conversions() {
+        assert_eq!(shares(0), 2);
+        assert_eq!(shares(1), 2, "minimum");
+        assert_eq!(shares(100), 102);
+        assert_eq!(shares(1000), 1024);
+        assert_eq!(shares(1_000_000), 262_144, "maximum");
+        assert_eq!(quota(0, CPU_PERIOD_US), 0);
+        assert_eq!(quota(5, CPU_PERIOD_US), 1000, "minimum 1 ms");
+        assert_eq!(quota(250, CPU_PERIOD_US), 25_000);
+        assert_eq!(quota(2000, CPU_PERIOD_US), 200_000);
+    }
+
+    #[test]
+    fn shares_to_cgroup_v2_weight() {
+        assert_eq!(cpu_weight(2), 1, "BestEffort");
+        assert_eq!(cpu_weight(0), 1);
+        assert_eq!(cpu_weight(102), 4, "100m");
+        assert_eq!(cpu_weight(1024), 39, "1 CPU");
+        assert_eq!(cpu_weight(262_144), 10_000);
+        assert_eq!(cpu_weight(1 << 20), 10_000);
+    }
+
+    #[test]
+    fn container_values() {
+        let c = res(&[("cpu", "250m"), ("memory", "64Mi")], &[("cpu", "500m"), ("memory", "128Mi")]);
+        let v = container(&c);
+        assert_eq!(
+            v,
+            CgroupValues {
+                cpu_shares: 256,
+                cpu_quota: 50_000,
+                cpu_period: 100_000,
+                memory_limit: 128 << 20,
+                pids_limit: 0
+            }
+        );
+        let limit_only = container(&res(&[], &[("cpu", "1")]));
+        assert_eq!((limit_only.cpu_shares, limit_only.cpu_quota), (1024, 100_000), "request defaults to limit");
+        assert_eq!(
+            container(&res(&[], &[])),
+            CgroupValues { cpu_shares: 2, cpu_period: 100_000, ..Default::default() }
+        );
+    }
+
+    #[test]
+    fn pod_values_by_qos() {
+        let g = pod_of(
+            vec![res(&[], &[("cpu", "2"), ("memory", "1Gi")])],
+            vec![res(&[], &[("cpu", "500m"), ("memory", "64Mi")]), res(&[], &[("cpu", "500m"), ("memory", "64Mi")])],
+        );
+        let v = pod(&g);
+        assert_eq!(v.cpu_shares, 2048, "the init container's request is larger than the sum");
+        assert_eq!((v.cpu_quota, v.memory_limit), (200_000, 1 << 30));
+
+        let b = pod_of(vec![], vec![res(&[("cpu", "100m")], &[("memory", "64Mi")]), res(&[("memory", "1Mi")], &[])]);
+        let v = pod(&b);
+        assert_eq!(
+            v,
+            CgroupValues { cpu_shares: 102, ..Default::default() },
+            "limits only when all containers set them"
+        );
+        let b2 = pod_of(vec![], vec![res(&[("cpu", "100m")], &[("memory", "64Mi")])]);
+        assert_eq!(pod(&b2).memory_limit, 64 << 20);
+
+        assert_eq!(pod(&pod_of(vec![], vec![res(&[], &[])])), CgroupValues { cpu_shares: 2, ..Default::default() });
+        assert_eq!(sandbox(&b).cpu_shares, 102);
+        assert_eq!(sandbox(&b).memory_limit, 64 << 20, "the sandbox gets the sum regardless of QoS");
+    }
+}

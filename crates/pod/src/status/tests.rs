@@ -1,0 +1,220 @@
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+use crate::{SECOND, SandboxInfo};
+
+const NOW: Nanos = 10_000 * SECOND;
+
+fn pod(init: &[&str], regular: &[&str], policy: &str) -> Pod {
+    let c = |n: &&str| Container { name: n.to_string(), image: Some("busybox:1".into()), ..Default::default() };
+    Pod {
+        metadata: ObjectMeta { name: Some("p".into()), uid: Some("u".into()), ..Default::default() },
+        spec: Some(PodSpec {
+            init_containers: (!init.is_empty()).then(|| init.iter().map(c).collect()),
+            containers: regular.iter().map(c).collect(),
+            restart_policy: Some(policy.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn sandbox() -> SandboxInfo {
+    SandboxInfo {
+        id: "s".into(),
+        attempt: 0,
+        ready: true,
+        created_at: 1,
+        ip: Some("10.244.0.5".into()),
+        additional_ips: vec![],
+    }
+}
+
+fn inst(name: &str, attempt: u32, state: ContainerState, exit: i32) -> ContainerInfo {
+    ContainerInfo {
+        sandbox_id: "s".into(),
+        attempt,
+        created_at: attempt as i64,
+        started_at: NOW - 10 * SECOND,
+        finished_at: if state == ContainerState::Exited { NOW - SECOND } else { 0 },
+        exit_code: exit,
+        image: "busybox:1".into(),
+        image_ref: "sha256:abc".into(),
+        ..ContainerInfo::fixture(&format!("{name}{attempt}"), name, state)
+    }
+}
+
+fn status_of(pod: &Pod, containers: Vec<ContainerInfo>, waiting: &HashMap<String, Waiting>) -> PodStatus {
+    let observed = ObservedPod { sandboxes: vec![sandbox()], containers };
+    compute(&Input {
+        pod,
+        observed: &observed,
+        waiting,
+        health: &HashMap::new(),
+        runtime_name: "containerd",
+        host_ip: Some("192.0.2.1"),
+        start_time: Some(NOW - 20 * SECOND),
+        previous: None,
+        now: NOW,
+    })
+}
+
+fn condition<'a>(s: &'a PodStatus, t: &str) -> &'a PodCondition {
+    s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+}
+
+#[test]
+fn running_pod_is_ready_with_ids_and_ip() {
+    let p = pod(&[], &["a"], "Always");
+    let s = status_of(&p, vec![inst("a", 0, ContainerState::Running, 0)], &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    assert_eq!(s.pod_ip.as_deref(), Some("10.244.0.5"));
+    let cs = &s.container_statuses.as_ref().unwrap()[0];
+    assert!(cs.ready);
+    assert_eq!(cs.container_id.as_deref(), Some("containerd://a0"));
+    assert_eq!(cs.image_id, "sha256:abc");
+    assert_eq!(condition(&s, "Ready").status, "True");
+    assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
+}
+
+#[test]
+fn container_not_created_yet_waits_with_container_creating() {
+    let p = pod(&[], &["a"], "Always");
+    let s = status_of(&p, vec![], &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    let w = s.container_statuses.unwrap()[0].state.clone().unwrap().waiting.unwrap();
+    assert_eq!(w.reason.as_deref(), Some("ContainerCreating"));
+}
+
+#[test]
+fn regular_containers_wait_with_pod_initializing_behind_init_containers() {
+    let p = pod(&["i"], &["a"], "Always");
+    let s = status_of(&p, vec![inst("i", 0, ContainerState::Running, 0)], &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    let w = s.container_statuses.as_ref().unwrap()[0].state.clone().unwrap().waiting.unwrap();
+    assert_eq!(w.reason.as_deref(), Some("PodInitializing"));
+    let init = condition(&s, "Initialized");
+    assert_eq!(init.status, "False");
+    assert_eq!(init.message.as_deref(), Some("containers with incomplete status: [i]"));
+}
+
+#[test]
+fn crash_looping_container_shows_backoff_and_last_state() {
+    let p = pod(&[], &["a"], "Always");
+    let mut waiting = HashMap::new();
+    waiting.insert("a".to_string(), Waiting { reason: "CrashLoopBackOff".into(), message: "back-off 10s".into() });
+    let s = status_of(&p, vec![inst("a", 2, ContainerState::Exited, 3)], &waiting);
+    let cs = &s.container_statuses.as_ref().unwrap()[0];
+    assert_eq!(cs.restart_count, 2);
+    assert_eq!(cs.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
+    let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(last.exit_code, 3);
+    assert_eq!(last.reason.as_deref(), Some("Error"));
+    assert_eq!(s.phase.as_deref(), Some("Running"), "upstream: Always + stopped containers = Running");
+}
+
+#[test]
+fn phases_of_finished_pods() {
+    let cases =
+        [("Never", 0, "Succeeded"), ("Never", 1, "Failed"), ("OnFailure", 0, "Succeeded"), ("Always", 0, "Running")];
+    for (policy, exit, phase) in cases {
+        let p = pod(&[], &["a"], policy);
+        let s = status_of(&p, vec![inst("a", 0, ContainerState::Exited, exit)], &HashMap::new());
+        assert_eq!(s.phase.as_deref(), Some(phase), "{policy} exit {exit}");
+        let term = s.container_statuses.as_ref().unwrap()[0].state.clone().unwrap().terminated.unwrap();
+        assert_eq!(term.reason.as_deref(), Some(if exit == 0 { "Completed" } else { "Error" }));
+    }
+}
+
+#[test]
+fn failed_init_container_fails_a_never_pod() {
+    let p = pod(&["i"], &["a"], "Never");
+    let s = status_of(&p, vec![inst("i", 0, ContainerState::Exited, 1)], &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Failed"));
+    assert_eq!(condition(&s, "ContainersReady").reason.as_deref(), Some("PodFailed"));
+}
+
+#[test]
+fn condition_transition_time_is_kept_while_status_is_unchanged() {
+    let p = pod(&[], &["a"], "Always");
+    let first = status_of(&p, vec![inst("a", 0, ContainerState::Running, 0)], &HashMap::new());
+    let observed =
+        ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
+    let later = compute(&Input {
+        pod: &p,
+        observed: &observed,
+        waiting: &HashMap::new(),
+        health: &HashMap::new(),
+        runtime_name: "containerd",
+        host_ip: None,
+        start_time: None,
+        previous: Some(&first),
+        now: NOW + 100 * SECOND,
+    });
+    assert_eq!(condition(&later, "Ready").last_transition_time, condition(&first, "Ready").last_transition_time);
+}
+
+#[test]
+fn qos_classes() {
+    let mut p = pod(&[], &["a"], "Always");
+    assert_eq!(crate::qos::class(&p).as_str(), "BestEffort");
+    let q = |v: &str| Quantity(v.to_string());
+    let limits = [("cpu".to_string(), q("1")), ("memory".to_string(), q("64Mi"))].into_iter().collect();
+    p.spec.as_mut().unwrap().containers[0].resources =
+        Some(ResourceRequirements { limits: Some(limits), ..Default::default() });
+    assert_eq!(crate::qos::class(&p).as_str(), "Guaranteed");
+    let requests = [("cpu".to_string(), q("500m"))].into_iter().collect();
+    p.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap().requests = Some(requests);
+    assert_eq!(crate::qos::class(&p).as_str(), "Burstable");
+}
+
+#[test]
+fn conditions_owned_by_others_are_kept() {
+    let mut p = pod(&[], &["a"], "Always");
+    p.status = Some(PodStatus {
+        conditions: Some(vec![
+            PodCondition { type_: "DisruptionTarget".into(), status: "True".into(), ..Default::default() },
+            PodCondition { type_: "Ready".into(), status: "False".into(), ..Default::default() },
+        ]),
+        ..Default::default()
+    });
+    let s = status_of(&p, vec![inst("a", 0, ContainerState::Running, 0)], &HashMap::new());
+    assert_eq!(condition(&s, "DisruptionTarget").status, "True");
+    assert_eq!(condition(&s, "Ready").status, "True", "our own conditions are recomputed");
+    assert_eq!(s.conditions.unwrap().iter().filter(|c| c.type_ == "Ready").count(), 1);
+}
+
+#[test]
+fn readiness_probe_drives_container_and_pod_readiness() {
+    let mut p = pod(&[], &["a"], "Always");
+    p.spec.as_mut().unwrap().containers[0].readiness_probe = Some(Default::default());
+    let observed =
+        ObservedPod { sandboxes: vec![sandbox()], containers: vec![inst("a", 0, ContainerState::Running, 0)] };
+    let with = |health: &HashMap<String, Health>| {
+        compute(&Input {
+            pod: &p,
+            observed: &observed,
+            waiting: &HashMap::new(),
+            health,
+            runtime_name: "containerd",
+            host_ip: None,
+            start_time: None,
+            previous: None,
+            now: NOW,
+        })
+    };
+    let unknown = with(&HashMap::new());
+    assert!(!unknown.container_statuses.as_ref().unwrap()[0].ready, "not ready before the first probe");
+    assert_eq!(condition(&unknown, "Ready").status, "False");
+    assert_eq!(condition(&unknown, "ContainersReady").message.as_deref(), Some("containers with unready status: [a]"));
+    let ready = with(&HashMap::from([("a0".to_string(), Health { started: true, ready: true, failed: None })]));
+    assert!(ready.container_statuses.as_ref().unwrap()[0].ready);
+    assert_eq!(condition(&ready, "Ready").status, "True");
+    let not_started = with(&HashMap::from([("a0".to_string(), Health::default())]));
+    assert_eq!(not_started.container_statuses.as_ref().unwrap()[0].started, Some(false));
+    assert_eq!(condition(&not_started, "Ready").status, "False");
+}

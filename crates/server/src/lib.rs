@@ -1,0 +1,189 @@
+//! The node API server (issue 7): what `kubectl logs/exec/attach/port-forward`, metrics-server
+//! and Prometheus reach through port 10250.
+//!
+//! * `routes.rs` lists every route and the authorization subresource of every path;
+//!   new endpoints go there.
+//! * `serve.rs` accepts connections (TLS with optional client certificates, or plain HTTP
+//!   for the healthz and read-only ports) and hands them to axum with HTTP upgrades enabled.
+//! * `authn.rs` / `authz.rs` / `cache.rs`: who is asking (client certificate, bearer token
+//!   via TokenReview, anonymous) and whether they may (SubjectAccessReview or AlwaysAllow).
+//! * `tls.rs`: the serving certificate (given files, or a self-signed pair in `--cert-dir`).
+//! * `pods.rs`: `/pods` and pod/container lookup; `streaming.rs`: `/exec`, `/attach`,
+//!   `/portForward`, `/run`; `proxy.rs`: the upgrade proxy to the runtime's streaming server.
+
+pub mod authn;
+pub mod authz;
+mod cache;
+pub mod logs;
+mod metrics;
+pub mod pods;
+mod proxy;
+pub mod routes;
+mod serve;
+pub mod stats;
+pub mod streaming;
+pub mod tls;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gantry_config::{ServerSettings, Settings};
+use gantry_cri::Cri;
+use k8s_openapi::api::core::v1::Pod;
+
+pub use routes::{read_only_router, router};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// What the node API reads from the running agent: the pods it runs, each with its latest
+/// status. The agent implements nothing of this crate; the binary wires the two together.
+pub trait PodList: Send + Sync + 'static {
+    fn pods(&self) -> Vec<Pod>;
+}
+
+/// What every handler can reach. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct ServerState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node_name: String,
+    cri: Cri,
+    pods: Arc<dyn PodList>,
+    root_dir: PathBuf,
+    pod_logs_dir: PathBuf,
+    /// The InternalIP the node registered with (cluster mode), for the serving certificate.
+    host_ip: Option<IpAddr>,
+    settings: ServerSettings,
+    authenticator: authn::Authenticator,
+    authorizer: authz::Authorizer,
+}
+
+impl ServerState {
+    /// `client` is the API client in cluster mode (TokenReview, SubjectAccessReview).
+    pub fn new(
+        settings: &Settings,
+        cri: Cri,
+        pods: Arc<dyn PodList>,
+        host_ip: Option<IpAddr>,
+        client: Option<kube::Client>,
+    ) -> Self {
+        let server = settings.server.clone();
+        let authenticator = authn::Authenticator::new(&server, client.clone());
+        let authorizer = authz::Authorizer::new(&server, &settings.node_name, client);
+        ServerState {
+            inner: Arc::new(Inner {
+                node_name: settings.node_name.clone(),
+                cri,
+                pods,
+                root_dir: settings.root_dir.clone(),
+                pod_logs_dir: settings.pod_logs_dir.clone(),
+                host_ip,
+                settings: server,
+                authenticator,
+                authorizer,
+            }),
+        }
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.inner.node_name
+    }
+
+    /// The CRI clients (runtime and images).
+    pub fn cri(&self) -> &Cri {
+        &self.inner.cri
+    }
+
+    /// The pods the node runs, with their latest status.
+    pub fn pods(&self) -> Vec<Pod> {
+        self.inner.pods.pods()
+    }
+
+    pub fn root_dir(&self) -> &std::path::Path {
+        &self.inner.root_dir
+    }
+
+    pub fn pod_logs_dir(&self) -> &std::path::Path {
+        &self.inner.pod_logs_dir
+    }
+
+    pub fn settings(&self) -> &ServerSettings {
+        &self.inner.settings
+    }
+
+    pub fn authenticator(&self) -> &authn::Authenticator {
+        &self.inner.authenticator
+    }
+
+    pub fn authorizer(&self) -> &authz::Authorizer {
+        &self.inner.authorizer
+    }
+}
+
+/// The addresses the server listens on (ports resolved, for logs and tests).
+#[derive(Debug, Clone)]
+pub struct Listening {
+    pub secure: SocketAddr,
+    pub healthz: Option<SocketAddr>,
+    pub read_only: Option<SocketAddr>,
+}
+
+/// The bound ports and the loops that serve them, for the caller's supervisor.
+pub struct Serving {
+    pub listening: Listening,
+    pub tasks: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)>,
+}
+
+/// Binds every configured port (an error names the address, as upstream fails start-up when
+/// it cannot listen) and returns the accept loops; nothing is served until they run.
+pub async fn bind_all(settings: &Settings, state: ServerState) -> Result<Serving, ServerError> {
+    let s = &settings.server;
+    // The node's addresses: `--node-ip`, and in cluster mode the InternalIP it registered.
+    let mut node_ips = settings.node_ips.clone();
+    node_ips.extend(state.inner.host_ip);
+    node_ips.dedup();
+    let tls = tls::server_config(s, settings, &node_ips).await?;
+    let (secure, secure_addr) = bind(SocketAddr::new(s.address, settings.port), "port").await?;
+    let healthz = match s.healthz_port {
+        0 => None,
+        p => Some(bind(SocketAddr::new(s.healthz_bind_address, p), "healthzPort").await?),
+    };
+    let read_only = match s.read_only_port {
+        0 => None,
+        p => Some(bind(SocketAddr::new(s.address, p), "readOnlyPort").await?),
+    };
+    let listening = Listening {
+        secure: secure_addr,
+        healthz: healthz.as_ref().map(|(_, a)| *a),
+        read_only: read_only.as_ref().map(|(_, a)| *a),
+    };
+    tracing::info!(node = %settings.node_name, address = %secure_addr, "serving the node API (HTTPS)");
+    let mut tasks: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)> =
+        vec![("node-api", Box::pin(serve::https(secure, tls, router(state.clone()))))];
+    if let Some((l, address)) = healthz {
+        tracing::info!(%address, "serving /healthz (HTTP)");
+        tasks.push(("healthz", Box::pin(serve::http(l, routes::healthz_router()))));
+    }
+    if let Some((l, address)) = read_only {
+        tracing::info!(%address, "serving the read-only node API (HTTP, no authentication)");
+        tasks.push(("read-only-api", Box::pin(serve::http(l, read_only_router(state)))));
+    }
+    Ok(Serving { listening, tasks })
+}
+
+/// The listener and the address it really got (port 0 resolved).
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
+    let error = |source| ServerError::Bind { addr, what, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(error)?;
+    let bound = listener.local_addr().map_err(error)?;
+    Ok((listener, bound))
+}

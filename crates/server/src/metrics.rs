@@ -1,0 +1,52 @@
+//! `GET /metrics` and `GET /metrics/probes`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use gantry_cri::api;
+
+use crate::ServerState;
+use gantry_metrics::{METRICS, set_running};
+use gantry_vocab::cri_labels as labels;
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+pub async fn metrics(State(state): State<ServerState>) -> Response {
+    refresh_running(&state).await;
+    ([(header::CONTENT_TYPE, OPENMETRICS)], METRICS.encode()).into_response()
+}
+
+pub async fn probes() -> Response {
+    ([(header::CONTENT_TYPE, OPENMETRICS)], METRICS.encode_probes()).into_response()
+}
+
+/// Running pods (a ready sandbox) and containers by state, from the runtime right now.
+async fn refresh_running(state: &ServerState) {
+    let runtime = &state.cri().runtime;
+    let owned = labels::owned_by(state.node_name());
+    let ready = api::PodSandboxFilter {
+        state: Some(api::PodSandboxStateValue { state: api::PodSandboxState::SandboxReady as i32 }),
+        label_selector: owned.clone(),
+        ..Default::default()
+    };
+    let sandboxes = runtime.list_pod_sandbox(api::ListPodSandboxRequest { filter: Some(ready) }).await;
+    let filter = api::ContainerFilter { label_selector: owned, ..Default::default() };
+    let containers = runtime.list_containers(api::ListContainersRequest { filter: Some(filter) }).await;
+    let (Ok(sandboxes), Ok(containers)) = (sandboxes, containers) else {
+        tracing::warn!(node = %state.node_name(), "cannot list the runtime's pods for /metrics");
+        return;
+    };
+    let pods: std::collections::HashSet<&str> =
+        sandboxes.items.iter().filter_map(|s| s.labels.get(labels::POD_UID).map(String::as_str)).collect();
+    let mut by_state = [("created", 0), ("running", 0), ("exited", 0), ("unknown", 0)];
+    for c in &containers.containers {
+        let i = match api::ContainerState::try_from(c.state) {
+            Ok(api::ContainerState::ContainerCreated) => 0,
+            Ok(api::ContainerState::ContainerRunning) => 1,
+            Ok(api::ContainerState::ContainerExited) => 2,
+            _ => 3,
+        };
+        by_state[i].1 += 1;
+    }
+    set_running(pods.len() as i64, &by_state);
+}

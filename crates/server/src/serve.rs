@@ -1,0 +1,92 @@
+//! Accept loops: TLS (recording the verified client certificate for authentication) or plain
+//! HTTP, each connection served by hyper with HTTP upgrades (exec, attach, port-forward).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use rustls::pki_types::CertificateDer;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// A client that does not finish the TLS handshake in this time is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed accept (e.g. out of file descriptors) wait before the next one instead of
+/// spinning.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// The client certificate the TLS layer verified for this connection, if any.
+#[derive(Clone, Debug, Default)]
+pub struct PeerCertificate(pub Option<CertificateDer<'static>>);
+
+/// Serves until dropped; the connections are the loop's own tasks and end with it.
+pub async fn https(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router: Router) {
+    let acceptor = TlsAcceptor::from(tls);
+    let mut connections = JoinSet::new();
+    loop {
+        let Some((tcp, remote)) = accept(&listener, &mut connections).await else { continue };
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        connections.spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let peer = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.clone().into_owned());
+            serve_connection(TokioIo::new(stream), router, PeerCertificate(peer)).await;
+        });
+    }
+}
+
+/// Serves until dropped; the connections are the loop's own tasks and end with it.
+pub async fn http(listener: TcpListener, router: Router) {
+    let mut connections = JoinSet::new();
+    loop {
+        let Some((tcp, _)) = accept(&listener, &mut connections).await else { continue };
+        connections.spawn(serve_connection(TokioIo::new(tcp), router.clone(), PeerCertificate(None)));
+    }
+}
+
+/// The next connection, reaping finished connection tasks meanwhile.
+async fn accept(
+    listener: &TcpListener,
+    connections: &mut JoinSet<()>,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => return match accepted {
+                Ok(conn) => Some(conn),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    None
+                }
+            },
+            Some(_) = connections.join_next() => {}
+        }
+    }
+}
+
+async fn serve_connection<I>(io: I, router: Router, peer: PeerCertificate)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut().insert(peer.clone());
+        let router = router.clone();
+        async move { Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {})) }
+    });
+    let builder = Builder::new(TokioExecutor::new());
+    if let Err(e) = builder.http1_only().serve_connection_with_upgrades(io, service).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}

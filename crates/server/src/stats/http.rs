@@ -1,0 +1,53 @@
+//! `GET|POST /stats/summary` and `GET /metrics/resource`.
+
+use std::path::PathBuf;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::summary::{self, Sources};
+use super::{Summary, resource_metrics};
+use crate::ServerState;
+
+/// The cgroup v1 hierarchy whose root holds the node's CPU and memory counters.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summary, gantry_cri::CriError> {
+    let cri = state.cri();
+    let sources = Sources {
+        node_name: state.node_name(),
+        runtime: &cri.runtime,
+        images: &cri.images,
+        root_dir: state.root_dir(),
+        pod_logs_dir: state.pod_logs_dir(),
+        cgroup_root: PathBuf::from(CGROUP_ROOT),
+        pods: state.pods(),
+    };
+    summary::collect(&sources, only_cpu_and_memory).await
+}
+
+pub async fn summary(State(state): State<ServerState>, Query(query): Query<Vec<(String, String)>>) -> Response {
+    // Upstream reads the flag with strconv.ParseBool and ignores a value it cannot parse.
+    let only = query
+        .iter()
+        .find(|(k, _)| k == "only_cpu_and_memory")
+        .is_some_and(|(_, v)| matches!(v.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True"));
+    match collect(&state, only).await {
+        Ok(s) => Json(s).into_response(),
+        Err(e) => {
+            tracing::warn!(node = %state.node_name(), error = %e, "cannot build the stats summary");
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("Internal Error: failed to get node info: {e}")).into_response()
+        }
+    }
+}
+
+pub async fn resource_metrics(State(state): State<ServerState>) -> Response {
+    let summary = collect(&state, true).await;
+    if let Err(e) = &summary {
+        tracing::warn!(node = %state.node_name(), error = %e, "cannot collect resource metrics");
+    }
+    let text = resource_metrics::render(summary.as_ref().ok());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}

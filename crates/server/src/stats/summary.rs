@@ -1,0 +1,450 @@
+//! `/stats/summary`: CRI `ListContainerStats` (and `ListPodSandboxStats` where the runtime
+//! implements it; containerd 1.6 does not, then pod CPU/memory are the sum of its containers
+//! and pod network comes from the sandbox's network namespace), plus the node's own counters.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
+
+use futures::StreamExt;
+use gantry_cri::{CriError, ImageClient, RuntimeClient, api};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use super::host;
+use super::rate::CpuRates;
+use super::types::*;
+use gantry_vocab::cri_labels as labels;
+use gantry_vocab::paths;
+use gantry_vocab::spec;
+
+/// The last CPU sample per node/container/pod, for `usageNanoCores`. Process-wide: every
+/// scrape (summary, resource metrics) feeds and reads the same samples.
+static RATES: LazyLock<Mutex<CpuRates>> = LazyLock::new(Mutex::default);
+/// Set once the runtime said `ListPodSandboxStats` is unimplemented, to stop asking.
+static NO_SANDBOX_STATS: AtomicBool = AtomicBool::new(false);
+/// The process of each ready sandbox (its network namespace), by sandbox ID.
+static SANDBOX_PIDS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+
+/// Where the inputs come from.
+pub struct Sources<'a> {
+    pub node_name: &'a str,
+    pub runtime: &'a RuntimeClient,
+    pub images: &'a ImageClient,
+    pub root_dir: &'a Path,
+    pub pod_logs_dir: &'a Path,
+    pub cgroup_root: PathBuf,
+    /// The pods this node runs (from the status store).
+    pub pods: Vec<Pod>,
+}
+
+fn rfc3339(ts: Timestamp) -> String {
+    ts.to_string()
+}
+
+fn from_nanos(n: i64) -> String {
+    Timestamp::from_nanosecond(n as i128).map(rfc3339).unwrap_or_default()
+}
+
+/// Builds the summary; `only_cpu_and_memory` leaves out filesystems, network and volumes.
+pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Summary, CriError> {
+    let now = Timestamp::now();
+    let time = rfc3339(now);
+    let at = now.as_nanosecond();
+    let owned = labels::owned_by(src.node_name);
+    let running = api::ContainerFilter {
+        state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
+        label_selector: owned.clone(),
+        ..Default::default()
+    };
+    let containers =
+        src.runtime.list_containers(api::ListContainersRequest { filter: Some(running) }).await?.containers;
+    let filter = api::ContainerStatsFilter { label_selector: owned.clone(), ..Default::default() };
+    let stats = src.runtime.list_container_stats(api::ListContainerStatsRequest { filter: Some(filter) }).await?.stats;
+    let stats: HashMap<String, api::ContainerStats> =
+        stats.into_iter().filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s))).collect();
+    let sandbox_stats = if only_cpu_and_memory { HashMap::new() } else { sandbox_stats(src.runtime, &owned).await };
+    let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
+    let logs_fs = host::filesystem(src.pod_logs_dir, &time);
+
+    let mut rates = RATES.lock().unwrap();
+    let node = node_stats(src, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
+    let mut pods = Vec::new();
+    for pod in &src.pods {
+        let uid = spec::uid(pod);
+        let mine: Vec<&api::Container> =
+            containers.iter().filter(|c| c.labels.get(labels::POD_UID).map(String::as_str) == Some(uid)).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut ps = PodStats {
+            pod_ref: PodReference {
+                name: spec::name(pod).into(),
+                namespace: spec::namespace(pod).into(),
+                uid: uid.into(),
+            },
+            start_time: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let log_dir = paths::pod_log_dir(src.pod_logs_dir, pod);
+        for c in mine {
+            let name = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
+            let s = stats.get(&c.id);
+            let mut cs =
+                ContainerStats { name: name.clone(), start_time: from_nanos(c.created_at), ..Default::default() };
+            cs.cpu = s.and_then(|s| s.cpu.as_ref()).map(|cpu| {
+                let total = cpu.usage_core_nano_seconds.as_ref().map(|v| v.value);
+                let rate = total.and_then(|t| rates.sample(&c.id, at, t));
+                CpuStats {
+                    time: time.clone(),
+                    usage_nano_cores: rate.or(cpu.usage_nano_cores.as_ref().map(|v| v.value)),
+                    usage_core_nano_seconds: total,
+                }
+            });
+            cs.memory = s.and_then(|s| s.memory.as_ref()).map(|m| MemoryStats {
+                time: time.clone(),
+                available_bytes: m.available_bytes.as_ref().map(|v| v.value),
+                usage_bytes: m.usage_bytes.as_ref().map(|v| v.value),
+                working_set_bytes: m.working_set_bytes.as_ref().map(|v| v.value),
+                rss_bytes: m.rss_bytes.as_ref().map(|v| v.value),
+                page_faults: m.page_faults.as_ref().map(|v| v.value),
+                major_page_faults: m.major_page_faults.as_ref().map(|v| v.value),
+            });
+            if !only_cpu_and_memory {
+                cs.rootfs = s.and_then(|s| s.writable_layer.as_ref()).map(|w| FsStats {
+                    used_bytes: w.used_bytes.as_ref().map(|v| v.value),
+                    inodes_used: w.inodes_used.as_ref().map(|v| v.value),
+                    ..image_fs.clone().unwrap_or(FsStats { time: time.clone(), ..Default::default() })
+                });
+                let (used, inodes) = host::disk_usage(&log_dir.join(&name));
+                cs.logs = Some(FsStats {
+                    used_bytes: Some(used),
+                    inodes_used: Some(inodes),
+                    ..logs_fs.clone().unwrap_or(FsStats { time: time.clone(), ..Default::default() })
+                });
+            }
+            ps.containers.push(cs);
+        }
+        ps.containers.sort_by(|a, b| a.name.cmp(&b.name));
+        pod_totals(&mut ps, &time, at, &mut rates, sandbox_stats.get(uid));
+        if !only_cpu_and_memory {
+            ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
+            ps.volume = empty_dir_volumes(src.root_dir, pod, &time);
+            ps.ephemeral_storage = Some(ephemeral(&ps, logs_fs.as_ref(), &time));
+        }
+        pods.push(ps);
+    }
+    let alive: std::collections::HashSet<String> = containers
+        .iter()
+        .map(|c| c.id.clone())
+        .chain(src.pods.iter().map(|p| format!("pod/{}", spec::uid(p))))
+        .collect();
+    rates.retain(|k| k == "node" || alive.contains(k));
+    Ok(Summary { node, pods })
+}
+
+fn node_stats(
+    src: &Sources<'_>,
+    time: &str,
+    at: i128,
+    rates: &mut CpuRates,
+    only_cpu_and_memory: bool,
+    image_fs: Option<FsStats>,
+) -> NodeStats {
+    let c = host::node_counters(&src.cgroup_root);
+    let cpu = c.cpu_usage_nanos.map(|total| CpuStats {
+        time: time.into(),
+        usage_nano_cores: rates.sample("node", at, total),
+        usage_core_nano_seconds: Some(total),
+    });
+    let memory = c.memory_usage.map(|usage| {
+        let ws = host::working_set(usage, &c.memory_stat);
+        let stat = |k: &str| c.memory_stat.get(k).copied();
+        MemoryStats {
+            time: time.into(),
+            available_bytes: c.mem_total.map(|t| t.saturating_sub(ws)),
+            usage_bytes: Some(usage),
+            working_set_bytes: Some(ws),
+            rss_bytes: stat("total_rss"),
+            page_faults: stat("total_pgfault"),
+            major_page_faults: stat("total_pgmajfault"),
+        }
+    });
+    let mut node = NodeStats {
+        node_name: src.node_name.into(),
+        start_time: c.boot_time.and_then(|s| Timestamp::from_second(s).ok()).map(rfc3339).unwrap_or_default(),
+        cpu,
+        memory,
+        ..Default::default()
+    };
+    if !only_cpu_and_memory {
+        node.network = host::network(Path::new("/proc/self")).map(|(default, interfaces)| NetworkStats {
+            time: time.into(),
+            default,
+            interfaces,
+        });
+        node.fs = host::filesystem(src.root_dir, time);
+        node.runtime = Some(RuntimeStats { container_fs: image_fs.clone(), image_fs });
+    }
+    node
+}
+
+/// Pod CPU and memory: the runtime's pod sandbox stats when it has them, else the sum of the
+/// containers (the pause container's few hundred KiB left out).
+fn pod_totals(ps: &mut PodStats, time: &str, at: i128, rates: &mut CpuRates, sandbox: Option<&SandboxStats>) {
+    if let Some(s) = sandbox.filter(|s| s.cpu_total.is_some()) {
+        let total = s.cpu_total;
+        ps.cpu = Some(CpuStats {
+            time: time.into(),
+            usage_nano_cores: total.and_then(|t| rates.sample(&format!("pod/{}", ps.pod_ref.uid), at, t)),
+            usage_core_nano_seconds: total,
+        });
+        ps.memory = s.memory.clone();
+        return;
+    }
+    let sum = |f: &dyn Fn(&ContainerStats) -> Option<u64>| -> Option<u64> {
+        ps.containers.iter().map(f).try_fold(0u64, |acc, v| Some(acc + v?))
+    };
+    let total = sum(&|c| c.cpu.as_ref()?.usage_core_nano_seconds);
+    let nano_cores = sum(&|c| c.cpu.as_ref()?.usage_nano_cores);
+    let key = format!("pod/{}", ps.pod_ref.uid);
+    let own_rate = total.and_then(|t| rates.sample(&key, at, t));
+    ps.cpu =
+        Some(CpuStats { time: time.into(), usage_nano_cores: nano_cores.or(own_rate), usage_core_nano_seconds: total });
+    ps.memory = Some(MemoryStats {
+        time: time.into(),
+        available_bytes: None,
+        usage_bytes: sum(&|c| c.memory.as_ref()?.usage_bytes),
+        working_set_bytes: sum(&|c| c.memory.as_ref()?.working_set_bytes),
+        rss_bytes: sum(&|c| c.memory.as_ref()?.rss_bytes),
+        page_faults: sum(&|c| c.memory.as_ref()?.page_faults),
+        major_page_faults: sum(&|c| c.memory.as_ref()?.major_page_faults),
+    });
+}
+
+/// Ephemeral storage as upstream counts it: writable layers, logs and emptyDir volumes.
+fn ephemeral(ps: &PodStats, logs_fs: Option<&FsStats>, time: &str) -> FsStats {
+    let used: u64 = ps
+        .containers
+        .iter()
+        .map(|c| {
+            c.rootfs.as_ref().and_then(|f| f.used_bytes).unwrap_or(0)
+                + c.logs.as_ref().and_then(|f| f.used_bytes).unwrap_or(0)
+        })
+        .sum::<u64>()
+        + ps.volume.iter().filter_map(|v| v.fs.used_bytes).sum::<u64>();
+    let inodes: u64 = ps
+        .containers
+        .iter()
+        .map(|c| {
+            c.rootfs.as_ref().and_then(|f| f.inodes_used).unwrap_or(0)
+                + c.logs.as_ref().and_then(|f| f.inodes_used).unwrap_or(0)
+        })
+        .sum::<u64>()
+        + ps.volume.iter().filter_map(|v| v.fs.inodes_used).sum::<u64>();
+    FsStats {
+        used_bytes: Some(used),
+        inodes_used: Some(inodes),
+        ..logs_fs.cloned().unwrap_or(FsStats { time: time.into(), ..Default::default() })
+    }
+}
+
+fn empty_dir_volumes(root_dir: &Path, pod: &Pod, time: &str) -> Vec<VolumeStats> {
+    let dir = root_dir.join("pods").join(spec::uid(pod)).join("volumes").join("kubernetes.io~empty-dir");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut out: Vec<VolumeStats> = entries
+        .flatten()
+        .filter_map(|e| {
+            let path = e.path();
+            let (used, inodes) = host::disk_usage(&path);
+            let base = host::filesystem(&path, time).unwrap_or_default();
+            Some(VolumeStats {
+                fs: FsStats { used_bytes: Some(used), inodes_used: Some(inodes), ..base },
+                name: e.file_name().into_string().ok()?,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+async fn image_fs(images: &ImageClient, time: &str) -> Option<FsStats> {
+    let info = images.image_fs_info(api::ImageFsInfoRequest::default()).await.ok()?;
+    let fs = info.image_filesystems.first()?;
+    let mountpoint = fs.fs_id.as_ref().map(|id| id.mountpoint.clone()).unwrap_or_default();
+    let base =
+        host::filesystem(Path::new(&mountpoint), time).unwrap_or(FsStats { time: time.into(), ..Default::default() });
+    Some(FsStats {
+        used_bytes: fs.used_bytes.as_ref().map(|v| v.value),
+        inodes_used: fs.inodes_used.as_ref().map(|v| v.value),
+        ..base
+    })
+}
+
+/// What we know about a pod from its sandbox.
+#[derive(Debug, Default)]
+struct SandboxStats {
+    cpu_total: Option<u64>,
+    memory: Option<MemoryStats>,
+    network: Option<NetworkStats>,
+}
+
+/// Per pod UID: the runtime's sandbox stats, or the sandbox network namespace's counters.
+async fn sandbox_stats(runtime: &RuntimeClient, owned: &HashMap<String, String>) -> HashMap<String, SandboxStats> {
+    let time = rfc3339(Timestamp::now());
+    let mut out = HashMap::new();
+    if !NO_SANDBOX_STATS.load(Ordering::Relaxed) {
+        let filter = api::PodSandboxStatsFilter { label_selector: owned.clone(), ..Default::default() };
+        match runtime.list_pod_sandbox_stats(api::ListPodSandboxStatsRequest { filter: Some(filter) }).await {
+            Ok(resp) => {
+                for s in resp.stats {
+                    let Some(uid) = s.attributes.as_ref().and_then(|a| a.labels.get(labels::POD_UID).cloned()) else {
+                        continue;
+                    };
+                    let Some(linux) = s.linux else { continue };
+                    out.insert(uid, from_cri_sandbox(linux, &time));
+                }
+                return out;
+            }
+            Err(e) if e.code() == Some(gantry_cri::Code::Unimplemented) => {
+                tracing::info!(
+                    "the runtime does not implement ListPodSandboxStats; reading sandbox namespaces instead"
+                );
+                NO_SANDBOX_STATS.store(true, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(error = %e, "ListPodSandboxStats failed"),
+        }
+    }
+    let ready = api::PodSandboxFilter {
+        state: Some(api::PodSandboxStateValue { state: api::PodSandboxState::SandboxReady as i32 }),
+        label_selector: owned.clone(),
+        ..Default::default()
+    };
+    let Ok(sandboxes) = runtime.list_pod_sandbox(api::ListPodSandboxRequest { filter: Some(ready) }).await else {
+        return out;
+    };
+    // A sandbox keeps its process for life: ask the runtime (a verbose status, the slow part
+    // of a scrape) once per sandbox, a few at a time.
+    let known: HashMap<String, u32> = SANDBOX_PIDS.lock().unwrap().clone();
+    let missing: Vec<String> =
+        sandboxes.items.iter().filter(|sb| !known.contains_key(&sb.id)).map(|sb| sb.id.clone()).collect();
+    let found: Vec<(String, u32)> = futures::stream::iter(missing)
+        .map(|id| async move {
+            let req = api::PodSandboxStatusRequest { pod_sandbox_id: id.clone(), verbose: true };
+            let status = runtime.pod_sandbox_status(req).await.ok()?;
+            Some((id, sandbox_pid(&status.info)?))
+        })
+        .buffer_unordered(8)
+        .filter_map(|r| async move { r })
+        .collect()
+        .await;
+    let pids = {
+        let mut cache = SANDBOX_PIDS.lock().unwrap();
+        cache.extend(found);
+        cache.retain(|id, _| sandboxes.items.iter().any(|sb| &sb.id == id));
+        cache.clone()
+    };
+    for sb in &sandboxes.items {
+        let Some(uid) = sb.labels.get(labels::POD_UID).cloned() else { continue };
+        let Some(pid) = pids.get(&sb.id) else { continue };
+        let network = host::network(&PathBuf::from(format!("/proc/{pid}"))).map(|(default, interfaces)| NetworkStats {
+            time: time.clone(),
+            default,
+            interfaces,
+        });
+        out.insert(uid, SandboxStats { network, ..Default::default() });
+    }
+    out
+}
+
+/// containerd's verbose sandbox status carries `{"pid": N, ...}` under `info`.
+fn sandbox_pid(info: &HashMap<String, String>) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    v.get("pid")?.as_u64().filter(|p| *p > 0).map(|p| p as u32)
+}
+
+fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStats {
+    let val = |v: &Option<api::UInt64Value>| v.as_ref().map(|v| v.value);
+    let iface = |i: &api::NetworkInterfaceUsage| InterfaceStats {
+        name: i.name.clone(),
+        rx_bytes: val(&i.rx_bytes).unwrap_or(0),
+        rx_errors: val(&i.rx_errors).unwrap_or(0),
+        tx_bytes: val(&i.tx_bytes).unwrap_or(0),
+        tx_errors: val(&i.tx_errors).unwrap_or(0),
+    };
+    SandboxStats {
+        cpu_total: linux.cpu.as_ref().and_then(|c| val(&c.usage_core_nano_seconds)),
+        memory: linux.memory.as_ref().map(|m| MemoryStats {
+            time: time.into(),
+            available_bytes: val(&m.available_bytes),
+            usage_bytes: val(&m.usage_bytes),
+            working_set_bytes: val(&m.working_set_bytes),
+            rss_bytes: val(&m.rss_bytes),
+            page_faults: val(&m.page_faults),
+            major_page_faults: val(&m.major_page_faults),
+        }),
+        network: linux.network.as_ref().and_then(|n| {
+            Some(NetworkStats {
+                time: time.into(),
+                default: n.default_interface.as_ref().map(iface)?,
+                interfaces: n.interfaces.iter().map(iface).collect(),
+            })
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_pid_from_verbose_info() {
+        let info = HashMap::from([("info".to_string(), r#"{"pid": 42, "processStatus": "running"}"#.to_string())]);
+        assert_eq!(sandbox_pid(&info), Some(42));
+        assert_eq!(sandbox_pid(&HashMap::new()), None);
+    }
+
+    #[test]
+    fn pod_totals_sum_containers_and_keep_missing_values_missing() {
+        let mem = |ws| MemoryStats { working_set_bytes: Some(ws), usage_bytes: Some(ws + 1), ..Default::default() };
+        let cpu =
+            |t| CpuStats { usage_core_nano_seconds: Some(t), usage_nano_cores: Some(t / 10), ..Default::default() };
+        let mut ps = PodStats {
+            containers: vec![
+                ContainerStats { cpu: Some(cpu(100)), memory: Some(mem(10)), ..Default::default() },
+                ContainerStats { cpu: Some(cpu(200)), memory: Some(mem(20)), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        pod_totals(&mut ps, "t", 0, &mut CpuRates::default(), None);
+        let m = ps.memory.unwrap();
+        assert_eq!((m.working_set_bytes, m.usage_bytes, m.rss_bytes), (Some(30), Some(32), None));
+        let c = ps.cpu.unwrap();
+        assert_eq!((c.usage_core_nano_seconds, c.usage_nano_cores), (Some(300), Some(30)));
+    }
+
+    #[test]
+    fn json_shape_matches_statsapi() {
+        let s = Summary {
+            node: NodeStats { node_name: "n".into(), ..Default::default() },
+            pods: vec![PodStats { ephemeral_storage: Some(FsStats::default()), ..Default::default() }],
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["node"]["nodeName"], "n");
+        assert!(v["pods"][0]["podRef"].is_object());
+        assert!(v["pods"][0]["ephemeral-storage"].is_object());
+        let n = NetworkStats {
+            time: "t".into(),
+            default: InterfaceStats { name: "eth0".into(), rx_bytes: 1, ..Default::default() },
+            interfaces: vec![],
+        };
+        let v = serde_json::to_value(&n).unwrap();
+        assert_eq!((v["name"].as_str(), v["rxBytes"].as_u64()), (Some("eth0"), Some(1)));
+    }
+}

@@ -97,6 +97,7 @@ fn fail_cgroup_v1_on_a_v1_host() {
         "{stderr}"
     );
     assert!(!stderr.contains("configured to not run"), "{stderr}");
+}
 
 #[test]
 fn versions_read_as_the_go_kubelet_prints_them() {

@@ -130,6 +130,10 @@ pub struct Flags {
     #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
     pub node_status_update_frequency: Option<GoDuration>,
 
+    /// Which cgroups get the node allocatable limits: pods or none. (enforceNodeAllocatable) [default: pods]
+    #[arg(long, value_name = "LEVEL,...")]
+    pub enforce_node_allocatable: Option<String>,
+
     /// Resources reserved for Kubernetes system daemons, e.g. cpu=200m,memory=500Mi,ephemeral-storage=1Gi,pid=1000; repeatable. (kubeReserved)
     #[arg(long, value_name = "RESOURCE=QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
     pub kube_reserved: Vec<String>,
@@ -189,6 +193,10 @@ pub struct Flags {
     /// The cgroup the QoS and pod cgroups go under. (cgroupRoot) [default: /]
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_root: Option<String>,
+
+    /// The most processes a pod may have (pids.max of its cgroup); -1: no limit. (podPidsLimit) [default: -1]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub pod_max_pids: Option<i64>,
 
     /// DNS server IP(s) for pods with dnsPolicy ClusterFirst, comma separated; repeatable. (clusterDNS)
     #[arg(long, value_name = "IP,...", action = ArgAction::Append)]
@@ -419,7 +427,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "cpu-manager-policy",
     "cpu-manager-policy-options",
     "cpu-manager-reconcile-period",
-    "enforce-node-allocatable",
     "event-burst",
     "event-qps",
     "eviction-max-pod-grace-period",
@@ -449,7 +456,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "node-status-max-images",
     "oom-score-adj",
     "pod-cidr",
-    "pod-max-pids",
     "provider-id",
     "qos-reserved",
     "registry-burst",

@@ -138,6 +138,9 @@ pub struct Settings {
     pub kube_reserved: BTreeMap<String, String>,
     /// `--system-reserved` / `systemReserved` (validated quantities).
     pub system_reserved: BTreeMap<String, String>,
+    /// `--enforce-node-allocatable` / `enforceNodeAllocatable`: whether the `kubepods` cgroup
+    /// gets the node's allocatable as its limits (`pods`, the default; `none` turns it off).
+    pub enforce_pods_allocatable: bool,
     /// `--eviction-hard` / `evictionHard`: signal → threshold (`100Mi`,
     /// `10%`); upstream's Linux defaults unless given.
     pub eviction_hard: BTreeMap<String, String>,
@@ -194,6 +197,7 @@ impl Default for Settings {
             node_lease_duration_seconds: DEFAULT_NODE_LEASE_DURATION_SECONDS,
             kube_reserved: BTreeMap::new(),
             system_reserved: BTreeMap::new(),
+            enforce_pods_allocatable: true,
             eviction_hard: default_eviction_hard(),
             port: DEFAULT_PORT,
             pods_per_core: 0,
@@ -634,6 +638,9 @@ fn apply_file_cluster(
             *target = map.clone();
         }
     }
+    if let Some(list) = &c.enforce_node_allocatable {
+        s.enforce_pods_allocatable = enforce_pods("enforceNodeAllocatable", list, &invalid)?;
+    }
     if let Some(map) = &c.eviction_hard {
         cluster::check_eviction(map).map_err(|reason| invalid("evictionHard", reason))?;
         s.eviction_hard = map.clone();
@@ -821,6 +828,10 @@ fn apply_flags_cluster(
             .filter(|d| !d.is_zero())
             .ok_or_else(|| invalid("--node-status-update-frequency", format!("{d} must be greater than zero")))?;
     }
+    if let Some(list) = &f.enforce_node_allocatable {
+        let values: Vec<String> = list.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+        s.enforce_pods_allocatable = enforce_pods("--enforce-node-allocatable", &values, &invalid)?;
+    }
     for (flag, values, target) in [
         ("--kube-reserved", &f.kube_reserved, &mut s.kube_reserved),
         ("--system-reserved", &f.system_reserved, &mut s.system_reserved),
@@ -930,6 +941,37 @@ fn clean_path(p: &str) -> String {
         }
     }
     format!("/{}", parts.join("/"))
+}
+
+/// `enforceNodeAllocatable`: whether `pods` is enforced. Upstream's other levels
+/// (`system-reserved`, `kube-reserved` and their `-compressible` forms) need the reserved
+/// cgroups Gantry does not manage yet, so they are refused rather than ignored; an empty list
+/// is the same as `none`.
+fn enforce_pods(
+    field: &str,
+    values: &[String],
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<bool, ConfigError> {
+    if values.iter().any(|v| v == "none") && values.len() > 1 {
+        return Err(invalid(field, "may not contain additional enforcements when 'none' is specified".into()));
+    }
+    for v in values {
+        match v.as_str() {
+            "pods" | "none" => {}
+            "system-reserved" | "kube-reserved" | "system-reserved-compressible" | "kube-reserved-compressible" => {
+                return Err(invalid(field, format!("{v:?} is not supported by Gantry yet: use \"pods\" or \"none\"")));
+            }
+            other => {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "invalid option {other:?}: use \"pods\", \"system-reserved\", \"kube-reserved\" or \"none\""
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(values.iter().any(|v| v == "pods"))
 }
 
 #[cfg(test)]

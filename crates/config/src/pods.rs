@@ -28,6 +28,11 @@ pub struct PodSettings {
     pub cgroup_driver: CgroupDriver,
     /// `cgroupRoot` / `--cgroup-root`; with `cgroupsPerQOS`, empty means `/`.
     pub cgroup_root: String,
+    /// `podPidsLimit` / `--pod-max-pids`: `pids.max` of every pod cgroup; -1 (default) or 0:
+    /// no limit.
+    pub pod_pids_limit: i64,
+    /// `failCgroupV1`: refuse to start on a cgroup v1 host (default false: a warning).
+    pub fail_cgroup_v1: bool,
     /// `clusterDNS` / `--cluster-dns`.
     pub cluster_dns: Vec<IpAddr>,
     /// `clusterDomain` / `--cluster-domain`; empty = no cluster search domains.
@@ -48,12 +53,24 @@ impl Default for PodSettings {
             cgroups_per_qos: true,
             cgroup_driver: CgroupDriver::Cgroupfs,
             cgroup_root: String::new(),
+            pod_pids_limit: -1,
+            fail_cgroup_v1: false,
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             resolv_conf: DEFAULT_RESOLV_CONF.to_string(),
             allowed_unsafe_sysctls: Vec::new(),
             seccomp_default: false,
             allow_privileged: true,
+        }
+    }
+}
+
+impl CgroupDriver {
+    /// The name in the configuration (`cgroupDriver`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupDriver::Cgroupfs => "cgroupfs",
+            CgroupDriver::Systemd => "systemd",
         }
     }
 }
@@ -66,6 +83,17 @@ fn driver(field: &str, value: &str, invalid: Invalid) -> Result<CgroupDriver, Co
         "systemd" => Ok(CgroupDriver::Systemd),
         other => Err(invalid(field, format!("invalid cgroup driver {other:?}: use \"cgroupfs\" or \"systemd\""))),
     }
+}
+
+/// Upstream accepts -1 (no limit) and positive numbers; 0 also means no limit.
+fn pids_limit(field: &str, value: i64, invalid: Invalid) -> Result<i64, ConfigError> {
+    if value < -1 {
+        return Err(invalid(
+            field,
+            format!("{value} is not a process count: use a positive number, or -1 for no limit"),
+        ));
+    }
+    Ok(value)
 }
 
 fn dns_ips<S: AsRef<str>>(field: &str, values: &[S], invalid: Invalid) -> Result<Vec<IpAddr>, ConfigError> {
@@ -102,6 +130,12 @@ impl PodSettings {
         if let Some(r) = &c.cgroup_root {
             self.cgroup_root = r.clone();
         }
+        if let Some(n) = c.pod_pids_limit {
+            self.pod_pids_limit = pids_limit("podPidsLimit", n, invalid)?;
+        }
+        if let Some(b) = c.fail_cgroup_v1 {
+            self.fail_cgroup_v1 = b;
+        }
         if let Some(ips) = &c.cluster_dns {
             self.cluster_dns = dns_ips("clusterDNS", ips, invalid)?;
         }
@@ -129,6 +163,9 @@ impl PodSettings {
         }
         if let Some(r) = &f.cgroup_root {
             self.cgroup_root = r.clone();
+        }
+        if let Some(n) = f.pod_max_pids {
+            self.pod_pids_limit = pids_limit("--pod-max-pids", n, invalid)?;
         }
         if !f.cluster_dns.is_empty() {
             let values: Vec<&str> = f.cluster_dns.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).collect();
@@ -188,6 +225,14 @@ mod tests {
         assert!(s.cgroups_per_qos && s.allow_privileged && !s.seccomp_default);
         assert_eq!(s.cgroup_driver, CgroupDriver::Cgroupfs);
         assert_eq!(s.resolv_conf, "/etc/resolv.conf");
+        assert_eq!((s.pod_pids_limit, s.fail_cgroup_v1), (-1, false));
+    }
+
+    #[test]
+    fn pids_limit_below_minus_one_is_rejected() {
+        let mut s = PodSettings::default();
+        let e = s.apply_flags(&Flags { pod_max_pids: Some(-2), ..Default::default() }, &invalid).unwrap_err();
+        assert!(e.to_string().contains("--pod-max-pids"), "{e}");
     }
 
     #[test]
@@ -198,9 +243,12 @@ mod tests {
             cluster_dns: Some(vec!["10.96.0.10".into()]),
             cluster_domain: Some("cluster.local.".into()),
             allowed_unsafe_sysctls: Some(vec!["net.core.*".into()]),
+            pod_pids_limit: Some(100),
+            fail_cgroup_v1: Some(true),
             ..Default::default()
         };
         s.apply_file(&c, &invalid).unwrap();
+        assert_eq!((s.pod_pids_limit, s.fail_cgroup_v1), (100, true));
         assert_eq!(s.cgroup_driver, CgroupDriver::Systemd);
         assert_eq!(s.cluster_domain, "cluster.local");
         assert_eq!(s.allowed_unsafe_sysctls, ["net.core.*"]);

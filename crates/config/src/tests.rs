@@ -642,3 +642,17 @@ fn cluster_values_are_validated_with_upstream_messages() {
     let e = err(&[], Some("evictionHard: {disk.available: 1Gi}\n"));
     assert!(e.to_string().contains("unsupported eviction signal disk.available"), "{e}");
 }
+
+#[test]
+fn enforce_node_allocatable() {
+    assert!(ok(&[], None).enforce_pods_allocatable, "default [pods]");
+    let file = "enforceNodeAllocatable: [none]\n";
+    assert!(!ok(&[], Some(file)).enforce_pods_allocatable);
+    assert!(ok(&["--enforce-node-allocatable=pods"], Some(file)).enforce_pods_allocatable, "the flag wins");
+    let e = err(&["--enforce-node-allocatable=pods,none"], None).to_string();
+    assert!(e.contains("--enforce-node-allocatable") && e.contains("'none'"), "{e}");
+    let e = err(&["--enforce-node-allocatable=pods,system-reserved"], None).to_string();
+    assert!(e.contains("system-reserved") && e.contains("not supported"), "{e}");
+    let e = err(&["--enforce-node-allocatable=everything"], None).to_string();
+    assert!(e.contains("invalid option \"everything\""), "{e}");
+}

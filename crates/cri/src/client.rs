@@ -178,6 +178,7 @@ impl RuntimeClient {
         list_containers => "ListContainers": api::ListContainersRequest => api::ListContainersResponse;
         container_status => "ContainerStatus": api::ContainerStatusRequest => api::ContainerStatusResponse;
         exec_sync => "ExecSync": api::ExecSyncRequest => api::ExecSyncResponse;
+        runtime_config => "RuntimeConfig": api::RuntimeConfigRequest => api::RuntimeConfigResponse;
     }
 
     /// Stops a container, giving it `grace` to exit after SIGTERM. The call itself may take

@@ -61,6 +61,44 @@ fn unknown_flags_are_named() {
     assert!(stderr.contains("--pod-manifest-pth"), "{stderr}");
 }
 
+/// On a cgroup v1 host, `failCgroupV1: true` stops start-up with upstream's message, and
+/// without it a warning says v1 is deprecated (the v2 side runs in `vm_node.rs`).
+#[test]
+fn fail_cgroup_v1_on_a_v1_host() {
+    use gantry_agent::runtime::cgroups::{self, Hierarchy};
+    if cgroups::hierarchy(std::path::Path::new(cgroups::MOUNT)) != Some(Hierarchy::V1) {
+        eprintln!("not a cgroup v1 host: nothing to check here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kubelet.yaml");
+    let start = |fail: bool| {
+        let yaml = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nenableServer: false\nfailCgroupV1: {fail}\n"
+        );
+        std::fs::write(&config, yaml).unwrap();
+        let args = [
+            "kubelet".to_string(),
+            format!("--config={}", config.display()),
+            format!("--root-dir={}", dir.path().join("root").display()),
+            format!("--pod-manifest-path={}", dir.path().display()),
+            // Nothing listens here: start-up ends at the runtime if the cgroup check passed.
+            format!("--container-runtime-endpoint=unix://{}", dir.path().join("none.sock").display()),
+        ];
+        run(None, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (ok, _, stderr) = start(true);
+    assert!(!ok);
+    assert!(stderr.contains("kubelet is configured to not run on a host using cgroup v1"), "{stderr}");
+    let (ok, _, stderr) = start(false);
+    assert!(!ok, "no runtime to connect to");
+    assert!(
+        stderr.contains("cgroup v1 detected. cgroup v1 support has been transitioned into maintenance mode"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("configured to not run"), "{stderr}");
+}
+
 #[test]
 fn versions_read_as_the_go_kubelet_prints_them() {
     let reported = gantry_vocab::keys::KUBELET_VERSION;

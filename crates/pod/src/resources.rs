@@ -22,6 +22,8 @@ pub struct CgroupValues {
     pub cpu_quota: i64,
     pub cpu_period: i64,
     pub memory_limit: i64,
+    /// `pids.max`; only pod cgroups get one (`podPidsLimit`).
+    pub pids_limit: i64,
 }
 
 /// Upstream `MilliCPUToShares`.
@@ -30,6 +32,15 @@ pub fn shares(milli_cpu: i128) -> i64 {
         return MIN_SHARES;
     }
     ((milli_cpu * SHARES_PER_CPU / 1000) as i64).clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// The cgroup v2 `cpu.weight` for CPU shares, with the linear formula the Go kubelet uses for
+/// the cgroups it manages itself (kubepods, QoS levels, pods): 2 → 1, 1024 → 39, 262144 → 10000.
+pub fn cpu_weight(shares: i64) -> i64 {
+    if shares >= MAX_SHARES {
+        return 10_000;
+    }
+    1 + ((shares.max(MIN_SHARES) - MIN_SHARES) * 9999) / (MAX_SHARES - MIN_SHARES)
 }
 
 /// Upstream `MilliCPUToQuota`: 0 (no quota) without a limit.
@@ -48,6 +59,7 @@ pub fn container(c: &Container) -> CgroupValues {
         cpu_quota: quota(cpu.limit.unwrap_or(0), CPU_PERIOD_US),
         cpu_period: CPU_PERIOD_US,
         memory_limit: memory(c).limit.unwrap_or(0) as i64,
+        pids_limit: 0,
     }
 }
 
@@ -67,6 +79,7 @@ pub fn sandbox(pod: &Pod) -> CgroupValues {
         cpu_quota: quota(pod_total(pod, |c| cpu(c).limit), CPU_PERIOD_US),
         cpu_period: CPU_PERIOD_US,
         memory_limit: pod_total(pod, |c| memory(c).limit) as i64,
+        pids_limit: 0,
     }
 }
 
@@ -81,12 +94,15 @@ pub fn pod(pod: &Pod) -> CgroupValues {
     let cpu_limited = all().all(|c| cpu(c).limit.is_some());
     let memory_limited = all().all(|c| memory(c).limit.is_some());
     match qos::class(pod) {
-        QosClass::Guaranteed => CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit },
+        QosClass::Guaranteed => {
+            CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit, pids_limit: 0 }
+        }
         QosClass::Burstable => CgroupValues {
             cpu_shares,
             cpu_quota: if cpu_limited { cpu_quota } else { 0 },
             cpu_period: if cpu_limited { CPU_PERIOD_US } else { 0 },
             memory_limit: if memory_limited { memory_limit } else { 0 },
+            pids_limit: 0,
         },
         QosClass::BestEffort => CgroupValues { cpu_shares: MIN_SHARES, ..Default::default() },
     }
@@ -120,12 +136,28 @@ mod tests {
     }
 
     #[test]
+    fn shares_to_cgroup_v2_weight() {
+        assert_eq!(cpu_weight(2), 1, "BestEffort");
+        assert_eq!(cpu_weight(0), 1);
+        assert_eq!(cpu_weight(102), 4, "100m");
+        assert_eq!(cpu_weight(1024), 39, "1 CPU");
+        assert_eq!(cpu_weight(262_144), 10_000);
+        assert_eq!(cpu_weight(1 << 20), 10_000);
+    }
+
+    #[test]
     fn container_values() {
         let c = res(&[("cpu", "250m"), ("memory", "64Mi")], &[("cpu", "500m"), ("memory", "128Mi")]);
         let v = container(&c);
         assert_eq!(
             v,
-            CgroupValues { cpu_shares: 256, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 128 << 20 }
+            CgroupValues {
+                cpu_shares: 256,
+                cpu_quota: 50_000,
+                cpu_period: 100_000,
+                memory_limit: 128 << 20,
+                pids_limit: 0
+            }
         );
         let limit_only = container(&res(&[], &[("cpu", "1")]));
         assert_eq!((limit_only.cpu_shares, limit_only.cpu_quota), (1024, 100_000), "request defaults to limit");

@@ -5,7 +5,9 @@
 //! - [`Containerd`]: a private containerd per test, with its own pod network,
 //!   torn down (pods, shims, mounts, bridge) on drop;
 //! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
-//!   Gantry against.
+//!   Gantry against;
+//! - [`vm`]: a throwaway systemd VM on cgroup v2 (`scripts/vm`), for tests that need a
+//!   real systemd host.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -27,6 +29,7 @@ pub mod images;
 pub mod pinning_images;
 pub mod prereq;
 pub mod raw;
+pub mod vm;
 
 pub use containerd::{Containerd, ContainerdOptions};
 pub use error::{Result, TestkitError};

@@ -45,6 +45,42 @@ pub enum AgentError {
         "no static pod source is configured: set --pod-manifest-path (staticPodPath) or --manifest-url (staticPodURL)"
     )]
     NoSources,
+    #[error(
+        "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode (failCgroupV1 is true)"
+    )]
+    CgroupV1,
+    #[error(transparent)]
+    Systemd(#[from] crate::runtime::systemd::SystemdError),
+    #[error(transparent)]
+    CgroupDriver(#[from] crate::runtime::cgroups::DriverMismatch),
+}
+
+/// The `kubepods` limits for this machine (node allocatable enforcement).
+fn kubepods_limits(settings: &Settings) -> Option<gantry_pod::resources::CgroupValues> {
+    let facts = crate::node::machine::MachineFacts::read(&settings.root_dir);
+    let limits = crate::node::status::pods_cgroup_limits(settings, crate::node::status::capacity(settings, &facts));
+    if let Some(l) = &limits {
+        tracing::info!(
+            cpu_shares = l.cpu_shares,
+            memory_limit = l.memory_limit,
+            "node allocatable enforced on kubepods"
+        );
+    }
+    limits
+}
+
+/// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
+fn check_cgroup_version(fail_cgroup_v1: bool) -> Result<(), AgentError> {
+    use crate::runtime::cgroups::{self, Hierarchy};
+    let hierarchy = cgroups::hierarchy(std::path::Path::new(cgroups::MOUNT));
+    tracing::info!(?hierarchy, "cgroup hierarchy");
+    if hierarchy == Some(Hierarchy::V1) {
+        if fail_cgroup_v1 {
+            return Err(AgentError::CgroupV1);
+        }
+        tracing::warn!(reason = "CgroupV1", "{}", cgroups::V1_DEPRECATED);
+    }
+    Ok(())
 }
 
 /// What every worker needs.
@@ -66,6 +102,7 @@ impl Shared {
     /// Connects to the runtime named in `settings` and validates it.
     pub async fn connect(settings: &Settings) -> Result<Arc<Self>, AgentError> {
         gantry_metrics::install();
+        check_cgroup_version(settings.pods.fail_cgroup_v1)?;
         let cri = gantry_cri::connect(
             &settings.container_runtime_endpoint,
             settings.image_service_endpoint.as_deref(),
@@ -84,7 +121,9 @@ impl Shared {
             settings.root_dir.clone(),
             settings.images.parallel_pull_limit(),
         )
-        .with_pod_settings(settings.pods.clone());
+        .with_pod_settings(settings.pods.clone(), kubepods_limits(settings))
+        .await?;
+        driver.check_runtime_cgroup_driver().await?;
         let events = crate::events::Recorder::default();
         Ok(Arc::new(Shared {
             driver: driver.with_events(events.clone()),

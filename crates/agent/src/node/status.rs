@@ -25,6 +25,7 @@ use super::machine::MachineFacts;
 use super::runtime_state::aggregate;
 use super::{CMAD_ANNOTATION, KUBELET_VERSION};
 use gantry_config::{Gate, Settings};
+use gantry_pod::resources::{self, CgroupValues};
 use gantry_vocab::quantity;
 
 /// The conditions the agent owns, in the order upstream sets them.
@@ -218,16 +219,31 @@ pub(crate) fn threshold_amount(value: &str, capacity: i128) -> i128 {
     quantity::parse_units(value).unwrap_or(0)
 }
 
+/// kube-reserved + system-reserved of one resource (milli-units for CPU).
+fn reserved(settings: &Settings, resource: &str, milli: bool) -> i128 {
+    [&settings.kube_reserved, &settings.system_reserved]
+        .iter()
+        .filter_map(|m| m.get(resource))
+        .map(|v| if milli { quantity::parse_milli(v) } else { quantity::parse_units(v) }.unwrap_or(0))
+        .sum()
+}
+
+/// The `kubepods` cgroup's limits under `enforceNodeAllocatable: [pods]` (upstream's node
+/// allocatable enforcement): CPU shares from capacity − reservations, and memory capacity −
+/// reservations; unlike the reported allocatable, eviction thresholds are not subtracted.
+pub fn pods_cgroup_limits(settings: &Settings, cap: Resources) -> Option<CgroupValues> {
+    if !settings.enforce_pods_allocatable {
+        return None;
+    }
+    let cpu = (cap.cpu_milli - reserved(settings, "cpu", true)).max(0);
+    let memory = (cap.memory - reserved(settings, "memory", false)).max(0);
+    Some(CgroupValues { cpu_shares: resources::shares(cpu), memory_limit: memory as i64, ..Default::default() })
+}
+
 /// Allocatable = capacity − kube-reserved − system-reserved − hard eviction
 /// thresholds, never below zero.
 pub fn allocatable(settings: &Settings, cap: Resources) -> Resources {
-    let reserved = |resource: &str, milli: bool| -> i128 {
-        [&settings.kube_reserved, &settings.system_reserved]
-            .iter()
-            .filter_map(|m| m.get(resource))
-            .map(|v| if milli { quantity::parse_milli(v) } else { quantity::parse_units(v) }.unwrap_or(0))
-            .sum()
-    };
+    let reserved = |resource: &str, milli: bool| reserved(settings, resource, milli);
     let eviction =
         |signal: &str, capacity: i128| settings.eviction_hard.get(signal).map_or(0, |v| threshold_amount(v, capacity));
     Resources {

@@ -1,9 +1,11 @@
 //! Pod cgroups (`cgroupsPerQOS`): every pod runs under `kubepods[/<qos>]/pod<uid>` below
 //! `cgroupRoot`, with the pod's limits on it. Which cgroups and values a pod needs is pure
-//! ([`plan`]); touching the cgroup file system is behind [`CgroupFs`].
+//! ([`plan`]); touching the cgroup file system is behind [`CgroupFs`], with one implementation
+//! per hierarchy: [`CgroupV1`] (a tree per controller) and [`CgroupV2`] (the unified tree, where
+//! shares become `cpu.weight` and limits go to `cpu.max`, `memory.max` and `pids.max`).
 //!
-//! With the `systemd` driver, the names are systemd slices and the runtime has systemd create
-//! them; Gantry creates (and limits) pod cgroups itself only with `cgroupfs`.
+//! With the `systemd` driver, the names are systemd slices, which systemd creates and limits
+//! when Gantry asks over D-Bus ([`super::systemd`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -63,42 +65,54 @@ fn systemd_name(parts: &[String]) -> String {
     (1..=escaped.len()).map(|n| format!("/{}.slice", escaped[..n].join("-"))).collect()
 }
 
-/// The pod's cgroup parent and the cgroups Gantry creates for it.
-pub fn plan(settings: &PodSettings, pod: &Pod) -> PodCgroups {
+/// A cgroup's name for the driver: a cgroupfs path or nested systemd slices.
+fn name(settings: &PodSettings, parts: &[String]) -> String {
+    match settings.cgroup_driver {
+        CgroupDriver::Cgroupfs => cgroupfs_name(parts),
+        CgroupDriver::Systemd => systemd_name(parts),
+    }
+}
+
+/// The pod's cgroup parent and the cgroups Gantry creates for it (with systemd: the slices
+/// Gantry asks systemd for).
+/// `kubepods` gets `kubepods_limits` (node allocatable enforcement).
+pub fn plan(settings: &PodSettings, kubepods_limits: Option<CgroupValues>, pod: &Pod) -> PodCgroups {
     if !settings.cgroups_per_qos {
         return PodCgroups { parent: settings.cgroup_root.clone(), create: Vec::new() };
     }
     let mut parts = root_components(settings);
     let root_len = parts.len();
     parts.extend(pod_components(qos::class(pod), spec::uid(pod)));
-    match settings.cgroup_driver {
-        CgroupDriver::Systemd => PodCgroups { parent: systemd_name(&parts), create: Vec::new() },
-        CgroupDriver::Cgroupfs => {
-            let create = (root_len + 1..=parts.len())
-                .map(|n| {
-                    let values = match parts[n - 1].as_str() {
-                        _ if n == parts.len() => Some(resources::pod(pod)),
-                        // Upstream gives BestEffort pods together the minimum CPU weight.
-                        "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
-                        _ => None,
-                    };
-                    (cgroupfs_name(&parts[..n]), values)
-                })
-                .collect();
-            PodCgroups { parent: cgroupfs_name(&parts), create }
-        }
-    }
+    let create = (root_len + 1..=parts.len())
+        .map(|n| {
+            let values = match parts[n - 1].as_str() {
+                _ if n == parts.len() => Some(pod_values(settings, pod)),
+                "kubepods" if n == root_len + 1 => kubepods_limits,
+                // Upstream gives BestEffort pods together the minimum CPU weight.
+                "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
+                _ => None,
+            };
+            (name(settings, &parts[..n]), values)
+        })
+        .collect();
+    PodCgroups { parent: name(settings, &parts), create }
 }
 
-/// Every cgroupfs path the pod's own cgroup can have, one per QoS class, so removing it needs
-/// no pod spec. The QoS levels are shared and stay.
+/// The pod cgroup's values: its resources and `podPidsLimit` (-1: explicitly unlimited).
+fn pod_values(settings: &PodSettings, pod: &Pod) -> CgroupValues {
+    let pids_limit = if settings.pod_pids_limit > 0 { settings.pod_pids_limit } else { -1 };
+    CgroupValues { pids_limit, ..resources::pod(pod) }
+}
+
+/// Every path the pod's own cgroup can have, one per QoS class, so removing it needs no pod
+/// spec. The QoS levels are shared and stay.
 pub fn pod_paths(settings: &PodSettings, uid: &str) -> Vec<String> {
     [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort]
         .into_iter()
         .map(|qos| {
             let mut parts = root_components(settings);
             parts.extend(pod_components(qos, uid));
-            cgroupfs_name(&parts)
+            name(settings, &parts)
         })
         .collect()
 }
@@ -111,20 +125,56 @@ pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
         .map(|parts| {
             let mut all = root.clone();
             all.extend(parts.into_iter().map(str::to_string));
-            cgroupfs_name(&all)
+            name(settings, &all)
         })
         .collect()
 }
 
+/// The pod UID a child cgroup of a QoS level belongs to: `pod<uid>` (cgroupfs) or
+/// `kubepods-burstable-pod<uid with underscores>.slice` (systemd).
+fn pod_uid(driver: CgroupDriver, child: &str) -> Option<String> {
+    match driver {
+        CgroupDriver::Cgroupfs => child.strip_prefix("pod").map(str::to_string),
+        CgroupDriver::Systemd => {
+            let last = child.strip_suffix(".slice")?.rsplit('-').next()?;
+            last.strip_prefix("pod").map(|uid| uid.replace('_', "-"))
+        }
+    }
+}
+
 /// The pod cgroups among `children` of `parent` whose pod is not in `keep` (upstream's
 /// orphaned pod cgroup cleanup).
-pub fn orphans(parent: &str, children: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
+pub fn orphans(driver: CgroupDriver, parent: &str, children: &[String], keep: impl Fn(&str) -> bool) -> Vec<String> {
     children
         .iter()
-        .filter_map(|c| c.strip_prefix("pod"))
-        .filter(|uid| !keep(uid))
-        .map(|uid| format!("{}/pod{uid}", parent.trim_end_matches('/')))
+        .filter(|c| pod_uid(driver, c).is_some_and(|uid| !keep(&uid)))
+        .map(|c| format!("{}/{c}", parent.trim_end_matches('/')))
         .collect()
+}
+
+/// Gantry's and the runtime's cgroup drivers differ: containers would land outside the pod
+/// cgroups, or the runtime refuses the cgroup parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cgroup driver mismatch: Gantry's cgroupDriver is {:?} but the container runtime uses the {:?} cgroup driver (containerd: SystemdCgroup = {} in the runc runtime options); configure both with the same driver",
+    .ours.as_str(), .runtime.as_str(), *.runtime == CgroupDriver::Systemd
+)]
+pub struct DriverMismatch {
+    pub ours: CgroupDriver,
+    pub runtime: CgroupDriver,
+}
+
+/// Checks the driver the runtime reports (CRI `RuntimeConfig`, containerd 2.x) against ours.
+pub fn check_runtime_driver(ours: CgroupDriver, runtime: CgroupDriver) -> Result<(), DriverMismatch> {
+    if ours == runtime { Ok(()) } else { Err(DriverMismatch { ours, runtime }) }
+}
+
+/// The mismatch behind a failed sandbox creation, for runtimes that do not report their
+/// driver (containerd 1.6): runc under its systemd driver refuses a cgroupfs parent.
+pub fn mismatch_in_sandbox_error(ours: CgroupDriver, message: &str) -> Option<DriverMismatch> {
+    let systemd_wants_slice = message.contains("expected cgroupsPath to be of format") && message.contains("systemd");
+    (ours == CgroupDriver::Cgroupfs && systemd_wants_slice)
+        .then_some(DriverMismatch { ours, runtime: CgroupDriver::Systemd })
 }
 
 /// The cgroup file system.
@@ -164,9 +214,14 @@ impl CgroupV1 {
     }
 }
 
-fn write(dir: &Path, file: &str, value: i64) -> io::Result<()> {
+fn write(dir: &Path, file: &str, value: impl ToString) -> io::Result<()> {
     std::fs::write(dir.join(file), value.to_string())
         .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", dir.join(file).display())))
+}
+
+/// `pids.max`: the limit, or `max` for -1.
+fn pids_max(limit: i64) -> String {
+    if limit > 0 { limit.to_string() } else { "max".into() }
 }
 
 /// A new cpuset cgroup starts with no CPUs and memory nodes; it gets its parent's.
@@ -211,6 +266,9 @@ impl CgroupFs for CgroupV1 {
             if controllers.contains(&"memory") && v.memory_limit > 0 {
                 write(&dir, "memory.limit_in_bytes", v.memory_limit)?;
             }
+            if controllers.contains(&"pids") && v.pids_limit != 0 {
+                write(&dir, "pids.max", pids_max(v.pids_limit))?;
+            }
         }
         Ok(())
     }
@@ -235,11 +293,124 @@ impl CgroupFs for CgroupV1 {
     }
 }
 
-/// The node's cgroup file system, if it is cgroup v1 (v2-only nodes get no pod-level cgroups
-/// from Gantry yet; the runtime still creates the container cgroups under the parent).
-pub fn detect() -> Option<CgroupV1> {
-    let mount = Path::new("/sys/fs/cgroup");
-    mount.join("memory").is_dir().then(|| CgroupV1::new(mount))
+/// The unified hierarchy (cgroup v2) as mounted on `/sys/fs/cgroup`.
+pub struct CgroupV2 {
+    mount: PathBuf,
+}
+
+/// The controllers pod cgroups use, where the kernel offers them (upstream's list plus `io`
+/// for the I/O figures of `/stats/summary`).
+const V2_CONTROLLERS: [&str; 6] = ["cpu", "cpuset", "memory", "pids", "hugetlb", "io"];
+
+impl CgroupV2 {
+    pub fn new(mount: impl Into<PathBuf>) -> Self {
+        CgroupV2 { mount: mount.into() }
+    }
+
+    /// Enables in `dir`'s children the controllers `dir` has and does not pass on yet: a v2
+    /// cgroup has a controller's files only if its parent's `cgroup.subtree_control` lists it.
+    fn delegate(dir: &Path) -> io::Result<()> {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let (available, enabled) = (read("cgroup.controllers"), read("cgroup.subtree_control"));
+        let missing: Vec<String> = V2_CONTROLLERS
+            .into_iter()
+            .filter(|c| available.split_whitespace().any(|a| a == *c) && !enabled.split_whitespace().any(|e| e == *c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        write(dir, "cgroup.subtree_control", missing.join(" "))
+    }
+}
+
+/// Removes `dir` and the cgroups below it (a runtime's leftover container cgroups), deepest
+/// first; a cgroup directory holds only kernel files, which rmdir ignores.
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(io::Error::new(e.kind(), format!("cannot remove {}: {e}", dir.display())))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl CgroupFs for CgroupV2 {
+    fn ensure(&self, path: &str, values: Option<&CgroupValues>) -> io::Result<()> {
+        let mut dir = self.mount.clone();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            Self::delegate(&dir)?;
+            dir.push(part);
+            match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                    return Err(io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())));
+                }
+                _ => {}
+            }
+        }
+        let Some(v) = values else { return Ok(()) };
+        if v.cpu_shares > 0 {
+            write(&dir, "cpu.weight", resources::cpu_weight(v.cpu_shares))?;
+        }
+        if v.cpu_quota > 0 {
+            write(&dir, "cpu.max", format!("{} {}", v.cpu_quota, v.cpu_period))?;
+        }
+        if v.memory_limit > 0 {
+            write(&dir, "memory.max", v.memory_limit)?;
+        }
+        if v.pids_limit != 0 {
+            write(&dir, "pids.max", pids_max(v.pids_limit))?;
+        }
+        Ok(())
+    }
+
+    fn remove(&self, path: &str) -> io::Result<()> {
+        remove_tree(&self.mount.join(path.trim_start_matches('/')))
+    }
+
+    fn children(&self, path: &str) -> Vec<String> {
+        let entries = std::fs::read_dir(self.mount.join(path.trim_start_matches('/'))).into_iter().flatten().flatten();
+        entries.filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+}
+
+/// Where the cgroup file system is mounted.
+pub const MOUNT: &str = "/sys/fs/cgroup";
+
+/// The cgroup hierarchy a node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// One hierarchy per controller set under `/sys/fs/cgroup/<controller>`.
+    V1,
+    /// The unified hierarchy (`cgroup2fs` on `/sys/fs/cgroup`).
+    V2,
+}
+
+/// Upstream's warning (and event message) on a cgroup v1 node.
+pub const V1_DEPRECATED: &str = "cgroup v1 detected. cgroup v1 support has been transitioned into maintenance mode, please plan for the migration towards cgroup v2. More information at https://git.k8s.io/enhancements/keps/sig-node/4569-cgroup-v1-maintenance-mode";
+
+/// The hierarchy mounted at `mount`, if any (upstream `IsCgroup2UnifiedMode`: a statfs).
+pub fn hierarchy(mount: &Path) -> Option<Hierarchy> {
+    let fs = nix::sys::statfs::statfs(mount).ok()?;
+    if fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
+        Some(Hierarchy::V2)
+    } else {
+        mount.join("memory").is_dir().then_some(Hierarchy::V1)
+    }
+}
+
+/// The node's cgroup file system for the cgroupfs driver, on either hierarchy.
+pub fn detect() -> Option<Box<dyn CgroupFs>> {
+    let mount = Path::new(MOUNT);
+    match hierarchy(mount)? {
+        Hierarchy::V1 => Some(Box::new(CgroupV1::new(mount))),
+        Hierarchy::V2 => Some(Box::new(CgroupV2::new(mount))),
+    }
 }
 
 #[cfg(test)]
@@ -269,11 +440,11 @@ mod tests {
     #[test]
     fn cgroupfs_paths_by_qos() {
         let s = PodSettings::default();
-        let guaranteed = plan(&s, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
+        let guaranteed = plan(&s, None, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
         assert_eq!(guaranteed.parent, "/kubepods/pod1-2");
         assert_eq!(guaranteed.create.len(), 2);
         assert_eq!(guaranteed.create[1].1.unwrap().memory_limit, 1 << 30);
-        let burstable = plan(&s, &pod(&[("memory", "1Mi")], &[]));
+        let burstable = plan(&s, None, &pod(&[("memory", "1Mi")], &[]));
         assert_eq!(burstable.parent, "/kubepods/burstable/pod1-2");
         let paths: Vec<&str> = burstable.create.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(paths, ["/kubepods", "/kubepods/burstable", "/kubepods/burstable/pod1-2"]);
@@ -282,26 +453,42 @@ mod tests {
             pod_paths(&s, "1-2"),
             ["/kubepods/pod1-2", "/kubepods/burstable/pod1-2", "/kubepods/besteffort/pod1-2"]
         );
-        let best_effort = plan(&s, &pod(&[], &[]));
+        let best_effort = plan(&s, None, &pod(&[], &[]));
         assert_eq!(best_effort.parent, "/kubepods/besteffort/pod1-2");
         assert_eq!(best_effort.create[1].1.unwrap().cpu_shares, 2, "the besteffort level gets the minimum weight");
 
         let rooted = PodSettings { cgroup_root: "/custom/".into(), ..Default::default() };
-        let p = plan(&rooted, &pod(&[], &[]));
+        let p = plan(&rooted, None, &pod(&[], &[]));
         assert_eq!(p.parent, "/custom/kubepods/besteffort/pod1-2");
         assert_eq!(p.create[0].0, "/custom/kubepods", "the root itself is not created");
     }
 
     #[test]
+    fn kubepods_gets_the_allocatable_limits() {
+        let limits = CgroupValues { cpu_shares: 2048, memory_limit: 1 << 30, ..Default::default() };
+        let p = plan(&PodSettings::default(), Some(limits), &pod(&[], &[]));
+        assert_eq!(p.create[0], ("/kubepods".to_string(), Some(limits)));
+    }
+
+    #[test]
     fn systemd_slices() {
         let s = PodSettings { cgroup_driver: CgroupDriver::Systemd, ..Default::default() };
-        let p = plan(&s, &pod(&[("memory", "1Mi")], &[]));
+        let p = plan(&s, None, &pod(&[("memory", "1Mi")], &[]));
         assert_eq!(p.parent, "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice");
-        assert!(p.create.is_empty(), "systemd creates slices");
-        let g = plan(&s, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
+        let slices: Vec<&str> = p.create.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            slices,
+            [
+                "/kubepods.slice",
+                "/kubepods.slice/kubepods-burstable.slice",
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice"
+            ]
+        );
+        assert_eq!(pod_paths(&s, "1-2")[0], "/kubepods.slice/kubepods-pod1_2.slice");
+        let g = plan(&s, None, &pod(&[], &[("cpu", "1"), ("memory", "1Gi")]));
         assert_eq!(g.parent, "/kubepods.slice/kubepods-pod1_2.slice");
         let rooted = PodSettings { cgroup_root: "kubelet.slice".into(), ..s };
-        assert_eq!(plan(&rooted, &pod(&[], &[])).parent.split('/').nth(1), Some("kubelet.slice"));
+        assert_eq!(plan(&rooted, None, &pod(&[], &[])).parent.split('/').nth(1), Some("kubelet.slice"));
     }
 
     #[test]
@@ -309,13 +496,30 @@ mod tests {
         let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
         assert_eq!(qos_paths(&s), ["/r/kubepods", "/r/kubepods/burstable", "/r/kubepods/besteffort"]);
         let children = ["burstable", "besteffort", "poda", "podb"].map(String::from);
-        assert_eq!(orphans("/r/kubepods", &children, |uid| uid == "a"), ["/r/kubepods/podb"]);
+        assert_eq!(orphans(CgroupDriver::Cgroupfs, "/r/kubepods", &children, |uid| uid == "a"), ["/r/kubepods/podb"]);
+        let slices = ["kubepods-burstable.slice", "kubepods-pod1_2.slice", "kubepods-pod3_4.slice"].map(String::from);
+        assert_eq!(
+            orphans(CgroupDriver::Systemd, "/kubepods.slice", &slices, |uid| uid == "1-2"),
+            ["/kubepods.slice/kubepods-pod3_4.slice"]
+        );
+    }
+
+    #[test]
+    fn driver_mismatch_names_both_settings() {
+        assert_eq!(check_runtime_driver(CgroupDriver::Systemd, CgroupDriver::Systemd), Ok(()));
+        let e = check_runtime_driver(CgroupDriver::Systemd, CgroupDriver::Cgroupfs).unwrap_err().to_string();
+        assert!(e.contains("cgroupDriver is \"systemd\"") && e.contains("SystemdCgroup = false"), "{e}");
+        let runc = r#"failed to create containerd task: OCI runtime create failed: expected cgroupsPath to be of format "slice:prefix:name" for systemd cgroups, got "/kubepods/besteffort/pod1/abc" instead: unknown"#;
+        let m = mismatch_in_sandbox_error(CgroupDriver::Cgroupfs, runc).unwrap();
+        assert_eq!(m.runtime, CgroupDriver::Systemd);
+        assert!(m.to_string().contains("SystemdCgroup = true"), "{m}");
+        assert_eq!(mismatch_in_sandbox_error(CgroupDriver::Cgroupfs, "image not found"), None);
     }
 
     #[test]
     fn without_cgroups_per_qos_the_root_is_the_parent() {
         let s = PodSettings { cgroups_per_qos: false, cgroup_root: "/pods".into(), ..Default::default() };
-        assert_eq!(plan(&s, &pod(&[], &[])), PodCgroups { parent: "/pods".into(), create: vec![] });
+        assert_eq!(plan(&s, None, &pod(&[], &[])), PodCgroups { parent: "/pods".into(), create: vec![] });
     }
 
     #[test]
@@ -329,7 +533,13 @@ mod tests {
         std::fs::write(dir.path().join("cpuset/cpuset.mems"), "0\n").unwrap();
         let fs = CgroupV1::new(dir.path());
         assert_eq!(fs.hierarchies().len(), 3, "links and unified are not hierarchies of their own");
-        let values = CgroupValues { cpu_shares: 102, cpu_quota: 50_000, cpu_period: 100_000, memory_limit: 1 << 20 };
+        let values = CgroupValues {
+            cpu_shares: 102,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            memory_limit: 1 << 20,
+            pids_limit: 0,
+        };
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
         assert_eq!(read("cpu,cpuacct/kubepods/podx/cpu.shares"), "102");
@@ -347,5 +557,54 @@ mod tests {
         fs.remove("/kubepods/podx").unwrap();
         assert!(!dir.path().join("memory/kubepods/podx").exists());
         fs.remove("/kubepods/podx").unwrap();
+    }
+
+    #[test]
+    fn v2_delegates_controllers_and_writes_v2_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids rdma\n").unwrap();
+        std::fs::write(root.join("cgroup.subtree_control"), "memory\n").unwrap();
+        let fs = CgroupV2::new(root);
+        let values = CgroupValues {
+            cpu_shares: 1024,
+            cpu_quota: 50_000,
+            cpu_period: 100_000,
+            memory_limit: 1 << 20,
+            pids_limit: 42,
+        };
+        fs.ensure("/kubepods/podx", Some(&values)).unwrap();
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+        // A plain file stands in for the kernel's; it keeps the last write.
+        assert_eq!(read("cgroup.subtree_control"), "+cpu +cpuset +pids +io", "only what is offered and missing");
+        assert_eq!(read("kubepods/podx/cpu.weight"), "39", "1 CPU");
+        assert_eq!(read("kubepods/podx/cpu.max"), "50000 100000");
+        assert_eq!(read("kubepods/podx/memory.max"), "1048576");
+        assert_eq!(read("kubepods/podx/pids.max"), "42");
+        assert_eq!(fs.children("/kubepods"), ["podx"]);
+        std::fs::create_dir(root.join("kubepods/podx/container")).unwrap();
+        for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
+            std::fs::remove_file(root.join("kubepods/podx").join(f)).unwrap();
+        }
+        fs.remove("/kubepods/podx").unwrap();
+        assert!(!root.join("kubepods/podx").exists(), "leftover container cgroups go too");
+        fs.remove("/kubepods/podx").unwrap();
+    }
+
+    #[test]
+    fn pod_pids_limit_goes_to_the_pod_cgroup_only() {
+        let s = PodSettings { pod_pids_limit: 100, ..Default::default() };
+        let p = plan(&s, None, &pod(&[("memory", "1Mi")], &[]));
+        assert_eq!(p.create.last().unwrap().1.unwrap().pids_limit, 100);
+        assert!(p.create.iter().rev().skip(1).all(|(_, v)| v.is_none_or(|v| v.pids_limit == 0)));
+        let unlimited = plan(&PodSettings::default(), None, &pod(&[], &[]));
+        assert_eq!(unlimited.create.last().unwrap().1.unwrap().pids_limit, -1, "explicitly no limit");
+    }
+
+    #[test]
+    fn hierarchy_of_this_host() {
+        // Whatever the host runs, a plain directory is neither.
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(hierarchy(dir.path()), None);
     }
 }

@@ -14,12 +14,15 @@ use super::config::{self, ContainerContext, SandboxContext};
 use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::security::{self, ImageUser, NodeSecurity};
+use super::systemd::{self, SystemdError};
 use super::{dns, downward, hooks, hosts, service_env, termination, volumes};
 use crate::cluster::objects::ObjectSource;
 use crate::events::{EventType, Recorder};
 use crate::image::puller::ImagePuller;
+use gantry_config::CgroupDriver;
 use gantry_config::PodSettings;
 use gantry_pod::ObservedPod;
+use gantry_pod::resources::CgroupValues;
 use gantry_vocab::spec;
 
 /// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
@@ -53,8 +56,11 @@ pub struct Driver {
     images: ImagePuller,
     /// Cgroups, DNS and security settings for pods.
     pods: Arc<PodSettings>,
-    /// The cgroup file system for pod cgroups (cgroupfs driver on cgroup v1).
+    /// Who makes the pod cgroups: the cgroup file system (cgroupfs driver, v1 or v2) or
+    /// systemd's slices (systemd driver).
     cgroups: Option<Arc<dyn CgroupFs>>,
+    /// The `kubepods` cgroup's limits (node allocatable enforcement).
+    kubepods_limits: Option<CgroupValues>,
     /// Events about a pod's setup (DNS configuration).
     events: Recorder,
     /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
@@ -75,6 +81,7 @@ impl Driver {
             images,
             pods: Arc::default(),
             cgroups: None,
+            kubepods_limits: None,
             events: Recorder::default(),
         }
     }
@@ -93,15 +100,73 @@ impl Driver {
         &self.images
     }
 
-    /// Pod settings; pod cgroups are created when the node has cgroup v1 and the cgroupfs driver.
-    pub fn with_pod_settings(self, pods: PodSettings) -> Self {
-        let cgroups = match pods.cgroup_driver {
-            gantry_config::CgroupDriver::Cgroupfs if pods.cgroups_per_qos => {
-                cgroups::detect().map(|fs| Arc::new(fs) as Arc<dyn CgroupFs>)
+    /// Pod settings, and who makes the pod cgroups: Gantry in the cgroup file system (cgroupfs
+    /// driver, either hierarchy) or systemd as slice units (systemd driver).
+    /// `kubepods_limits`: the node allocatable to enforce on `kubepods`, if any.
+    pub async fn with_pod_settings(
+        self,
+        pods: PodSettings,
+        kubepods_limits: Option<CgroupValues>,
+    ) -> Result<Self, SystemdError> {
+        let cgroups: Option<Arc<dyn CgroupFs>> = match pods.cgroup_driver {
+            _ if !pods.cgroups_per_qos => None,
+            CgroupDriver::Cgroupfs => cgroups::detect().map(Arc::from),
+            CgroupDriver::Systemd => {
+                if !systemd::running() {
+                    return Err(SystemdError::NotRunning);
+                }
+                let mount = Path::new(cgroups::MOUNT);
+                // Slices are listed in the unified tree, or in v1's memory hierarchy.
+                let listing = match cgroups::hierarchy(mount) {
+                    Some(cgroups::Hierarchy::V1) => mount.join("memory"),
+                    _ => mount.to_path_buf(),
+                };
+                Some(Arc::new(systemd::Slices::connect(listing).await?))
             }
-            _ => None,
         };
-        Driver { pods: Arc::new(pods), cgroups, ..self }
+        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, ..self };
+        driver.enforce_node_allocatable().await;
+        Ok(driver)
+    }
+
+    /// Gives `kubepods` the node's allocatable as its limits at start-up, as upstream does
+    /// (pods keep them: every pod's sandbox creation sets them again).
+    async fn enforce_node_allocatable(&self) {
+        let (Some(fs), Some(limits)) = (self.cgroups.clone(), self.kubepods_limits) else { return };
+        let Some(kubepods) = cgroups::qos_paths(&self.pods).into_iter().next() else { return };
+        let path = kubepods.clone();
+        let result = tokio::task::spawn_blocking(move || fs.ensure(&path, Some(&limits)))
+            .await
+            .expect("cgroup task does not panic");
+        match result {
+            Ok(()) => tracing::info!(cgroup = %kubepods, "Updated Node Allocatable limit across pods"),
+            Err(e) => tracing::warn!(cgroup = %kubepods, "Failed to update Node Allocatable Limits {kubepods:?}: {e}"),
+        }
+    }
+
+    /// Checks the runtime's cgroup driver where it reports one (CRI `RuntimeConfig`, as upstream
+    /// asks it at start-up); runtimes without the call are checked at the first sandbox.
+    pub async fn check_runtime_cgroup_driver(&self) -> Result<(), cgroups::DriverMismatch> {
+        let reported = match self.cri.runtime.runtime_config(api::RuntimeConfigRequest {}).await {
+            Ok(config) => config.linux.map(|l| l.cgroup_driver()),
+            Err(e) if e.code() == Some(gantry_cri::Code::Unimplemented) => {
+                tracing::info!(
+                    "CRI implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver from kubelet config."
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask the runtime for its cgroup driver");
+                None
+            }
+        };
+        let Some(runtime) = reported else { return Ok(()) };
+        let runtime = match runtime {
+            api::CgroupDriver::Systemd => CgroupDriver::Systemd,
+            api::CgroupDriver::Cgroupfs => CgroupDriver::Cgroupfs,
+        };
+        tracing::info!(cgroup_driver = runtime.as_str(), "cgroup driver reported by the container runtime");
+        cgroups::check_runtime_driver(self.pods.cgroup_driver, runtime)
     }
 
     fn node_security(&self) -> NodeSecurity<'_> {
@@ -222,7 +287,7 @@ impl Driver {
         Ok(SandboxContext {
             hostname,
             dns: pod_dns.config,
-            cgroup_parent: cgroups::plan(&self.pods, pod).parent,
+            cgroup_parent: cgroups::plan(&self.pods, self.kubepods_limits, pod).parent,
             security: security::sandbox(pod, &self.node_security()).map_err(failed)?,
         })
     }
@@ -230,7 +295,7 @@ impl Driver {
     /// Creates the pod's cgroups (QoS level, then the pod's own with its limits).
     async fn ensure_cgroups(&self, pod: &Pod) -> Result<(), StartError> {
         let Some(fs) = self.cgroups.clone() else { return Ok(()) };
-        let plan = cgroups::plan(&self.pods, pod);
+        let plan = cgroups::plan(&self.pods, self.kubepods_limits, pod);
         tokio::task::spawn_blocking(move || {
             plan.create.iter().try_for_each(|(path, values)| fs.ensure(path, values.as_ref()))
         })
@@ -249,7 +314,12 @@ impl Driver {
         })?;
         let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
         let response = self.cri.runtime.run_pod_sandbox(request).await.map_err(|e| {
-            StartError::new(StartFailure::CreatePodSandboxError, format!("Failed to create pod sandbox: {e}"))
+            let message = e.to_string();
+            let reason = StartFailure::CreatePodSandboxError;
+            match cgroups::mismatch_in_sandbox_error(self.pods.cgroup_driver, &message) {
+                Some(mismatch) => StartError::new(reason, format!("{mismatch}: {message}")),
+                None => StartError::new(reason, format!("Failed to create pod sandbox: {message}")),
+            }
         })?;
         Ok(response.pod_sandbox_id)
     }
@@ -476,7 +546,9 @@ impl Driver {
         let settings = self.pods.clone();
         let task = tokio::task::spawn_blocking(move || {
             for parent in cgroups::qos_paths(&settings) {
-                for path in cgroups::orphans(&parent, &fs.children(&parent), |uid| keep.contains(uid)) {
+                for path in
+                    cgroups::orphans(settings.cgroup_driver, &parent, &fs.children(&parent), |uid| keep.contains(uid))
+                {
                     match fs.remove(&path) {
                         Ok(()) => tracing::info!(cgroup = %path, "removed orphaned pod cgroup"),
                         Err(e) => tracing::warn!(cgroup = %path, error = %e, "cannot remove orphaned pod cgroup"),

@@ -16,6 +16,7 @@ pub mod observe;
 pub mod projection;
 mod security;
 mod service_env;
+pub mod systemd;
 pub mod termination;
 mod volumes;
 

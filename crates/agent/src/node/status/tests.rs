@@ -195,6 +195,20 @@ fn allocatable_subtracts_reservations_and_clamps_at_zero() {
 }
 
 #[test]
+fn kubepods_gets_capacity_minus_reservations_without_eviction() {
+    let mut s = settings();
+    s.kube_reserved =
+        BTreeMap::from([("cpu".to_string(), "500m".to_string()), ("memory".to_string(), "1Gi".to_string())]);
+    s.eviction_hard = BTreeMap::from([("memory.available".to_string(), "1Gi".to_string())]);
+    let limits = pods_cgroup_limits(&s, capacity(&s, &facts())).unwrap();
+    assert_eq!(limits.cpu_shares, 3584, "3.5 CPUs");
+    assert_eq!(limits.memory_limit, 15 * GI as i64, "16Gi − 1Gi; evictionHard is not subtracted");
+    assert_eq!((limits.cpu_quota, limits.pids_limit), (0, 0));
+    s.enforce_pods_allocatable = false;
+    assert_eq!(pods_cgroup_limits(&s, capacity(&s, &facts())), None, "enforceNodeAllocatable: none");
+}
+
+#[test]
 fn pods_per_core_caps_max_pods() {
     let mut s = settings();
     s.pods_per_core = 10;

@@ -1,0 +1,247 @@
+//! End-to-end on a real systemd host: a Debian 12 VM with systemd as PID 1 on the unified cgroup
+//! v2 hierarchy, Debian's containerd and runc, and the real Gantry binary (`scripts/vm`,
+//! `gantry_testkit::vm`). One boot runs every case: the guest script `vm/node.sh` drives Gantry
+//! with static pods on both cgroup drivers and records what it saw; the tests here assert on it.
+//!
+//! Needs root and the VM image (`scripts/vm build`, which `scripts/test` runs); otherwise the
+//! tests print SKIPPED, and fail under `CI=true`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use gantry_testkit::vm::{self, VmRun};
+
+/// The longest the whole boot may take (TCG emulation on a loaded machine is slow).
+const VM_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The one boot all tests share; `None` when the VM cannot run here.
+fn vm() -> Option<&'static VmRun> {
+    static RUN: OnceLock<Option<VmRun>> = OnceLock::new();
+    RUN.get_or_init(|| {
+        gantry_testkit::init_test_tracing();
+        if let Some(reason) = vm::missing_prerequisite() {
+            gantry_testkit::prereq::skip_or_panic(&reason);
+            return None;
+        }
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
+        let images = gantry_testkit::images::ensure_images(&gantry_testkit::images::default_cache_dir()).unwrap();
+        let dir = tempfile::Builder::new().prefix("vm_node-").tempdir().unwrap().keep();
+        let mut files = vec![stripped_gantry(&dir), here.join("pods")];
+        files.extend(images.into_iter().map(|i| i.path));
+        let run = vm::run(&here.join("node.sh"), &files, &dir.join("run"), VM_TIMEOUT).unwrap();
+        // Straight to stderr so a normal `cargo test` run shows the figures.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "VM run: {:.1} s in all, guest booted in {:?} s; results in {}",
+            run.elapsed.as_secs_f64(),
+            run.boot_seconds(),
+            run.results().display()
+        );
+        Some(run)
+    })
+    .as_ref()
+}
+
+/// The debug binary without its debug info (a sixth of the size), for a quicker trip over 9p.
+fn stripped_gantry(dir: &Path) -> PathBuf {
+    let full = PathBuf::from(env!("CARGO_BIN_EXE_gantry"));
+    let out = dir.join("gantry");
+    let stripped = std::process::Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(&full).status();
+    if stripped.is_ok_and(|s| s.success()) { out } else { full }
+}
+
+/// The run, which must have completed its script.
+fn completed() -> Option<&'static VmRun> {
+    let run = vm()?;
+    assert_eq!(run.exit, 0, "the guest script failed\n{}", run.report());
+    Some(run)
+}
+
+/// `<cgroup> <file> <value>` lines of a cgroup dump → {(cgroup, file): value}.
+fn cgroups(run: &VmRun, name: &str) -> HashMap<(String, String), String> {
+    run.read(name)
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ' ');
+            let (cgroup, file, value) = (parts.next()?, parts.next()?, parts.next().unwrap_or_default());
+            Some(((cgroup.to_string(), file.to_string()), value.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The static pods' UIDs by pod name (`guaranteed`, …), from their log directories
+/// (`<namespace>_<pod>_<uid>`), which exist once the containers ran.
+fn uids(run: &VmRun, case: &str) -> HashMap<String, String> {
+    run.read(&format!("{case}/container-output"))
+        .lines()
+        .filter_map(|l| {
+            let dir = l.split(' ').next()?.strip_prefix("default_")?;
+            let (pod, uid) = dir.rsplit_once('_')?;
+            Some((pod.trim_end_matches("-vm-node").to_string(), uid.to_string()))
+        })
+        .collect()
+}
+
+/// What the pod's container printed about its own cgroup: {file: value}.
+fn container_view(run: &VmRun, case: &str, pod: &str) -> HashMap<String, String> {
+    let prefix = format!("default_{pod}-vm-node_");
+    run.read(&format!("{case}/container-output"))
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix)?.split_once(' ')?.1.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// The pod cgroups of one case, by pod name, with the path its QoS class puts it at.
+fn pod_cgroups(run: &VmRun, case: &str, path: impl Fn(&str, &str) -> String) -> HashMap<String, String> {
+    let uids = uids(run, case);
+    assert_eq!(uids.len(), 3, "all three pods ran\n{}", run.report());
+    uids.iter().map(|(name, uid)| (name.clone(), path(name, uid))).collect()
+}
+
+/// Upstream's values for the three pods, the same on both drivers: `cpu.weight` from the
+/// kubelet's linear formula (500m → 512 shares → 20, 100m → 102 → 4, BestEffort → 1).
+fn assert_pod_limits(run: &VmRun, case: &str, paths: &HashMap<String, String>) {
+    let seen = cgroups(run, &format!("{case}/cgroups-running"));
+    let file = |pod: &str, f: &str| {
+        let key = (paths[pod].clone(), f.to_string());
+        seen.get(&key)
+            .cloned()
+            .unwrap_or_else(|| panic!("{key:?} missing\n{}", run.read(&format!("{case}/cgroups-running"))))
+    };
+    let expected = [
+        (
+            "guaranteed",
+            [("cpu.weight", "20"), ("cpu.max", "50000 100000"), ("memory.max", "67108864"), ("pids.max", "100")],
+        ),
+        (
+            "burstable",
+            [("cpu.weight", "4"), ("cpu.max", "max 100000"), ("memory.max", "67108864"), ("pids.max", "100")],
+        ),
+        ("besteffort", [("cpu.weight", "1"), ("cpu.max", "max 100000"), ("memory.max", "max"), ("pids.max", "100")]),
+    ];
+    for (pod, files) in expected {
+        for (f, value) in files {
+            assert_eq!(file(pod, f), value, "{case}: {f} of the {pod} pod's cgroup {}", paths[pod]);
+        }
+    }
+    // Inside, each container sees its own limits (runc converts shares to weight itself).
+    let g = container_view(run, case, "guaranteed");
+    assert_eq!((g["cpu.max"].as_str(), g["memory.max"].as_str()), ("50000 100000", "67108864"), "{case}: {g:?}");
+    let b = container_view(run, case, "burstable");
+    assert_eq!((b["cpu.max"].as_str(), b["memory.max"].as_str()), ("max 100000", "67108864"), "{case}: {b:?}");
+    let be = container_view(run, case, "besteffort");
+    assert_eq!(be["memory.max"], "max", "{case}: {be:?}");
+}
+
+/// After the pods were deleted (and the orphan's clean-up ran), no pod cgroup is left.
+fn assert_pod_cgroups_gone(run: &VmRun, case: &str) {
+    let after = run.read(&format!("{case}/cgroups-deleted"));
+    assert!(!after.is_empty(), "{case}: the QoS cgroups stay\n{}", run.report());
+    let left: Vec<&str> = after.lines().filter(|l| l.contains("/pod") || l.contains("-pod")).collect();
+    assert!(
+        left.is_empty(),
+        "{case}: pod cgroups left after delete: {left:?}\n{}",
+        run.read(&format!("{case}/gantry.log"))
+    );
+}
+
+#[test]
+fn the_guest_runs_cgroup_v2() {
+    let Some(run) = completed() else { return };
+    assert_eq!(run.read("cgroup-fs").trim(), "cgroup2fs");
+}
+
+#[test]
+fn cgroupfs_driver_pod_and_qos_cgroups_carry_the_limits() {
+    let Some(run) = completed() else { return };
+    let paths = pod_cgroups(run, "cgroupfs", |name, uid| match name {
+        "guaranteed" => format!("/kubepods/pod{uid}"),
+        qos => format!("/kubepods/{qos}/pod{uid}"),
+    });
+    assert_pod_limits(run, "cgroupfs", &paths);
+    let seen = cgroups(run, "cgroupfs/cgroups-running");
+    let weight = seen.get(&("/kubepods/besteffort".into(), "cpu.weight".into()));
+    assert_eq!(weight.map(String::as_str), Some("1"), "the besteffort level has the minimum weight");
+}
+
+/// `kubepods` carries the node's allocatable: 2 CPUs − 500m systemReserved → 1536 shares →
+/// weight 59; memory − 256Mi kubeReserved.
+fn assert_kubepods_allocatable(run: &VmRun, case: &str, kubepods: &str) {
+    assert_eq!(run.read("cpus").trim(), "2", "the VM has 2 CPUs");
+    let memory: i64 = run.read("memory-bytes").trim().parse().unwrap();
+    let seen = cgroups(run, &format!("{case}/cgroups-running"));
+    let file = |f: &str| seen.get(&(kubepods.to_string(), f.to_string())).cloned().unwrap_or_default();
+    assert_eq!(file("cpu.weight"), "59", "{case}");
+    assert_eq!(file("memory.max"), (memory - (256 << 20)).to_string(), "{case}");
+}
+
+#[test]
+fn cgroupfs_driver_kubepods_carries_allocatable() {
+    let Some(run) = completed() else { return };
+    assert_kubepods_allocatable(run, "cgroupfs", "/kubepods");
+}
+
+#[test]
+fn systemd_driver_kubepods_slice_carries_allocatable() {
+    let Some(run) = completed() else { return };
+    assert_kubepods_allocatable(run, "systemd", "/kubepods.slice");
+}
+
+#[test]
+fn cgroupfs_driver_pod_cgroups_and_orphans_are_removed() {
+    let Some(run) = completed() else { return };
+    assert_pod_cgroups_gone(run, "cgroupfs");
+    assert!(
+        run.read("cgroupfs/gantry.log").contains("removed orphaned pod cgroup"),
+        "the orphan was removed by the clean-up\n{}",
+        run.read("cgroupfs/gantry.log")
+    );
+}
+
+/// `kubepods-<qos>-pod<uid with underscores>.slice` below its parents.
+fn slice_path(name: &str, uid: &str) -> String {
+    let uid = uid.replace('-', "_");
+    match name {
+        "guaranteed" => format!("/kubepods.slice/kubepods-pod{uid}.slice"),
+        qos => format!("/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid}.slice"),
+    }
+}
+
+#[test]
+fn systemd_driver_slices_carry_the_limits() {
+    let Some(run) = completed() else { return };
+    let paths = pod_cgroups(run, "systemd", slice_path);
+    assert_pod_limits(run, "systemd", &paths);
+    // systemd itself holds the values: they survive a daemon-reload and show in its units.
+    let slices = run.read("systemd/slices-running");
+    let guaranteed = slices
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!("kubepods-pod{}.slice ", uids(run, "systemd")["guaranteed"].replace('-', "_")))
+        })
+        .unwrap_or_else(|| panic!("no guaranteed pod slice unit\n{slices}"));
+    for property in ["CPUWeight=20", "CPUQuotaPerSecUSec=500ms", "MemoryMax=67108864", "TasksMax=100"] {
+        assert!(guaranteed.split_whitespace().any(|p| p == property), "{property} in {guaranteed}");
+    }
+}
+
+#[test]
+fn systemd_driver_slices_and_orphans_are_removed() {
+    let Some(run) = completed() else { return };
+    assert_pod_cgroups_gone(run, "systemd");
+    let units = run.read("systemd/units-deleted");
+    assert!(!units.contains("-pod"), "pod slice units left: {units}");
+    assert!(run.read("systemd/gantry.log").contains("removed orphaned pod cgroup"));
+}
+
+#[test]
+fn driver_mismatch_names_both_settings() {
+    let Some(run) = completed() else { return };
+    let log = run.read("mismatch/gantry.log");
+    let line = log.lines().find(|l| l.contains("SystemdCgroup")).unwrap_or_else(|| panic!("no mismatch error\n{log}"));
+    assert!(line.contains("cgroupDriver") && line.contains("cgroupfs"), "{line}");
+}

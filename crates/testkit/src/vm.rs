@@ -1,0 +1,104 @@
+//! A throwaway systemd host for the end-to-end tests that need one: a Debian 12 VM with systemd
+//! as PID 1 on the unified cgroup v2 hierarchy, containerd and runc from Debian, booted by
+//! `scripts/vm` under qemu. The image is built once per machine (`scripts/vm build`, run by
+//! `scripts/test`) and every boot starts from it unchanged.
+//!
+//! A test hands the VM a guest script and files over a 9p share; the script runs as root once
+//! the system is up, writes what it saw under `results/`, and the VM powers off. The test then
+//! asserts on the results from the host.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::error::{IoContext, Result, TestkitError};
+
+/// `scripts/vm` in this source tree.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/vm")
+}
+
+/// Where the image lives: `$VM_DIR`, else `/var/tmp/gantry-vm` (as in `scripts/vm`).
+pub fn image_dir() -> PathBuf {
+    std::env::var_os("VM_DIR").map_or_else(|| PathBuf::from("/var/tmp/gantry-vm"), PathBuf::from)
+}
+
+/// Why VM tests cannot run here, or `None` if they can.
+pub fn missing_prerequisite() -> Option<String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not running as root".into());
+    }
+    if !crate::cmd::on_path_in("qemu-system-x86_64", &crate::prereq::tool_path()) {
+        return Some("qemu-system-x86_64 is missing (scripts/vm build installs it)".into());
+    }
+    let dir = image_dir();
+    let built = ["build.stamp", "rootfs.img", "kernel", "initrd.img"].iter().all(|f| dir.join(f).is_file());
+    (!built).then(|| format!("no VM image in {} (build it with scripts/vm build)", dir.display()))
+}
+
+/// One boot of the VM.
+#[derive(Debug)]
+pub struct VmRun {
+    /// The run directory: `share/` (the guest's `/mnt/host`), `console.log`, `vm.log`.
+    pub dir: PathBuf,
+    /// The guest script's exit code (124: timed out, 125: the VM failed).
+    pub exit: i32,
+    /// From starting qemu until it exited.
+    pub elapsed: Duration,
+}
+
+impl VmRun {
+    /// What the guest wrote under `/mnt/host/results`.
+    pub fn results(&self) -> PathBuf {
+        self.dir.join("share/results")
+    }
+
+    /// A results file, empty if the guest did not write it.
+    pub fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.results().join(name)).unwrap_or_default()
+    }
+
+    /// The guest's uptime in seconds when the script started: the boot time.
+    pub fn boot_seconds(&self) -> Option<f64> {
+        self.read("uptime-at-script-start").trim().parse().ok()
+    }
+
+    /// What the run printed: the guest script's output, then the harness's and the console's.
+    pub fn report(&self) -> String {
+        let file = |name: &str| std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
+        format!(
+            "--- guest script output ---\n{}\n--- scripts/vm ---\n{}\n--- console (tail) ---\n{}",
+            self.read("output.log"),
+            file("vm.log"),
+            tail(&file("console.log"), 40)
+        )
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Boots the VM, runs `guest_script` in it with `files` (copied by file name) on the share,
+/// and waits until it powered off, at most `timeout`. `run_dir` must not exist yet.
+pub fn run(guest_script: &Path, files: &[PathBuf], run_dir: &Path, timeout: Duration) -> Result<VmRun> {
+    std::fs::create_dir_all(run_dir).ctx(|| format!("create {}", run_dir.display()))?;
+    let log = std::fs::File::create(run_dir.join("vm.log")).ctx(|| "create vm.log".into())?;
+    let mut cmd = Command::new(script());
+    cmd.arg("run")
+        .arg(guest_script)
+        .args(files)
+        .env("PATH", crate::prereq::tool_path())
+        .env("VM_RUN_DIR", run_dir)
+        .env("VM_TIMEOUT", timeout.as_secs().to_string())
+        .stdout(log.try_clone().ctx(|| "dup vm.log".into())?)
+        .stderr(log)
+        .stdin(Stdio::null());
+    let started = Instant::now();
+    let status = cmd.status().map_err(|source| TestkitError::Io { context: "spawn scripts/vm run".into(), source })?;
+    let elapsed = started.elapsed();
+    let exit = status.code().unwrap_or(125);
+    tracing::info!(exit, elapsed_ms = elapsed.as_millis() as u64, dir = %run_dir.display(), "VM run finished");
+    Ok(VmRun { dir: run_dir.to_path_buf(), exit, elapsed })
+}

@@ -252,20 +252,19 @@ fn restarted_agent_adopts_running_containers() {
 /// The events of a normal start come in upstream's order: Pulling, Pulled, Created, Started.
 #[tokio::test]
 async fn normal_start_events_in_upstream_order() {
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let _log = capture_events(events.clone());
+    capture_events();
     let node = Node::start().await;
     let (shared, tx) = node.agent().await;
     let pod = static_pod("events", &["app"]);
     send(&tx, &[&pod]).await;
     wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
 
-    let reasons: Vec<String> = events.lock().unwrap().iter().map(|e: &(String, String)| e.0.clone()).collect();
-    assert_eq!(reasons, ["Pulling", "Pulled", "Created", "Started"], "events: {:?}", events.lock().unwrap());
-    let messages: Vec<String> = events.lock().unwrap().iter().map(|e| e.1.clone()).collect();
-    assert_eq!(messages[0], r#"Pulling image "registry.test/app:v1""#);
-    assert!(messages[1].starts_with(r#"Successfully pulled image "registry.test/app:v1" in "#), "{messages:?}");
-    assert_eq!(messages[2..], ["Created container app", "Started container app"]);
+    let events = events_of(uid(&pod));
+    let reasons: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(reasons, ["Pulling", "Pulled", "Created", "Started"], "events: {events:?}");
+    assert_eq!(events[0].1, r#"Pulling image "registry.test/app:v1""#);
+    assert!(events[1].1.starts_with(r#"Successfully pulled image "registry.test/app:v1" in "#), "{events:?}");
+    assert_eq!((events[2].1.as_str(), events[3].1.as_str()), ("Created container app", "Started container app"));
     let calls = node.fake.calls();
     let order: Vec<&str> = calls
         .iter()
@@ -275,17 +274,28 @@ async fn normal_start_events_in_upstream_order() {
     assert_eq!(order, ["RunPodSandbox", "PullImage", "CreateContainer", "StartContainer"]);
 }
 
-/// Collects (reason, message) of every pod event the agent records on this thread (the
-/// recorder logs each one with a `reason` field under `gantry_agent::events`).
-fn capture_events(into: Arc<Mutex<Vec<(String, String)>>>) -> tracing::subscriber::DefaultGuard {
+/// (pod UID, reason, message) of every pod event recorded in this test binary.
+static EVENTS: Mutex<Vec<(String, String, String)>> = Mutex::new(Vec::new());
+
+/// Collects the pod events the agent records (the recorder logs each one under
+/// `gantry_agent::events` with `pod_uid` and `reason` fields). One global subscriber: a
+/// thread-local one misses events whose callsites another test's thread saw first.
+fn capture_events() {
     use tracing_subscriber::layer::SubscriberExt;
-    let layer = EventLayer { into };
-    tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::registry().with(EventLayer);
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
+    });
 }
 
-struct EventLayer {
-    into: Arc<Mutex<Vec<(String, String)>>>,
+/// (reason, message) of the events about the pod with `uid`, in order.
+fn events_of(uid: &str) -> Vec<(String, String)> {
+    let events = EVENTS.lock().unwrap();
+    events.iter().filter(|e| e.0 == uid).map(|e| (e.1.clone(), e.2.clone())).collect()
 }
+
+struct EventLayer;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for EventLayer {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
@@ -294,22 +304,25 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for EventLayer {
         }
         let mut fields = Fields::default();
         event.record(&mut fields);
-        if let Some(reason) = fields.reason {
-            self.into.lock().unwrap().push((reason, fields.message));
+        if let (Some(uid), Some(reason)) = (fields.pod_uid, fields.reason) {
+            EVENTS.lock().unwrap().push((uid, reason, fields.message));
         }
     }
 }
 
 #[derive(Default)]
 struct Fields {
+    pod_uid: Option<String>,
     reason: Option<String>,
     message: String,
 }
 
 impl tracing::field::Visit for Fields {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if field.name() == "reason" {
-            self.reason = Some(value.to_string());
+        match field.name() {
+            "reason" => self.reason = Some(value.to_string()),
+            "pod_uid" => self.pod_uid = Some(value.to_string()),
+            _ => {}
         }
     }
 

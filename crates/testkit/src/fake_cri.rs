@@ -222,20 +222,28 @@ impl FakeCri {
         }
     }
 
-    /// Waits until no call is being answered and none arrived for a few real milliseconds: the
-    /// agent has done what it could do at this instant of (paused) time.
+    /// Waits until no call is being answered and none arrived over two rounds of letting every
+    /// ready task run and a few real milliseconds pass: the agent has done what it could do at
+    /// this instant of (paused) time.
     pub async fn settle(&self) {
         let mut seen = usize::MAX;
-        loop {
+        let mut quiet_rounds = 0;
+        while quiet_rounds < 2 {
+            // Yielding lets every task that is ready run, and the I/O driver deliver what the
+            // socket already holds, before we look.
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            real_sleep(Duration::from_millis(2)).await;
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
             let (calls, busy) = {
                 let state = lock(&self.state);
                 (state.calls.len(), state.in_progress)
             };
-            if calls == seen && busy == 0 {
-                return;
-            }
+            quiet_rounds = if calls == seen && busy == 0 { quiet_rounds + 1 } else { 0 };
             seen = calls;
-            real_sleep(Duration::from_millis(3)).await;
         }
     }
 

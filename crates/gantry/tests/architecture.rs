@@ -2,7 +2,8 @@
 //! fails the suite instead of waiting for a reviewer:
 //! - only `gantry-cri` depends on gRPC (`tonic`, `prost`, `k8s-cri`) or names it in code;
 //! - inside every crate, the top-level modules import each other without a cycle (the compiler
-//!   already refuses cycles between crates).
+//!   already refuses cycles between crates);
+//! - every config field listed as implemented is read by the code that claims it.
 //!
 //! The test kit and the test API server are test harness, not layers of the agent, and are
 //! left out.
@@ -185,4 +186,92 @@ fn the_cycle_check_sees_cycles() {
         references("use crate::{agent::Shared, runtime::Driver};\nlet x = crate::node::f();", "crate::"),
         BTreeSet::from(["agent".to_string(), "runtime".to_string(), "node".to_string()])
     );
+}
+
+/// Every `KubeletConfiguration` field listed as implemented, the `Settings` member (or method)
+/// it resolves to, and the file that reads it. Flags resolve to the same members, so this
+/// covers them too. A field whose consumer stops reading it fails the test below; a field
+/// added to the implemented list without a row here fails it too.
+const CLAIMS: &[(&str, &str, &str)] = &[
+    ("apiVersion", "API_VERSION", "crates/config/src/file.rs"),
+    ("kind", "KIND", "crates/config/src/file.rs"),
+    ("staticPodPath", "static_pod_path", "crates/agent/src/agent/mod.rs"),
+    ("staticPodURL", "static_pod_url", "crates/agent/src/agent/mod.rs"),
+    ("staticPodURLHeader", "static_pod_url_header", "crates/agent/src/agent/mod.rs"),
+    ("fileCheckFrequency", "file_check_frequency", "crates/agent/src/agent/mod.rs"),
+    ("httpCheckFrequency", "http_check_frequency", "crates/agent/src/agent/mod.rs"),
+    ("syncFrequency", "sync_frequency", "crates/agent/src/agent/worker.rs"),
+    ("containerRuntimeEndpoint", "container_runtime_endpoint", "crates/agent/src/agent/mod.rs"),
+    ("imageServiceEndpoint", "image_service_endpoint", "crates/agent/src/agent/mod.rs"),
+    ("runtimeRequestTimeout", "runtime_request_timeout", "crates/agent/src/agent/mod.rs"),
+    ("podLogsDir", "pod_logs_dir", "crates/agent/src/agent/mod.rs"),
+    ("featureGates", "feature_gates", "crates/agent/src/node/status.rs"),
+    ("runOnce", "run_once", "crates/gantry/src/kubelet.rs"),
+    ("maxPods", "max_pods", "crates/agent/src/node/status.rs"),
+    ("registerNode", "register_node", "crates/agent/src/node/controller.rs"),
+    ("registerWithTaints", "register_with_taints", "crates/agent/src/node/status.rs"),
+    ("kubeAPIQPS", "kube_api_qps", "crates/agent/src/api/mod.rs"),
+    ("kubeAPIBurst", "kube_api_burst", "crates/agent/src/api/mod.rs"),
+    ("nodeStatusUpdateFrequency", "node_status_update_frequency", "crates/agent/src/node/controller.rs"),
+    ("nodeStatusReportFrequency", "node_status_report_frequency", "crates/agent/src/node/controller.rs"),
+    ("nodeLeaseDurationSeconds", "node_lease_duration_seconds", "crates/agent/src/node/controller.rs"),
+    ("kubeReserved", "kube_reserved", "crates/agent/src/node/status.rs"),
+    ("systemReserved", "system_reserved", "crates/agent/src/node/status.rs"),
+    ("evictionHard", "eviction_hard", "crates/agent/src/node/pressure.rs"),
+    ("port", "port", "crates/server/src/lib.rs"),
+    ("podsPerCore", "pods_per_core", "crates/agent/src/node/status.rs"),
+    ("imageGCHighThresholdPercent", "gc_high_threshold_percent", "crates/agent/src/image/collector.rs"),
+    ("imageGCLowThresholdPercent", "gc_low_threshold_percent", "crates/agent/src/image/collector.rs"),
+    ("imageMinimumGCAge", "minimum_gc_age", "crates/agent/src/image/collector.rs"),
+    ("imageMaximumGCAge", "maximum_gc_age", "crates/agent/src/image/collector.rs"),
+    ("serializeImagePulls", "parallel_pull_limit", "crates/agent/src/agent/mod.rs"),
+    ("maxParallelImagePulls", "parallel_pull_limit", "crates/agent/src/agent/mod.rs"),
+    ("cgroupsPerQOS", "cgroups_per_qos", "crates/agent/src/runtime/driver.rs"),
+    ("cgroupDriver", "cgroup_driver", "crates/agent/src/runtime/driver.rs"),
+    ("cgroupRoot", "cgroup_root", "crates/agent/src/runtime/cgroups.rs"),
+    ("clusterDNS", "cluster_dns", "crates/agent/src/runtime/dns.rs"),
+    ("clusterDomain", "cluster_domain", "crates/agent/src/runtime/dns.rs"),
+    ("resolvConf", "resolv_conf", "crates/agent/src/runtime/driver.rs"),
+    ("allowedUnsafeSysctls", "allowed_unsafe_sysctls", "crates/agent/src/runtime/driver.rs"),
+    ("seccompDefault", "seccomp_default", "crates/agent/src/runtime/driver.rs"),
+    ("containerLogMaxSize", "max_size", "crates/logs/src/rotation.rs"),
+    ("containerLogMaxFiles", "max_files", "crates/logs/src/rotation.rs"),
+    ("containerLogMaxWorkers", "max_workers", "crates/logs/src/rotation.rs"),
+    ("containerLogMonitorInterval", "monitor_interval", "crates/logs/src/rotation.rs"),
+    ("enableServer", "enabled", "crates/node/src/lib.rs"),
+    ("address", "address", "crates/server/src/lib.rs"),
+    ("readOnlyPort", "read_only_port", "crates/server/src/lib.rs"),
+    ("tlsCertFile", "tls_cert_file", "crates/server/src/tls.rs"),
+    ("tlsPrivateKeyFile", "tls_private_key_file", "crates/server/src/tls.rs"),
+    ("tlsCipherSuites", "tls_cipher_suites", "crates/server/src/tls.rs"),
+    ("tlsMinVersion", "tls_min_version", "crates/server/src/tls.rs"),
+    ("authentication", "anonymous", "crates/server/src/authn.rs"),
+    ("authorization", "authorization_mode", "crates/server/src/authz.rs"),
+    ("healthzPort", "healthz_port", "crates/server/src/lib.rs"),
+    ("healthzBindAddress", "healthz_bind_address", "crates/server/src/lib.rs"),
+    ("enableDebuggingHandlers", "debugging_handlers", "crates/server/src/routes.rs"),
+];
+
+#[test]
+fn implemented_config_fields_are_read_by_their_consumers() {
+    let listed: BTreeSet<&str> = gantry_config::IMPLEMENTED_FIELDS.iter().copied().collect();
+    let claimed: BTreeSet<&str> = CLAIMS.iter().map(|(field, _, _)| *field).collect();
+    assert_eq!(listed, claimed, "IMPLEMENTED_FIELDS and CLAIMS list the same fields");
+    let root = crates_dir().parent().unwrap().to_path_buf();
+    let mut unread = Vec::new();
+    for (field, member, file) in CLAIMS {
+        let text = fs::read_to_string(root.join(file)).unwrap_or_default();
+        // Only the code, not its unit tests.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let read = [format!(".{member}"), format!("{member}(")].iter().any(|p| {
+            code.match_indices(p.as_str()).any(|(i, _)| {
+                let after = code[i + p.len()..].chars().next();
+                !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        }) || (*member == "API_VERSION" || *member == "KIND") && code.contains(member);
+        if !read {
+            unread.push(format!("{field}: {file} does not read {member}"));
+        }
+    }
+    assert!(unread.is_empty(), "fields claimed as implemented but not read:\n{}", unread.join("\n"));
 }

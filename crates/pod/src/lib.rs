@@ -15,6 +15,7 @@ pub mod probe;
 pub mod qos;
 pub mod requests;
 pub mod resources;
+pub mod start_failure;
 pub mod status;
 pub mod sysctl;
 

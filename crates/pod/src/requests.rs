@@ -83,7 +83,6 @@ pub(crate) mod tests {
         }
     }
 
-
     #[test]
     fn bad_quantities_name_the_field() {
         let e = check(&container(&[("memory", "lots")], &[])).unwrap_err();

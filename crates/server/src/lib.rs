@@ -137,9 +137,15 @@ pub struct Listening {
     pub read_only: Option<SocketAddr>,
 }
 
+/// The bound ports and the loops that serve them, for the caller's supervisor.
+pub struct Serving {
+    pub listening: Listening,
+    pub tasks: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)>,
+}
+
 /// Binds every configured port (an error names the address, as upstream fails start-up when
-/// it cannot listen), then serves in the background.
-pub async fn start(settings: &Settings, state: ServerState) -> Result<Listening, ServerError> {
+/// it cannot listen) and returns the accept loops; nothing is served until they run.
+pub async fn bind_all(settings: &Settings, state: ServerState) -> Result<Serving, ServerError> {
     let s = &settings.server;
     // The node's addresses: `--node-ip`, and in cluster mode the InternalIP it registered.
     let mut node_ips = settings.node_ips.clone();
@@ -161,16 +167,17 @@ pub async fn start(settings: &Settings, state: ServerState) -> Result<Listening,
         read_only: read_only.as_ref().map(|(_, a)| *a),
     };
     tracing::info!(node = %settings.node_name, address = %secure_addr, "serving the node API (HTTPS)");
-    tokio::spawn(serve::https(secure, tls, router(state.clone())));
+    let mut tasks: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)> =
+        vec![("node-api", Box::pin(serve::https(secure, tls, router(state.clone()))))];
     if let Some((l, address)) = healthz {
         tracing::info!(%address, "serving /healthz (HTTP)");
-        tokio::spawn(serve::http(l, routes::healthz_router()));
+        tasks.push(("healthz", Box::pin(serve::http(l, routes::healthz_router()))));
     }
     if let Some((l, address)) = read_only {
         tracing::info!(%address, "serving the read-only node API (HTTP, no authentication)");
-        tokio::spawn(serve::http(l, read_only_router(state)));
+        tasks.push(("read-only-api", Box::pin(serve::http(l, read_only_router(state)))));
     }
-    Ok(listening)
+    Ok(Serving { listening, tasks })
 }
 
 /// The listener and the address it really got (port 0 resolved).

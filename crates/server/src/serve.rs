@@ -11,6 +11,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
@@ -24,12 +25,14 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 #[derive(Clone, Debug, Default)]
 pub struct PeerCertificate(pub Option<CertificateDer<'static>>);
 
+/// Serves until dropped; the connections are the loop's own tasks and end with it.
 pub async fn https(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router: Router) {
     let acceptor = TlsAcceptor::from(tls);
+    let mut connections = JoinSet::new();
     loop {
-        let Some((tcp, remote)) = accept(&listener).await else { continue };
+        let Some((tcp, remote)) = accept(&listener, &mut connections).await else { continue };
         let (acceptor, router) = (acceptor.clone(), router.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
@@ -44,21 +47,31 @@ pub async fn https(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router
     }
 }
 
+/// Serves until dropped; the connections are the loop's own tasks and end with it.
 pub async fn http(listener: TcpListener, router: Router) {
+    let mut connections = JoinSet::new();
     loop {
-        let Some((tcp, _)) = accept(&listener).await else { continue };
-        let router = router.clone();
-        tokio::spawn(serve_connection(TokioIo::new(tcp), router, PeerCertificate(None)));
+        let Some((tcp, _)) = accept(&listener, &mut connections).await else { continue };
+        connections.spawn(serve_connection(TokioIo::new(tcp), router.clone(), PeerCertificate(None)));
     }
 }
 
-async fn accept(listener: &TcpListener) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
-    match listener.accept().await {
-        Ok(conn) => Some(conn),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot accept a connection");
-            tokio::time::sleep(ACCEPT_RETRY).await;
-            None
+/// The next connection, reaping finished connection tasks meanwhile.
+async fn accept(
+    listener: &TcpListener,
+    connections: &mut JoinSet<()>,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => return match accepted {
+                Ok(conn) => Some(conn),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    None
+                }
+            },
+            Some(_) = connections.join_next() => {}
         }
     }
 }

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use gantry_cri::CriError;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -109,27 +110,34 @@ impl Shared {
     }
 }
 
+/// A long-running task for the caller's supervisor, with the name it is logged under.
+pub type NamedTask = (&'static str, BoxFuture<'static, ()>);
+
 /// The pod sources feeding one agent.
 pub struct Sources {
     pub kinds: Vec<SourceKind>,
     pub tx: mpsc::Sender<SourceUpdate>,
     pub rx: mpsc::Receiver<SourceUpdate>,
+    /// The source loops, to run under the caller's supervisor.
+    pub tasks: Vec<NamedTask>,
 }
 
-/// Starts the configured static pod sources.
-pub fn start_sources(settings: &Settings) -> Sources {
+/// The configured static pod sources; nothing runs until the caller runs `tasks`.
+pub fn sources(settings: &Settings) -> Sources {
     let (tx, rx) = mpsc::channel(16);
     let mut kinds = Vec::new();
+    let mut tasks: Vec<NamedTask> = Vec::new();
     if let Some(path) = &settings.static_pod_path {
         kinds.push(SourceKind::File);
-        tokio::spawn(file::run(path.clone(), settings.node_name.clone(), settings.file_check_frequency, tx.clone()));
+        let run = file::run(path.clone(), settings.node_name.clone(), settings.file_check_frequency, tx.clone());
+        tasks.push(("static-pod-files", Box::pin(run)));
     }
     if let Some(url) = &settings.static_pod_url {
         kinds.push(SourceKind::Http);
         let source = http::HttpSource::new(url.clone(), settings.static_pod_url_header.clone(), &settings.node_name);
-        tokio::spawn(http::run(source, settings.http_check_frequency, tx.clone()));
+        tasks.push(("static-pod-url", Box::pin(http::run(source, settings.http_check_frequency, tx.clone()))));
     }
-    Sources { kinds, tx, rx }
+    Sources { kinds, tx, rx, tasks }
 }
 
 /// The long-running agent.

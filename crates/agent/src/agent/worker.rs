@@ -16,6 +16,7 @@ use crate::runtime::{Driver, StartError, Started};
 use gantry_pod::backoff::{self, Backoff};
 use gantry_pod::plan::{self, KillReason, PodActions, Start};
 use gantry_pod::probe::{self, Health, ProbeKill};
+use gantry_pod::start_failure::StartFailure;
 use gantry_pod::status::{self, Waiting};
 use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
 use gantry_vocab::spec;
@@ -337,7 +338,7 @@ impl Worker {
         let mut image_retry = None::<Duration>;
         let mut other_failure = false;
         for (s, image, result) in results.into_iter().flatten() {
-            if result.as_ref().is_err_and(|e| e.reason == "ImagePullBackOff") {
+            if result.as_ref().is_err_and(|e| e.reason == StartFailure::ImagePullBackOff) {
                 let remaining = self.shared.driver.images().backoff_remaining(&self.pod, &image).unwrap_or_default();
                 image_retry = Some(image_retry.map_or(remaining, |r| r.min(remaining)));
             } else {
@@ -361,29 +362,32 @@ impl Worker {
                 self.waiting.remove(&s.name);
                 true
             }
-            Err(e) if e.reason == "PostStartHookError" => {
+            Err(e) if e.reason == StartFailure::PostStartHookError => {
                 // The details (which may hold secrets) go only into the status, as upstream.
                 let event = |kind, reason: &str, message: &str| {
                     self.shared.events.record(&self.pod, Some(&s.name), kind, reason, message)
                 };
                 event(EventType::Warning, "FailedPostStartHook", "PostStartHook failed");
                 event(EventType::Normal, "Killing", "FailedPostStartHook");
-                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                self.waiting
+                    .insert(s.name.clone(), Waiting { reason: e.reason.reason().to_string(), message: e.message });
                 false
             }
-            Err(e) if e.reason == "ContainerCreating" => {
+            Err(e) if e.reason == StartFailure::ContainerCreating => {
                 self.shared.events.record(&self.pod, None, EventType::Warning, "FailedMount", &e.message);
-                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                self.waiting
+                    .insert(s.name.clone(), Waiting { reason: e.reason.reason().to_string(), message: e.message });
                 false
             }
             Err(e) => {
                 // The image puller already reported the details of image failures.
                 let message = match e.reason {
-                    r if IMAGE_PULL_REASONS.contains(&r) => format!("Error: {r}"),
+                    r if r.is_image() => format!("Error: {}", r.reason()),
                     _ => format!("Error: {}", e.message),
                 };
                 self.shared.events.record(&self.pod, Some(&s.name), EventType::Warning, "Failed", &message);
-                self.waiting.insert(s.name.clone(), Waiting { reason: e.reason.to_string(), message: e.message });
+                self.waiting
+                    .insert(s.name.clone(), Waiting { reason: e.reason.reason().to_string(), message: e.message });
                 false
             }
         }
@@ -475,10 +479,6 @@ impl Worker {
         Ok(())
     }
 }
-
-/// Container start failures caused by the image (upstream's image manager errors).
-const IMAGE_PULL_REASONS: &[&str] =
-    &["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "ImageInspectError"];
 
 fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
     spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name)

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gantry_cri::{CriError, ImageClient, api};
+use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::credentials::{self, Credential, DockerConfig, Keyring};
@@ -22,12 +23,12 @@ use gantry_vocab::spec::{self, PullPolicy};
 /// Why the image is not there, with the upstream waiting reason for the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullFailure {
-    pub reason: &'static str,
+    pub reason: StartFailure,
     pub message: String,
 }
 
 impl PullFailure {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    fn new(reason: StartFailure, message: impl Into<String>) -> Self {
         PullFailure { reason, message: message.into() }
     }
 }
@@ -77,14 +78,14 @@ impl ImagePuller {
         if let Err(e) = credentials::repository(image) {
             let message = format!("Failed to apply default image tag {image:?}: {e}");
             event(EventType::Warning, "InspectFailed", &message);
-            return Err(PullFailure::new("InvalidImageName", message));
+            return Err(PullFailure::new(StartFailure::InvalidImageName, message));
         }
         let policy = PullPolicy::of(c);
         if policy != PullPolicy::Always {
             let present = self.image_ref(image).await.map_err(|e| {
                 let message = format!("Failed to inspect image {image:?}: {}", e.grpc_message());
                 event(EventType::Warning, "InspectFailed", &message);
-                PullFailure::new("ImageInspectError", message)
+                PullFailure::new(StartFailure::ImageInspectError, message)
             })?;
             if present.is_some() {
                 event(EventType::Normal, "Pulled", &format!("Container image {image:?} already present on machine"));
@@ -93,14 +94,14 @@ impl ImagePuller {
             if policy == PullPolicy::Never {
                 let message = format!("Container image {image:?} is not present with pull policy of Never");
                 event(EventType::Warning, "ErrImageNeverPull", &message);
-                return Err(PullFailure::new("ErrImageNeverPull", message));
+                return Err(PullFailure::new(StartFailure::ErrImageNeverPull, message));
             }
         }
         let key = pull_backoff::key(spec::uid(pod), image);
         if let Some(previous) = self.backoff_error(&key) {
             let message = format!("Back-off pulling image {image:?}");
             event(EventType::Normal, "BackOff", &message);
-            return Err(PullFailure::new("ImagePullBackOff", format!("{message}: {previous}")));
+            return Err(PullFailure::new(StartFailure::ImagePullBackOff, format!("{message}: {previous}")));
         }
         event(EventType::Normal, "Pulling", &format!("Pulling image {image:?}"));
         let asked = Instant::now();
@@ -127,7 +128,7 @@ impl ImagePuller {
                 let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
                 backoff.collect(now());
                 backoff.failed(&key, now(), &error);
-                Err(PullFailure::new("ErrImagePull", error))
+                Err(PullFailure::new(StartFailure::ErrImagePull, error))
             }
         }
     }

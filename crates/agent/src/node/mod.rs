@@ -110,7 +110,12 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
                 registered.send_replace(Some(r));
                 controller.run().await;
             }
-            Err(e) => tracing::error!(node = %node, error = %e, "cannot register the node; pods keep running"),
+            Err(e) => {
+                tracing::error!(node = %node, error = %e, "cannot register the node; pods keep running");
+                // The task runs for the node's lifetime either way: its supervisor treats an
+                // ending as a fault, and a node that cannot register still runs its pods.
+                std::future::pending::<()>().await
+            }
         }
     });
     Ok(NodeAgent { clients, host_ips, registration, node_uid, task })

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use gantry_cri::{Cri, CriError, api};
+use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::cgroups::{self, CgroupFs};
@@ -23,14 +24,14 @@ use gantry_vocab::spec;
 
 /// Why a container (or the sandbox) could not be started, with the upstream waiting reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}: {message}")]
+#[error("{}: {message}", reason.reason())]
 pub struct StartError {
-    pub reason: &'static str,
+    pub reason: StartFailure,
     pub message: String,
 }
 
 impl StartError {
-    pub(super) fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(reason: StartFailure, message: impl Into<String>) -> Self {
         StartError { reason, message: message.into() }
     }
 }
@@ -137,7 +138,7 @@ impl Driver {
         let (cms, secrets) = env::referenced(c);
         let mut out = EnvObjects::default();
         let ns = spec::namespace(pod);
-        let failed = |m: String| StartError::new("CreateContainerConfigError", m);
+        let failed = |m: String| StartError::new(StartFailure::CreateContainerConfigError, m);
         if let Some(source) = &self.objects {
             let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
             match source.services(ns, links).await {
@@ -154,7 +155,7 @@ impl Driver {
         }
         let Some(source) = &self.objects else {
             return Err(StartError::new(
-                "CreateContainerConfigError",
+                StartFailure::CreateContainerConfigError,
                 "env refers to API objects but there is no API server",
             ));
         };
@@ -193,7 +194,7 @@ impl Driver {
     /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
     /// DNS events (once per sandbox, not on every container start).
     async fn sandbox_context(&self, pod: &Pod, record: bool) -> Result<SandboxContext, StartError> {
-        let failed = |m: String| StartError::new("CreatePodSandboxError", m);
+        let failed = |m: String| StartError::new(StartFailure::CreatePodSandboxError, m);
         let host_resolv_conf = match self.pods.resolv_conf.as_str() {
             "" => None,
             path => Some(
@@ -235,7 +236,7 @@ impl Driver {
         })
         .await
         .expect("cgroup task does not panic")
-        .map_err(|e| StartError::new("CreatePodSandboxError", format!("cannot create the pod cgroup: {e}")))
+        .map_err(|e| StartError::new(StartFailure::CreatePodSandboxError, format!("cannot create the pod cgroup: {e}")))
     }
 
     /// Creates the pod's sandbox (network namespace, pause container) and its log directory.
@@ -244,15 +245,12 @@ impl Driver {
         let ctx = self.sandbox_context(pod, true).await?;
         let config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, attempt, ctx);
         tokio::fs::create_dir_all(&config.log_directory).await.map_err(|e| {
-            StartError::new("CreatePodSandboxError", format!("cannot create {}: {e}", config.log_directory))
+            StartError::new(StartFailure::CreatePodSandboxError, format!("cannot create {}: {e}", config.log_directory))
         })?;
         let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
-        let response = self
-            .cri
-            .runtime
-            .run_pod_sandbox(request)
-            .await
-            .map_err(|e| StartError::new("CreatePodSandboxError", format!("Failed to create pod sandbox: {e}")))?;
+        let response = self.cri.runtime.run_pod_sandbox(request).await.map_err(|e| {
+            StartError::new(StartFailure::CreatePodSandboxError, format!("Failed to create pod sandbox: {e}"))
+        })?;
         Ok(response.pod_sandbox_id)
     }
 
@@ -277,7 +275,9 @@ impl Driver {
         let mount = tokio::task::spawn_blocking(move || hosts::write(&dir, &content))
             .await
             .expect("hosts task does not panic")
-            .map_err(|e| StartError::new("CreateContainerConfigError", format!("cannot write the hosts file: {e}")))?;
+            .map_err(|e| {
+                StartError::new(StartFailure::CreateContainerConfigError, format!("cannot write the hosts file: {e}"))
+            })?;
         Ok(Some(mount))
     }
 
@@ -285,7 +285,7 @@ impl Driver {
     async fn image_user(&self, c: &Container) -> Result<ImageUser, StartError> {
         let spec = api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() };
         let status = self.cri.images.image_status(api::ImageStatusRequest { image: Some(spec), verbose: false });
-        let image = status.await.map_err(|e| StartError::new("ImageInspectError", e.to_string()))?.image;
+        let image = status.await.map_err(|e| StartError::new(StartFailure::ImageInspectError, e.to_string()))?.image;
         Ok(ImageUser::of(image.as_ref()))
     }
 
@@ -301,7 +301,8 @@ impl Driver {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
         let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
-        let mut mounts = volumes::mounts(c, &volumes).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let mut mounts =
+            volumes::mounts(c, &volumes).map_err(|m| StartError::new(StartFailure::CreateContainerConfigError, m))?;
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
@@ -318,8 +319,8 @@ impl Driver {
             image_user,
             node_security: self.node_security(),
         };
-        let container_config =
-            config::container_config(pod, c, ctx).map_err(|m| StartError::new("CreateContainerConfigError", m))?;
+        let container_config = config::container_config(pod, c, ctx)
+            .map_err(|m| StartError::new(StartFailure::CreateContainerConfigError, m))?;
         let sandbox_ctx = self.sandbox_context(pod, false).await?;
         let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0, sandbox_ctx);
         let request = api::CreateContainerRequest {
@@ -332,13 +333,13 @@ impl Driver {
             .runtime
             .create_container(request)
             .await
-            .map_err(|e| StartError::new("CreateContainerError", e.to_string()))?
+            .map_err(|e| StartError::new(StartFailure::CreateContainerError, e.to_string()))?
             .container_id;
         self.cri
             .runtime
             .start_container(api::StartContainerRequest { container_id: id.clone() })
             .await
-            .map_err(|e| StartError::new("RunContainerError", e.to_string()))?;
+            .map_err(|e| StartError::new(StartFailure::RunContainerError, e.to_string()))?;
         if let Some(hook) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             let target = Target::new(&self.cri.runtime, &id, c, pod, pod_ip);
             if let Err(message) = hooks::run(target, pod, hook).await {
@@ -346,7 +347,7 @@ impl Driver {
                 if let (Err(e), _) = self.stop_container(pod, &c.name, &id, Self::grace(pod), pod_ip).await {
                     tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %e, "cannot stop container after its postStart hook failed");
                 }
-                return Err(StartError::new("PostStartHookError", message));
+                return Err(StartError::new(StartFailure::PostStartHookError, message));
             }
         }
         Ok(Started { id })
@@ -366,7 +367,7 @@ impl Driver {
         }
         let host = termination::host_file(&volumes::pod_dir(&self.root_dir, spec::uid(pod)), &c.name, attempt);
         termination::create(&host).map_err(|e| {
-            StartError::new("CreateContainerConfigError", format!("cannot create {}: {e}", host.display()))
+            StartError::new(StartFailure::CreateContainerConfigError, format!("cannot create {}: {e}", host.display()))
         })?;
         Ok(Some(api::Mount {
             container_path: container_path.to_string(),

@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use gantry_cri::api;
+use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use super::driver::StartError;
@@ -46,7 +47,10 @@ pub async fn prepare(
     let mut out = HashMap::new();
     for v in pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default() {
         let failed = |m: String| {
-            StartError::new("ContainerCreating", format!("MountVolume.SetUp failed for volume {:?} : {m}", v.name))
+            StartError::new(
+                StartFailure::ContainerCreating,
+                format!("MountVolume.SetUp failed for volume {:?} : {m}", v.name),
+            )
         };
         let prepared = if let Some(host) = &v.host_path {
             let path = PathBuf::from(&host.path);
@@ -82,7 +86,7 @@ pub async fn prepare(
             Prepared { path, read_only: true }
         } else {
             return Err(StartError::new(
-                "CreateContainerConfigError",
+                StartFailure::CreateContainerConfigError,
                 format!("volume {:?}: {} volumes are not supported (no CSI or volume plugin)", v.name, kind(v)),
             ));
         };

@@ -1,0 +1,211 @@
+//! One node agent's whole lifetime, as virtual-kubelet's `Node.Run`: [`Node::run`] connects to
+//! the runtime, joins the cluster when a kubeconfig is given, binds the node API, runs every
+//! loop under one [`Supervisor`] and returns when told to shut down or when a loop fails.
+//!
+//! Architecture invariant: the only place that knows every part of the agent; the binary
+//! parses flags and calls [`Node::run`] (or [`run_once`]), and the parts do not know each
+//! other beyond what their crates export. Nothing is spawned detached: every long-running
+//! task is the supervisor's (see its rule).
+
+mod supervisor;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
+use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
+use gantry_agent::events::NodeEventRecorder;
+use gantry_agent::image::collector::ImageCollector;
+use gantry_agent::node::{self as node_side, Startup};
+use gantry_agent::source::SourceKind;
+use gantry_agent::status_store::StatusStore;
+use gantry_config::Settings;
+use gantry_server as server;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
+
+pub use supervisor::{Supervisor, TaskFault};
+
+/// Why the node agent could not start or stopped on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot create --root-dir {path}: {source}")]
+    RootDir { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error(transparent)]
+    Cluster(#[from] node_side::NodeError),
+    #[error("cannot start the node API server: {0}")]
+    Server(#[from] server::ServerError),
+    #[error(transparent)]
+    Task(#[from] TaskFault),
+}
+
+/// A node agent, before and while it runs.
+pub struct Node {
+    settings: Settings,
+    ready: watch::Sender<bool>,
+}
+
+impl Node {
+    pub fn new(settings: Settings) -> Self {
+        Node { settings, ready: watch::Sender::new(false) }
+    }
+
+    /// Becomes true once every part runs: the runtime answered, the node API listens and the
+    /// pod workers start.
+    pub fn ready(&self) -> watch::Receiver<bool> {
+        self.ready.subscribe()
+    }
+
+    /// Runs until `shutdown` completes (`Ok`; running pods keep running) or a supervised task
+    /// fails (`Err` naming it).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+        let settings = &self.settings;
+        let shared = connect(settings).await?;
+        let mut sources = agent::sources(settings);
+        let mut supervisor = Supervisor::default();
+        spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
+        let cluster = match settings.kubeconfig {
+            Some(_) => Some(join_cluster(settings, &shared, &mut sources, &mut supervisor).await?),
+            None => None,
+        };
+        let shared = match &cluster {
+            Some(c) => shared.with_api(c.client.clone(), &settings.node_name, c.host_ip.clone()),
+            None => shared,
+        };
+        if sources.kinds.is_empty() {
+            tracing::warn!(
+                "no pod source is configured (--kubeconfig, --pod-manifest-path or --manifest-url); running no pods"
+            );
+        }
+        if settings.server.enabled {
+            let serving = serve(settings, &shared, cluster.as_ref().map(|c| c.client.clone())).await?;
+            spawn_all(&mut supervisor, serving.tasks);
+        }
+        spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
+        let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
+        if let Some(c) = cluster {
+            // Before the agent runs: pods a maintenance held when the last run ended stay stopped.
+            let holds = agent.holds();
+            holds.send_replace(maintenance::load(&maintenance::holds_file(&settings.root_dir)));
+            let (node, root) = (settings.node_name.clone(), settings.root_dir.clone());
+            supervisor
+                .spawn("maintenance-holds", maintenance::run(c.client.clone(), node, root, holds, c.mirrors.clone()));
+            c.spawn_pod_side(settings, &shared, agent.static_pods(), &mut supervisor);
+        }
+        drop(sources.tx);
+        supervisor.spawn("pod-workers", agent.run(sources.rx));
+        self.ready.send_replace(true);
+        tracing::info!(node = %settings.node_name, "node agent ready");
+        supervisor.run(shutdown).await?;
+        Ok(())
+    }
+}
+
+/// The deprecated RunOnce mode (KEP-4580): start the static pods once and report on each.
+pub async fn run_once(settings: &Settings) -> Result<Vec<runonce::PodResult>, NodeError> {
+    let shared = connect(settings).await?;
+    let sources = agent::sources(settings);
+    if sources.kinds.is_empty() {
+        return Err(AgentError::NoSources.into());
+    }
+    // The sources' loops belong to this run: dropping the set when it ends stops them.
+    let mut loops = tokio::task::JoinSet::new();
+    for (_, task) in sources.tasks {
+        loops.spawn(task);
+    }
+    drop(sources.tx);
+    Ok(runonce::run(shared, sources.rx).await?)
+}
+
+async fn connect(settings: &Settings) -> Result<Arc<Shared>, NodeError> {
+    tokio::fs::create_dir_all(&settings.root_dir)
+        .await
+        .map_err(|source| NodeError::RootDir { path: settings.root_dir.display().to_string(), source })?;
+    Ok(Shared::connect(settings).await?)
+}
+
+fn spawn_all(supervisor: &mut Supervisor, tasks: Vec<NamedTask>) {
+    for (name, task) in tasks {
+        supervisor.spawn(name, task);
+    }
+}
+
+async fn serve(
+    settings: &Settings,
+    shared: &Shared,
+    client: Option<kube::Client>,
+) -> Result<server::Serving, NodeError> {
+    let cri = shared.driver.cri().clone();
+    let host_ip = shared.host_ip.as_deref().and_then(|ip| ip.parse().ok());
+    let pods = Arc::new(AgentPods(shared.statuses.clone()));
+    let state = server::ServerState::new(settings, cri, pods, host_ip, client);
+    Ok(server::bind_all(settings, state).await?)
+}
+
+/// The status file, image garbage collection and log rotation.
+fn spawn_housekeeping(supervisor: &mut Supervisor, settings: &Settings, shared: &Shared, cluster: Option<&Cluster>) {
+    let statuses = shared.statuses.clone();
+    let root_dir = settings.root_dir.clone();
+    supervisor.spawn("status-file", async move { statuses.write_file_forever(root_dir).await });
+    let gc_events = cluster.map(|c| NodeEventRecorder::new(c.client.clone(), &settings.node_name));
+    let cri = shared.driver.cri().clone();
+    let collector = ImageCollector::new(cri.clone(), settings.images.clone(), gc_events, &settings.node_name);
+    supervisor.spawn("image-gc", collector.run());
+    let rotation = gantry_logs::rotation::run(cri.runtime, settings.node_name.clone(), settings.logs.clone());
+    supervisor.spawn("log-rotation", rotation);
+}
+
+/// Cluster mode: the node side (registration, status, lease) and the API pod source.
+struct Cluster {
+    client: kube::Client,
+    /// The node's first InternalIP, the pods' hostIP.
+    host_ip: Option<String>,
+    node_uid: watch::Receiver<Option<String>>,
+    mirrors: watch::Receiver<Vec<Pod>>,
+}
+
+async fn join_cluster(
+    settings: &Settings,
+    shared: &Shared,
+    sources: &mut Sources,
+    supervisor: &mut Supervisor,
+) -> Result<Cluster, NodeError> {
+    // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
+    let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
+    let node = node_side::start(settings, shared.driver.cri().clone(), startup).await?;
+    supervisor.adopt("node-status", node.task);
+    let client = node.clients.client.clone();
+    let (mirrors_tx, mirrors) = watch::channel(Vec::new());
+    sources.kinds.push(SourceKind::Api);
+    let pods = pod_source::run(client.clone(), settings.node_name.clone(), sources.tx.clone(), mirrors_tx);
+    supervisor.spawn("api-pod-source", pods);
+    let host_ip = node.host_ips.first().cloned();
+    Ok(Cluster { client, host_ip, node_uid: node.node_uid, mirrors })
+}
+
+impl Cluster {
+    /// Mirror pods for static pods and pod status reporting.
+    fn spawn_pod_side(
+        self,
+        settings: &Settings,
+        shared: &Shared,
+        statics: watch::Receiver<Vec<Pod>>,
+        supervisor: &mut Supervisor,
+    ) {
+        let node = settings.node_name.clone();
+        supervisor
+            .spawn("mirror-pods", mirror::run(self.client.clone(), node, self.node_uid, statics, self.mirrors.clone()));
+        supervisor.spawn("pod-status", status_sync::run(self.client, shared.statuses.clone(), self.mirrors));
+    }
+}
+
+/// The node API's view of the agent: the pods it runs with their latest status.
+struct AgentPods(Arc<StatusStore>);
+
+impl server::PodList for AgentPods {
+    fn pods(&self) -> Vec<Pod> {
+        self.0.all()
+    }
+}

@@ -1,4 +1,6 @@
-//! Link options for the `gantry` binary.
+//! Link options for the `gantry` binary, and the build's git facts for `gantry version`.
+
+use std::process::Command;
 
 fn main() {
     // Packed relative relocations (DT_RELR): the dynamic loader reads them once at start, and
@@ -6,4 +8,30 @@ fn main() {
     // api_pods bench: file-backed RSS −1.5 MiB). Needs GNU ld ≥ 2.38 and glibc ≥ 2.36, as
     // on Debian 12; the binary then needs glibc ≥ 2.36 wherever it runs.
     println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .env("TZ", "UTC")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "HEAD"]).unwrap_or_default();
+    let tree_state = match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(s) if s.is_empty() => "clean",
+        Some(_) => "dirty",
+        None => "",
+    };
+    // The commit's date, not the clock's, so that a rebuild of the same commit is the same.
+    let date = git(&["log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default();
+    println!("cargo:rustc-env=GANTRY_GIT_COMMIT={commit}");
+    println!("cargo:rustc-env=GANTRY_GIT_TREE_STATE={tree_state}");
+    println!("cargo:rustc-env=GANTRY_BUILD_DATE={date}");
+    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        for file in ["HEAD", "index", "logs/HEAD"] {
+            println!("cargo:rerun-if-changed={dir}/{file}");
+        }
+    }
 }

@@ -7,8 +7,26 @@ use gantry_config::{self as config, ConfigError, RUNONCE_DEPRECATION, Settings};
 use gantry_node::Node;
 
 use crate::logging;
+use crate::version::{self, KubeletVersionFlag};
 
 pub fn main(args: &[String]) -> ExitCode {
+    let mut args = args.to_vec();
+    match version::kubelet_flag(&mut args) {
+        KubeletVersionFlag::Absent => {}
+        KubeletVersionFlag::Print => {
+            println!("{}", version::line());
+            return ExitCode::SUCCESS;
+        }
+        KubeletVersionFlag::Raw => {
+            println!("{}", version::info());
+            return ExitCode::SUCCESS;
+        }
+        KubeletVersionFlag::Invalid(value) => {
+            eprintln!("gantry kubelet: invalid value {value:?} for flag --version: true, false or raw");
+            return ExitCode::from(2);
+        }
+    }
+    let args = &args[..];
     let logging = logging::init();
     let settings = match config::load(args) {
         Ok(settings) => settings,

@@ -7,6 +7,7 @@ mod logging;
 mod maintenance;
 mod plugin;
 mod pods;
+mod version;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,10 +15,18 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "gantry", version, about = "A Kubernetes node agent that talks to container runtimes through CRI v1")]
+#[command(
+    name = "gantry",
+    about = "A Kubernetes node agent that talks to container runtimes through CRI v1",
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
 struct Cli {
+    /// Print the version as the Go kubelet does (`Kubernetes v1.34.0-…`) and exit.
+    #[arg(long)]
+    version: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -49,6 +58,14 @@ enum Command {
     },
     /// Create, list, inspect, complete and dry-run NodeMaintenances (the `kubectl maintenance` plugin).
     Maintenance(plugin::Plugin),
+    /// Print the version and the build's git commit.
+    Version {
+        /// `json` for upstream's version info fields.
+        #[arg(long, short = 'o', value_parser = ["line", "json"], default_value = "line")]
+        output: String,
+    },
+    /// Print a shell completion script (bash, zsh, fish, …) for `gantry`.
+    Completion { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
@@ -59,11 +76,16 @@ fn main() -> ExitCode {
         }
         argv.insert(1, command.to_string());
     }
+    if argv.get(1).is_some_and(|a| a == "--version") {
+        println!("{}", version::line());
+        return ExitCode::SUCCESS;
+    }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    match cli.command {
+    let Some(command) = cli.command else { return ExitCode::SUCCESS };
+    match command {
         Command::Kubelet { args } => kubelet::main(&args),
         Command::Pods { root_dir, output } => pods::main(&root_dir, &output),
         Command::Crd => print_crd(),
@@ -71,6 +93,21 @@ fn main() -> ExitCode {
             maintenance::controller(kubeconfig.as_deref(), &options)
         }
         Command::Maintenance(p) => plugin::main(p),
+        Command::Version { output } => {
+            match output.as_str() {
+                "json" => println!("{:#}", version::info()),
+                _ => println!("{}", version::line()),
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Completion { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "gantry", &mut script);
+            // A closed pipe (`| head`) is the reader's choice, not an error worth a panic.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            ExitCode::SUCCESS
+        }
     }
 }
 

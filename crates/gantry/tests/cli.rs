@@ -60,3 +60,36 @@ fn unknown_flags_are_named() {
     assert!(!ok);
     assert!(stderr.contains("--pod-manifest-pth"), "{stderr}");
 }
+
+#[test]
+fn versions_read_as_the_go_kubelet_prints_them() {
+    let reported = gantry_vocab::keys::KUBELET_VERSION;
+    for args in [&["--version"][..], &["kubelet", "--version"], &["kubelet", "--version=true"], &["version"]] {
+        let (ok, stdout, stderr) = run(None, args);
+        assert!(ok, "{args:?}: {stderr}");
+        assert_eq!(stdout.trim(), format!("Kubernetes {reported}"), "{args:?}");
+    }
+    let (ok, stdout, _) = run(None, &["version", "-o", "json"]);
+    assert!(ok);
+    let info: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(info["gitVersion"], reported);
+    assert_eq!((info["major"].as_str(), info["minor"].as_str()), (Some("1"), Some("34")));
+    let commit = info["gitCommit"].as_str().unwrap_or_default();
+    assert!(commit.len() == 40 && commit.chars().all(|c| c.is_ascii_hexdigit()), "{info}");
+    let (ok, raw, _) = run(None, &["kubelet", "--version=raw"]);
+    assert!(ok);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&raw).unwrap(), info);
+    let (ok, _, stderr) = run(None, &["kubelet", "--version=soon"]);
+    assert!(!ok && stderr.contains("--version"), "{stderr}");
+}
+
+#[test]
+fn completion_scripts_cover_the_subcommands() {
+    let (ok, stdout, _) = run(None, &["completion", "bash"]);
+    assert!(ok);
+    assert!(stdout.contains("_gantry") && stdout.contains("maintenance-controller"), "{stdout}");
+    let (ok, stdout, _) = run(None, &["completion", "fish"]);
+    assert!(ok && stdout.contains("complete -c gantry"), "{stdout}");
+    let (ok, _, stderr) = run(None, &["completion", "tcsh"]);
+    assert!(!ok && stderr.contains("tcsh"), "{stderr}");
+}

@@ -138,11 +138,11 @@ async fn crash_loop_restarts_back_off_ten_then_twenty_seconds() {
     let at: Vec<_> = ops(&calls, "StartContainer").into_iter().map(|c| c.at).collect();
     assert!(ops(&calls, "StartContainer").iter().all(|c| c.pod == name && c.container == "app"));
     let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
-    // The relist notices an exit within its 1 s period; steps of the clock add up to 0.1 s.
-    assert!(gaps[0] <= Duration::from_millis(1_500), "restart right after the first exit: {gaps:?}");
-    let around = |gap: Duration, secs: u64| {
-        gap >= Duration::from_secs(secs) && gap <= Duration::from_secs(secs) + Duration::from_millis(500)
-    };
+    // Never early. Late by the relist period (1 s) at most for the first restart, and by clock
+    // steps (0.1 s each) taken while a CPU-starved agent looked idle to `settle`: under heavy
+    // load that was seen to reach 0.8 s, hence the margin, which still tells 10 s from 20 s.
+    assert!(gaps[0] <= Duration::from_secs(3), "restart right after the first exit: {gaps:?}");
+    let around = |gap: Duration, secs: u64| gap >= Duration::from_secs(secs) && gap <= Duration::from_secs(secs + 2);
     assert!(around(gaps[1], 10), "second restart 10 s after the exit: {gaps:?}");
     assert!(around(gaps[2], 20), "third restart 20 s after the exit: {gaps:?}");
     assert_eq!(ops(&calls, "RunPodSandbox").len(), 1, "a crashing container does not recreate the sandbox");

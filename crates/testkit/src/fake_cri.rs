@@ -234,7 +234,7 @@ impl FakeCri {
             for _ in 0..8 {
                 tokio::task::yield_now().await;
             }
-            real_sleep(Duration::from_millis(2)).await;
+            real_sleep(Duration::from_millis(3)).await;
             for _ in 0..8 {
                 tokio::task::yield_now().await;
             }

@@ -3,6 +3,7 @@
 //!
 //! Top-level modules, lowest first (each uses only those above it; a test checks that the
 //! module graph has no cycle):
+//! - `clock`: the wall clock as tokio's clock sees it (virtual under a test's paused clock);
 //! - `events`: pod and node events (log lines, and Events in the API server);
 //! - `status_store`: the latest status of every pod, and `<root-dir>/pods.json`;
 //! - `api`: the API client from a kubeconfig;
@@ -15,6 +16,7 @@
 
 pub mod agent;
 pub mod api;
+mod clock;
 pub mod cluster;
 pub mod events;
 pub mod image;

@@ -4,6 +4,8 @@
 //!   `gantry.local/busybox:v1`) built locally, since no registry is reachable;
 //! - [`Containerd`]: a private containerd per test, with its own pod network,
 //!   torn down (pods, shims, mounts, bridge) on drop;
+//! - [`FakeCri`]: a scriptable in-process CRI runtime for fast agent tests (no containerd,
+//!   no root), with [`ManualClock`] for tests on tokio's paused clock;
 //! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
 //!   Gantry against;
 //! - [`vm`]: a throwaway systemd VM on cgroup v2 (`scripts/vm`), for tests that need a
@@ -25,6 +27,7 @@ pub mod config;
 pub mod containerd;
 pub mod cri;
 pub mod error;
+pub mod fake_cri;
 pub mod images;
 pub mod pinning_images;
 pub mod prereq;
@@ -33,6 +36,7 @@ pub mod vm;
 
 pub use containerd::{Containerd, ContainerdOptions};
 pub use error::{Result, TestkitError};
+pub use fake_cri::{FakeCri, ManualClock};
 pub use images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 pub use pinning_images::{PinningImageService, PullRecord};
 pub use raw::{raw_start_pods, remove_all_pods};

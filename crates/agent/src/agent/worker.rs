@@ -485,6 +485,5 @@ fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
 }
 
 pub fn now() -> Nanos {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    since_epoch.as_nanos() as Nanos
+    crate::clock::now()
 }

@@ -17,7 +17,7 @@ use super::pull_backoff::{self, PullBackoff};
 use crate::cluster::objects::ObjectSource;
 use crate::events::{EventType, Recorder};
 use gantry_config::format_std;
-use gantry_pod::{Nanos, SECOND};
+use gantry_pod::Nanos;
 use gantry_vocab::spec::{self, PullPolicy};
 
 /// Why the image is not there, with the upstream waiting reason for the container.
@@ -224,8 +224,7 @@ fn format_millis(d: Duration) -> String {
 }
 
 fn now() -> Nanos {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    since_epoch.as_secs() as Nanos * SECOND + since_epoch.subsec_nanos() as Nanos
+    crate::clock::now()
 }
 
 #[cfg(test)]

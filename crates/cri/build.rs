@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: the build script is single-threaded; prost-build reads PROTOC from here.
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=proto/api.proto");
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_protos(&["proto/api.proto"], &["proto/"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(&["proto/api.proto"], &["proto/"])?;
     Ok(())
 }

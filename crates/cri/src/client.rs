@@ -4,10 +4,10 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use crate::api;
 use crate::api::image_service_client::ImageServiceClient;
 use crate::api::runtime_service_client::RuntimeServiceClient;
+use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Uri};
 use tower::service_fn;

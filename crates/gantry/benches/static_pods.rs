@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gantry_testkit::{BUSYBOX_IMAGE, Containerd, raw_start_pods, remove_all_pods};
 use gantry_cri::api::{ContainerFilter, ContainerState, ListContainersRequest};
+use gantry_testkit::{BUSYBOX_IMAGE, Containerd, raw_start_pods, remove_all_pods};
 
 const NODE: &str = "bench-node";
 

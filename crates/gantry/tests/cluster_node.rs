@@ -155,7 +155,8 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
 
     let status = node.status.as_ref().unwrap();
     let info = status.node_info.as_ref().unwrap();
-    let cri = c.ctd.runtime_client().await.version(gantry_cri::api::VersionRequest::default()).await.unwrap().into_inner();
+    let cri =
+        c.ctd.runtime_client().await.version(gantry_cri::api::VersionRequest::default()).await.unwrap().into_inner();
     let expected = gantry_agent::node::status::container_runtime_version(&cri.runtime_name, Some(&cri.runtime_version));
     assert_eq!(info.container_runtime_version, expected);
     assert!(info.container_runtime_version.starts_with("containerd://"), "{}", info.container_runtime_version);

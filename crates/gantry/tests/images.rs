@@ -4,8 +4,8 @@
 mod common;
 
 use common::{Env, eventually, pod_yaml, static_name};
-use gantry_testkit::{BUSYBOX_IMAGE, PAUSE_IMAGE, PinningImageService};
 use gantry_cri::api::{ImageSpec, ImageStatusRequest};
+use gantry_testkit::{BUSYBOX_IMAGE, PAUSE_IMAGE, PinningImageService};
 
 const UNUSED_IMAGE: &str = "gantry.local/gc-unused:v1";
 const PINNED_IMAGE: &str = "gantry.local/gc-pinned:v1";

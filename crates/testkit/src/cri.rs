@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use gantry_cri::api::image_service_client::ImageServiceClient;
 use gantry_cri::api::runtime_service_client::RuntimeServiceClient;
+use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 

@@ -6,12 +6,12 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gantry_testkit::raw::{RAW_LABEL, raw_log_root, raw_run_pod};
-use gantry_testkit::{BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, raw_start_pods, remove_all_pods};
 use gantry_cri::api::{
     ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListPodSandboxRequest, PodSandboxFilter,
     PodSandboxState, PodSandboxStatusRequest, VersionRequest,
 };
+use gantry_testkit::raw::{RAW_LABEL, raw_log_root, raw_run_pod};
+use gantry_testkit::{BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, raw_start_pods, remove_all_pods};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 

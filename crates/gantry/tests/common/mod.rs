@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gantry_testkit::Containerd;
 use gantry_cri::api::{ContainerFilter, ListContainersRequest, ListPodSandboxRequest, PodSandboxFilter};
+use gantry_testkit::Containerd;
 use k8s_openapi::api::core::v1::Pod;
 
 pub const NODE: &str = "e2e-node";

@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::error::{Result, TestkitError};
+use crate::error::{IoContext, Result, TestkitError};
 
 /// Open a gRPC channel to the CRI server listening on `socket`.
 pub async fn connect(socket: &Path) -> Result<Channel> {
@@ -77,4 +77,17 @@ async fn remove_sandbox(mut client: RuntimeServiceClient<Channel>, id: String) -
         .map_err(TestkitError::cri("RemovePodSandbox"))?;
     tracing::debug!(sandbox = %id, "removed sandbox");
     Ok(())
+}
+
+/// Binds a gRPC server's unix socket (replacing a stale socket file) and returns its incoming
+/// connections, for tonic's `serve_with_incoming`.
+pub(crate) fn serve_socket(
+    socket: &Path,
+) -> Result<impl futures::Stream<Item = std::io::Result<UnixStream>> + Send + 'static> {
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket).ctx(|| format!("bind {}", socket.display()))?;
+    Ok(futures::stream::unfold(listener, |l| async move {
+        let conn = l.accept().await.map(|(stream, _)| stream);
+        Some((conn, l))
+    }))
 }

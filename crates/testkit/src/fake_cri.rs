@@ -18,13 +18,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gantry_cri::api::image_service_server::{ImageService, ImageServiceServer};
 use gantry_cri::api::runtime_service_server::{RuntimeService, RuntimeServiceServer};
 use gantry_cri::api::*;
-use tokio::net::UnixListener;
 use tokio::sync::watch;
 /// The gRPC status code a scripted failure answers with (re-exported so tests need no gRPC crate).
 pub use tonic::Code;
 use tonic::{Request, Response, Status};
-
-use crate::error::IoContext;
 
 /// What the fake calls itself in `Version`.
 pub const RUNTIME_NAME: &str = "fake-cri";
@@ -104,12 +101,7 @@ impl FakeCri {
         let state = Arc::new(Mutex::new(State::default()));
         let changed = watch::Sender::new(0);
         let service = Service { state: state.clone(), changed: changed.clone() };
-        let _ = std::fs::remove_file(socket);
-        let listener = UnixListener::bind(socket).ctx(|| format!("bind {}", socket.display()))?;
-        let incoming = futures::stream::unfold(listener, |l| async move {
-            let conn = l.accept().await.map(|(stream, _)| stream);
-            Some((conn, l))
-        });
+        let incoming = crate::cri::serve_socket(socket)?;
         let server = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(RuntimeServiceServer::new(service.clone()))

@@ -11,12 +11,10 @@ use std::time::{Duration, Instant};
 use gantry_cri::api::image_service_client::ImageServiceClient;
 use gantry_cri::api::image_service_server::{ImageService, ImageServiceServer};
 use gantry_cri::api::*;
-use tokio::net::UnixListener;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::cri;
-use crate::error::IoContext;
 
 /// The running stand-in; stops serving when dropped.
 pub struct PinningImageService {
@@ -54,12 +52,7 @@ impl PinningImageService {
         let client = cri::image_client(upstream).await?;
         let state = Arc::new(Mutex::new(State::default()));
         let service = Forwarder { client, pinned: pinned.to_string(), state: state.clone() };
-        let _ = std::fs::remove_file(socket);
-        let listener = UnixListener::bind(socket).ctx(|| format!("bind {}", socket.display()))?;
-        let incoming = futures::stream::unfold(listener, |l| async move {
-            let conn = l.accept().await.map(|(stream, _)| stream);
-            Some((conn, l))
-        });
+        let incoming = cri::serve_socket(socket)?;
         let server = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(ImageServiceServer::new(service))

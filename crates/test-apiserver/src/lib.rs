@@ -19,6 +19,8 @@
 //! `TestApiServer`'s documentation.
 
 mod auth;
+mod bootstrap_tokens;
+mod csr;
 mod discovery;
 mod eviction;
 mod handlers;
@@ -149,6 +151,7 @@ impl TestApiServer {
         let state = Arc::new(State::new(Store::new(inner), pki, tokens::Tokens::generate()));
         let life = CancellationToken::new();
         tokio::spawn(pdb_expiry_loop(state.clone(), life.clone()));
+        tokio::spawn(csr_controller_loop(state.clone(), life.clone()));
         let serving = Serving::start(state.clone(), listener, state.epoch());
         tracing::info!(port, "test apiserver listening");
         TestApiServer { state, port, serving: Some(serving), life }
@@ -285,6 +288,13 @@ impl TestApiServer {
         self.state.hooks.write().unwrap_or_else(|p| p.into_inner()).token_review = Some(Arc::new(hook));
     }
 
+    /// Sets the lifetime of the certificates the in-process signer issues (kube-controller-
+    /// manager's `--cluster-signing-duration`, default one year); short lifetimes make
+    /// rotation testable in seconds.
+    pub fn set_signing_duration(&self, ttl: Duration) {
+        self.state.set_signing_duration(ttl);
+    }
+
     /// Sets the authorizer consulted after system:masters and the Node authorizer, for API
     /// requests and SubjectAccessReviews alike. Without one, everything else is denied.
     pub fn set_authorizer(&self, hook: impl Fn(&AccessRequest) -> Decision + Send + Sync + 'static) {
@@ -312,6 +322,19 @@ async fn bind_with_retry(port: u16) -> tokio::net::TcpListener {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("rebinding 127.0.0.1:{port}: {last:?}");
+}
+
+/// kube-controller-manager's csrapproving and csrsigning controllers: a pass over the
+/// requests after every change.
+async fn csr_controller_loop(state: Arc<State>, life: CancellationToken) {
+    let mut changes = state.store.subscribe();
+    loop {
+        csr::reconcile(&state);
+        tokio::select! {
+            _ = life.cancelled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 /// The disruption controller's recheck: PDB statuses whose disruptedPods entries time out.

@@ -303,7 +303,7 @@ fn isolate_subresource(ctx: &WriteCtx<'_>, existing: &Value, mut obj: Value) -> 
             }
         }
     };
-    if ctx.subresource == "status" {
+    if matches!(ctx.subresource, "status" | "approval") {
         if rt.custom {
             let mut out = existing.clone();
             match obj.get("status") {

@@ -183,14 +183,14 @@ fn validate_spec(spec: &Value) -> Vec<FieldError> {
             });
         }
     }
-    if let Some(secs) = spec.get("expirationSeconds").filter(|v| !v.is_null()) {
-        if secs.as_i64().is_none_or(|s| s < 600) {
-            errors.push(FieldError::invalid(
-                "spec.expirationSeconds",
-                secs,
-                "may not specify a duration less than 600 seconds (10 minutes)",
-            ));
-        }
+    if let Some(secs) = spec.get("expirationSeconds").filter(|v| !v.is_null())
+        && secs.as_i64().is_none_or(|s| s < 600)
+    {
+        errors.push(FieldError::invalid(
+            "spec.expirationSeconds",
+            secs,
+            "may not specify a duration less than 600 seconds (10 minutes)",
+        ));
     }
     errors
 }

@@ -113,15 +113,23 @@ pub enum Decision {
 /// The server. Dropping it stops serving.
 ///
 /// # Differences from kube-apiserver
-/// * No controllers besides PDB status, namespace cleanup, default service accounts and
-///   kube-root-ca.crt: no garbage collector (ownerReferences and `propagationPolicy` have no
+/// * No controllers besides PDB status, namespace cleanup, default service accounts,
+///   kube-root-ca.crt and kube-controller-manager's CSR approver and signer (node client
+///   certificates from bootstrappers and nodes are auto-approved; approved kubelet client,
+///   kubelet serving and kube-apiserver-client requests are signed with the cluster CA for
+///   [`set_signing_duration`](Self::set_signing_duration)): no garbage collector (ownerReferences and `propagationPolicy` have no
 ///   effect), no scheduler, no workload controllers, no endpoints controller.
 /// * Server-side apply merges the applied configuration (strategic merge for built-ins,
 ///   JSON merge for custom resources); field ownership, conflicts and removal of fields a
 ///   manager stopped applying are not implemented; `managedFields` is never populated.
 /// * No schema validation or pruning (including CRD OpenAPI schemas), no defaulting beyond
 ///   the common pod/service/workload defaults, no admission webhooks, no RBAC objects:
-///   authorization is system:masters, the Node authorizer, then [`set_authorizer`](Self::set_authorizer).
+///   authorization is system:masters, the Node authorizer, kubeadm's CSR bindings (group
+///   `system:bootstrappers:kubeadm:default-node-token` may create and read CSRs and have node
+///   client CSRs approved; `system:nodes` may have its own renewals approved), then
+///   [`set_authorizer`](Self::set_authorizer).
+/// * Bootstrap tokens (`bootstrap-token-<id>` Secrets in kube-system) authenticate as
+///   kube-apiserver's `--enable-bootstrap-token-auth`; nothing deletes expired ones.
 /// * core/v1 and events.k8s.io/v1 Events are stored separately (no conversion).
 /// * Custom resource versions are served with `conversion: None` semantics.
 /// * Service account tokens are HS256 JWTs (upstream: RS256/ES256); TokenRequest does not

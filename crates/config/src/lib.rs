@@ -751,7 +751,8 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     if s.bootstrap_kubeconfig.is_some() && s.kubeconfig.is_none() {
         return Err(invalid(
             "--bootstrap-kubeconfig",
-            "needs --kubeconfig: the path where the kubeconfig with the bootstrapped client certificate is written".to_string(),
+            "needs --kubeconfig: the path where the kubeconfig with the bootstrapped client certificate is written"
+                .to_string(),
         ));
     }
 

@@ -87,7 +87,7 @@ async fn bootstrap_token_gets_a_node_client_certificate() {
         .create(
             &PostParams::default(),
             &csr(
-                "node-csr-a",
+                "node-csr-A_b",
                 "kubernetes.io/kube-apiserver-client-kubelet",
                 &req,
                 &["digital signature", "client auth"],
@@ -98,8 +98,8 @@ async fn bootstrap_token_gets_a_node_client_certificate() {
     let spec = &created.spec;
     assert_eq!(spec.username.as_deref(), Some("system:bootstrap:abcdef"));
     assert!(spec.groups.as_ref().unwrap().contains(&"system:bootstrappers".to_string()));
-    let cert = issued(&csrs, "node-csr-a").await;
-    let approved = csrs.get("node-csr-a").await.unwrap();
+    let cert = issued(&csrs, "node-csr-A_b").await;
+    let approved = csrs.get("node-csr-A_b").await.unwrap();
     let cond = &approved.status.unwrap().conditions.unwrap()[0];
     assert_eq!((cond.type_.as_str(), cond.reason.as_deref()), ("Approved", Some("AutoApproved")));
 
@@ -150,6 +150,19 @@ async fn bootstrap_token_gets_a_node_client_certificate() {
     let parsed = pem.parse_x509().unwrap();
     let sans = parsed.subject_alternative_name().unwrap().unwrap().value.general_names.len();
     assert_eq!(sans, 2);
+}
+
+#[tokio::test]
+async fn csr_names_follow_path_segment_rules_only() {
+    let (_server, admin) = start().await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin);
+    let (req, _) = request("n3", &[]);
+    let body = |name: &str| {
+        csr(name, "kubernetes.io/kube-apiserver-client-kubelet", &req, &["digital signature", "client auth"])
+    };
+    let e = status(csrs.create(&PostParams::default(), &body("a%b")).await.unwrap_err());
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("may not contain '%'"), "{}", e.message);
 }
 
 #[tokio::test]

@@ -254,8 +254,13 @@ fn current_cluster(kubeconfig: &Kubeconfig) -> Option<kube::config::Cluster> {
 /// Upstream's `ensureCompatible`: an existing CSR of our name must carry our request.
 fn compatible(existing: &CertificateSigningRequest, ours: &CertificateSigningRequestSpec) -> Result<(), String> {
     let spec = &existing.spec;
-    if spec.request != ours.request {
-        return Err("it carries another certificate request".into());
+    // ECDSA signatures differ each time: compare what the request asks for, as upstream.
+    let (theirs_req, ours_req) = (request_identity(&spec.request.0)?, request_identity(&ours.request.0)?);
+    if theirs_req.0 != ours_req.0 {
+        return Err("its subject differs".into());
+    }
+    if theirs_req.1 != ours_req.1 {
+        return Err("its public key differs".into());
     }
     if spec.signer_name != ours.signer_name {
         return Err(format!("its signer is {}", spec.signer_name));
@@ -264,6 +269,16 @@ fn compatible(existing: &CertificateSigningRequest, ours: &CertificateSigningReq
         return Err(format!("its usages are {:?}", spec.usages.clone().unwrap_or_default()));
     }
     Ok(())
+}
+
+/// The DER subject and public key of a PEM certificate request.
+fn request_identity(pem: &[u8]) -> Result<(Vec<u8>, Vec<u8>), String> {
+    use x509_parser::prelude::FromDer;
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("its request is not PEM: {e}"))?;
+    let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(&block.contents)
+        .map_err(|e| format!("its request does not parse: {e}"))?;
+    let info = &req.certification_request_info;
+    Ok((info.subject.as_raw().to_vec(), info.subject_pki.raw.to_vec()))
 }
 
 /// What a CSR's status says about the wait (pure).

@@ -137,3 +137,25 @@ fn v1_client_certificates_get_a_clear_message() {
     assert!(e.contains("X.509 v1 certificate") && e.contains("rustls"), "{e}");
     assert!(crate::api::reject_v1_certificate(cert_between(0, 10).as_bytes()).is_ok());
 }
+
+fn spec_for(request: &str) -> CertificateSigningRequestSpec {
+    CertificateSigningRequestSpec {
+        request: ByteString(request.as_bytes().to_vec()),
+        signer_name: KUBELET_CLIENT_SIGNER.into(),
+        usages: Some(CLIENT_USAGES.iter().map(|u| u.to_string()).collect()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_request_made_again_with_the_same_key_is_compatible() {
+    let key = KeyPair::generate().unwrap();
+    let first = spec_for(&certificate_request(&key, "n1").unwrap());
+    let again = spec_for(&certificate_request(&key, "n1").unwrap());
+    let existing = CertificateSigningRequest { spec: first, ..Default::default() };
+    assert!(compatible(&existing, &again).is_ok());
+    let other_key = spec_for(&certificate_request(&KeyPair::generate().unwrap(), "n1").unwrap());
+    assert_eq!(compatible(&existing, &other_key).unwrap_err(), "its public key differs");
+    let other_node = spec_for(&certificate_request(&key, "n2").unwrap());
+    assert_eq!(compatible(&existing, &other_node).unwrap_err(), "its subject differs");
+}

@@ -120,24 +120,6 @@ fn pending_key_survives_a_restart() {
     assert_eq!(first.subject_public_key_info(), again.subject_public_key_info());
 }
 
-/// Made with `openssl x509 -req` (no extensions file), which issues X.509 v1.
-const V1_CERT: &str = "-----BEGIN CERTIFICATE-----
-MIIBOTCB4AIURxBWe+e871tqZirFazW+ZDVuSN8wCgYIKoZIzj0EAwIwDTELMAkG
-A1UEAwwCY2EwIBcNMjYxMTI0MDM0NTMzWhgPMjEyNjEwMzEwMzQ1MzNaMDAxFzAV
-BgNVBAMMDnN5c3RlbTpub2RlOm4xMRUwEwYDVQQKDAxzeXN0ZW06bm9kZXMwWTAT
-BgcqhkjOPQIBBggqhkjOPQMBBwNCAAS8n1NyPCbZb73Da8EbUUczNqRBkt4GIFh6
-wcOvNIrX8MJra+kyOd/a/d/CZnvz6c+GZB3SdQZz4XEMtk0a/5BIMAoGCCqGSM49
-BAMCA0gAMEUCIHyERnS1PVRCjFv/PS8BNoRsHQ9y+8P5lAynUJYAzARBAiEAjMC2
-PCBsOSdlCl6cEsuescw0qu9cXXrQ72aExPUoNDs=
------END CERTIFICATE-----";
-
-#[test]
-fn v1_client_certificates_get_a_clear_message() {
-    let e = crate::api::reject_v1_certificate(V1_CERT.as_bytes()).unwrap_err();
-    assert!(e.contains("X.509 v1 certificate") && e.contains("rustls"), "{e}");
-    assert!(crate::api::reject_v1_certificate(cert_between(0, 10).as_bytes()).is_ok());
-}
-
 fn spec_for(request: &str) -> CertificateSigningRequestSpec {
     CertificateSigningRequestSpec {
         request: ByteString(request.as_bytes().to_vec()),

@@ -340,3 +340,40 @@ async fn a_denied_csr_is_named_in_the_start_up_error() {
         tail(&log, 20)
     );
 }
+
+#[tokio::test]
+async fn an_expired_client_certificate_is_bootstrapped_again_at_start_up() {
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some(server) = cluster.test_server("expired certificate (needs the test signer's short lifetime)") else {
+        return;
+    };
+    server.set_signing_duration(std::time::Duration::from_secs(3));
+    let admin = server.client(&User::Admin).await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let mut gantry = node.start(&env);
+    let requester = format!("system:bootstrap:{id}");
+    eventually("the first certificate", &gantry, || async {
+        node.cert_dir().join("kubelet-client-current.pem").exists().then_some(())
+    })
+    .await;
+    gantry.kill();
+    let kubelet_conf = node.kubelet_conf();
+    poll("the first certificate to expire", String::new, || async {
+        let pem = gantry_agent::api::bootstrap::kubeconfig_client_cert(&kubelet_conf).ok()?;
+        gantry_agent::api::bootstrap::cert_valid_at(&pem, jiff::Timestamp::now().as_second()).is_err().then_some(())
+    })
+    .await;
+
+    let gantry = Gantry::start(&node.args(&env), &node.root.join("gantry-restarted.log"));
+    eventually("a second CSR from the bootstrap token", &gantry, || async {
+        (csrs_by(&admin, &requester).await.len() == 2).then_some(())
+    })
+    .await;
+    eventually("the restarted agent connected with the new certificate", &gantry, || async {
+        gantry.log().contains("connected to the API server").then_some(())
+    })
+    .await;
+}

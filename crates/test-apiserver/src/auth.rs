@@ -85,12 +85,11 @@ pub fn authenticate_token(state: &State, token: &str, audiences: &[String]) -> R
     if let Some(user) = state.tokens.registered(token) {
         return Ok((user, wanted));
     }
-    let bootstrap = {
+    if bootstrap_tokens::parse(token).is_some() {
         let inner = state.store.lock();
-        bootstrap_tokens::authenticate(&inner, token, jiff::Timestamp::now().as_second())
-    };
-    if let Some(result) = bootstrap {
-        return result.map(|user| (user, wanted));
+        if let Some(result) = bootstrap_tokens::authenticate(&inner, token, jiff::Timestamp::now().as_second()) {
+            return result.map(|user| (user, wanted));
+        }
     }
     if let Some(claims) = state.tokens.verify_jwt(token) {
         return service_account_user(state, &claims, &wanted);

@@ -86,6 +86,17 @@ pub fn init_containers(pod: &Pod) -> &[Container] {
     pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default()
 }
 
+/// A native sidecar (KEP-753): an init container with `restartPolicy: Always`, which keeps
+/// running next to the regular containers instead of running to completion.
+pub fn is_sidecar(init_container: &Container) -> bool {
+    init_container.restart_policy.as_deref() == Some("Always")
+}
+
+/// The pod's sidecars, in spec order.
+pub fn sidecars(pod: &Pod) -> impl DoubleEndedIterator<Item = &Container> {
+    init_containers(pod).iter().filter(|c| is_sidecar(c))
+}
+
 pub fn containers(pod: &Pod) -> &[Container] {
     pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default()
 }

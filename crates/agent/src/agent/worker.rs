@@ -20,7 +20,6 @@ use gantry_pod::start_failure::StartFailure;
 use gantry_pod::status::{self, Waiting};
 use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
 use gantry_vocab::spec;
-use gantry_vocab::spec::RestartPolicy;
 
 pub enum Msg {
     /// The pod's spec changed (same UID).
@@ -168,9 +167,8 @@ impl Worker {
             let now = now();
             self.probers.sync(&self.pod, &observed, &self.shared);
             let health = self.probers.health();
-            let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
-            let restarts = spec::restart_policy(&self.pod) != RestartPolicy::Never;
-            let probe_kills = probe::kills(&observed, &health, restarts);
+            let actions = plan::compute(&self.pod, &observed, &health, &self.backoff, now);
+            let probe_kills = probe::kills(&self.pod, &observed, &health);
             self.note_back_off(&actions);
             if actions.start.is_empty()
                 && actions.kill_containers.is_empty()
@@ -199,8 +197,10 @@ impl Worker {
     }
 
     fn next_wait(&self, observed: &ObservedPod, actions: &PodActions) -> Duration {
+        // Sidecars keep running; their startup is reported by their prober, which wakes us.
         let init_running = spec::init_containers(&self.pod)
             .iter()
+            .filter(|c| !spec::is_sidecar(c))
             .any(|c| observed.latest(&c.name).is_some_and(|i| i.state == ContainerState::Running));
         let mut wait = if init_running { INIT_POLL } else { self.shared.sync_frequency };
         if let Some(backoff) = actions.next_wake() {

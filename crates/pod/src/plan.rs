@@ -49,6 +49,9 @@ pub struct Start {
     /// When this start restarts a container that exited, when that one finished; the worker
     /// records it in the backoff.
     pub restart_of: Option<Nanos>,
+    /// For an ephemeral container with `targetContainerName`: the ID of the target's running
+    /// instance, whose process namespace it joins (CRI `NamespaceMode::TARGET`).
+    pub target_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +131,33 @@ impl Planner<'_> {
     }
 
     fn in_sandbox(&self, sandbox: &SandboxInfo) -> PodActions {
+        let mut actions = self.containers_in(sandbox);
+        if !actions.kill_pod {
+            self.start_ephemeral(sandbox, &mut actions);
+        }
+        actions
+    }
+
+    /// Ephemeral containers start as soon as the sandbox runs (even during initialization),
+    /// once each, and are never restarted. One with a target waits until the target runs.
+    fn start_ephemeral(&self, sandbox: &SandboxInfo, actions: &mut PodActions) {
+        for e in spec::ephemeral_containers(self.pod) {
+            if self.observed.latest(&e.name).is_some() {
+                continue;
+            }
+            let target_id = match e.target_container_name.as_deref() {
+                None => None,
+                Some(target) => match self.observed.latest_in(target, &sandbox.id) {
+                    Some(i) if i.state == ContainerState::Running => Some(i.id.clone()),
+                    _ => continue,
+                },
+            };
+            actions.start.push(Start { name: e.name.clone(), init: false, attempt: 0, restart_of: None, target_id });
+        }
+    }
+
+    /// The init, sidecar and regular containers' actions in a running sandbox.
+    fn containers_in(&self, sandbox: &SandboxInfo) -> PodActions {
         let mut actions = PodActions::default();
         if !self.init_done(sandbox, &mut actions) {
             return actions;
@@ -238,7 +268,7 @@ impl Planner<'_> {
                 return;
             }
         }
-        actions.start.push(Start { name: c.name.clone(), init, attempt, restart_of });
+        actions.start.push(Start { name: c.name.clone(), init, attempt, restart_of, target_id: None });
     }
 }
 

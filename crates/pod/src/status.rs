@@ -41,6 +41,15 @@ pub fn compute(input: &Input) -> PodStatus {
         spec::init_containers(input.pod).iter().map(|c| container_status(input, c, true)).collect();
     let statuses: Vec<ContainerStatus> =
         spec::containers(input.pod).iter().map(|c| container_status(input, c, false)).collect();
+    // Ephemeral containers are reported but count for neither phase nor readiness.
+    let ephemeral: Vec<ContainerStatus> = spec::ephemeral_containers(input.pod)
+        .iter()
+        .map(|e| ContainerStatus {
+            ready: false,
+            started: None,
+            ..container_status(input, &spec::ephemeral_as_container(e), false)
+        })
+        .collect();
     let phase = phase(input, &init_statuses, &statuses);
     let conditions = conditions(input, &init_statuses, &statuses, phase);
     let pod_ip = pod_ip(input);
@@ -55,6 +64,7 @@ pub fn compute(input: &Input) -> PodStatus {
         qos_class: Some(super::qos::class(input.pod).as_str().to_string()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         ..Default::default()
     }
 }

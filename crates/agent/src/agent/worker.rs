@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
 use super::Shared;
@@ -238,8 +238,8 @@ impl Worker {
         for k in kills {
             let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };
             self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &k.message);
-            let grace = container(&self.pod, &k.name)
-                .and_then(|c| k.kind.of(c)?.termination_grace_period_seconds)
+            let grace = spec::any_container(&self.pod, &k.name)
+                .and_then(|c| k.kind.of(&c)?.termination_grace_period_seconds)
                 .map_or_else(|| Driver::grace(&self.pod), |s| Duration::from_secs(s.max(0) as u64));
             if !self.stop_container(info, grace, pod_ip).await {
                 return false;
@@ -329,8 +329,9 @@ impl Worker {
         let driver = &self.shared.driver;
         let pod = &self.pod;
         let results = join_all(starts.iter().map(|s| async move {
-            let c = container(pod, &s.name)?;
-            let result = driver.start_container(pod, c, &sandbox.id, s.attempt, sandbox.ip.as_deref()).await;
+            let c = spec::any_container(pod, &s.name)?;
+            let target = s.target_id.as_deref();
+            let result = driver.start_container(pod, &c, &sandbox.id, s.attempt, sandbox.ip.as_deref(), target).await;
             Some((s, c.image.clone().unwrap_or_default(), result))
         }))
         .await;
@@ -478,10 +479,6 @@ impl Worker {
         }
         Ok(())
     }
-}
-
-fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name)
 }
 
 pub fn now() -> Nanos {

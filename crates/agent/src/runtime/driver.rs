@@ -360,6 +360,7 @@ impl Driver {
     }
 
     /// Makes the image present (see [`ImagePuller`]), then creates and starts the container.
+    /// `target_id`: the container whose process namespace it joins (ephemeral containers).
     pub async fn start_container(
         &self,
         pod: &Pod,
@@ -367,6 +368,7 @@ impl Driver {
         sandbox_id: &str,
         attempt: u32,
         pod_ip: Option<&str>,
+        target_id: Option<&str>,
     ) -> Result<Started, StartError> {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
@@ -388,6 +390,7 @@ impl Driver {
             node_allocatable,
             image_user,
             node_security: self.node_security(),
+            target_id,
         };
         let container_config = config::container_config(pod, c, ctx)
             .map_err(|m| StartError::new(StartFailure::CreateContainerConfigError, m))?;

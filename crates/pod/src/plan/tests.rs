@@ -329,3 +329,49 @@ fn changed_sidecar_is_replaced() {
     assert_eq!(actions.kill_containers[0].reason, KillReason::SpecChanged);
     assert_eq!(names(&actions.start), ["proxy"]);
 }
+
+fn with_debugger(mut p: Pod, target: Option<&str>) -> Pod {
+    p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+        name: "debugger".into(),
+        image: Some("busybox:1".into()),
+        target_container_name: target.map(Into::into),
+        ..Default::default()
+    }]);
+    p
+}
+
+#[test]
+fn ephemeral_container_starts_once_in_the_target_process_namespace() {
+    let p = with_debugger(pod(&[], &["app"], "Always"), Some("app"));
+    let mut obs = running_in(&p, &["app"]);
+    let actions = plan(&p, &obs);
+    assert_eq!(names(&actions.start), ["debugger"]);
+    assert_eq!(actions.start[0].target_id.as_deref(), Some("app-0"));
+
+    obs.containers.push(ContainerInfo {
+        sandbox_id: "s".into(),
+        ..ContainerInfo::fixture("dbg", "debugger", ContainerState::Exited)
+    });
+    assert!(plan(&p, &obs).is_empty(), "never restarted");
+}
+
+#[test]
+fn ephemeral_container_waits_for_its_target_and_not_for_initialization() {
+    let p = with_debugger(pod(&["setup"], &["app"], "Always"), Some("app"));
+    let obs = running_in(&p, &["setup"]);
+    assert!(plan(&p, &obs).is_empty(), "the target does not run yet");
+    let untargeted = with_debugger(pod(&["setup"], &["app"], "Always"), None);
+    let actions = plan(&untargeted, &obs);
+    assert_eq!(names(&actions.start), ["debugger"], "starts while an init container runs");
+    assert_eq!(actions.start[0].target_id, None);
+}
+
+#[test]
+fn ephemeral_containers_do_not_keep_a_completed_pod() {
+    let p = with_debugger(pod(&[], &["job"], "Never"), None);
+    let mut obs = running_in(&p, &[]);
+    obs.containers.push(instance(&p, "job", "s", 0, ContainerState::Exited, 0));
+    let actions = plan(&p, &obs);
+    assert!(actions.kill_pod);
+    assert!(actions.start.is_empty());
+}

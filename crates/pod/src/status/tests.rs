@@ -307,3 +307,28 @@ fn restarting_sidecar_keeps_a_running_pod_running() {
     assert!(!proxy.ready);
     assert_eq!(condition(&s, "Ready").status, "False");
 }
+
+#[test]
+fn ephemeral_containers_are_reported_apart() {
+    let mut p = pod(&[], &["app"], "Always");
+    p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+        name: "debugger".into(),
+        image: Some("busybox:1".into()),
+        target_container_name: Some("app".into()),
+        ..Default::default()
+    }]);
+    let s = status_of(
+        &p,
+        vec![inst("app", 0, ContainerState::Running, 0), inst("debugger", 0, ContainerState::Running, 0)],
+        &HashMap::new(),
+    );
+    let debugger = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+    assert_eq!(debugger.name, "debugger");
+    assert!(debugger.state.as_ref().unwrap().running.is_some());
+    assert_eq!(debugger.container_id.as_deref(), Some("containerd://debugger0"));
+    assert_eq!(s.container_statuses.as_ref().unwrap().len(), 1);
+    assert_eq!(condition(&s, "Ready").status, "True", "no effect on readiness");
+    let waiting = status_of(&p, vec![inst("app", 0, ContainerState::Running, 0)], &HashMap::new());
+    let state = waiting.ephemeral_container_statuses.unwrap()[0].state.clone().unwrap();
+    assert_eq!(state.waiting.unwrap().reason.as_deref(), Some("ContainerCreating"));
+}

@@ -129,7 +129,9 @@ async fn sidecars_start_in_order_count_as_ready_and_stop_after_the_app_in_revers
         let pod = pods.get("ordered").await.ok()?;
         let status = pod.status.as_ref()?;
         let ready = condition(status, "Ready")? == "True" && status.phase.as_deref() == Some("Running");
-        (ready && ready_column(&pod) == "3/3").then_some(pod)
+        // Running comes before the shell wrote its mark.
+        let marked = read_mark(&dir, "main.start").is_some();
+        (ready && marked && ready_column(&pod) == "3/3").then_some(pod)
     })
     .await;
     let at = |what: &str| read_mark(&dir, what).unwrap_or_else(|| panic!("mark {what} written"));

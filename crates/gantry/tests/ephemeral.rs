@@ -116,6 +116,12 @@ async fn debug_container_shares_the_target_processes_reports_status_and_attaches
     let instances = env.containers().await.into_iter().filter(|c| c.name == "debugger").count();
     assert_eq!(instances, 1, "not restarted");
 
+    // Its log is served like any container's.
+    let logs =
+        api.client(Some(&alice)).get(api.url("/containerLogs/default/distroless/debugger")).send().await.unwrap();
+    assert_eq!(logs.status().as_u16(), 200);
+    assert!(logs.text().await.unwrap().contains("sleep 4242"), "the ps output is in the debugger's log");
+
     pods.delete("distroless", &DeleteParams::default()).await.unwrap();
     eventually("the pod gone", &gantry, || async { pods.get_opt("distroless").await.ok()?.is_none().then_some(()) })
         .await;

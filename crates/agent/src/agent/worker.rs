@@ -282,6 +282,9 @@ impl Worker {
         }
         for k in &actions.kill_containers {
             let why = match k.reason {
+                KillReason::SpecChanged if spec::sidecars(&self.pod).any(|c| c.name == k.name) => {
+                    format!("Init container {} definition changed", k.name)
+                }
                 KillReason::SpecChanged => format!("Container {} definition changed, will be restarted", k.name),
                 KillReason::Stuck => format!("Stopping container {}", k.name),
             };

@@ -11,7 +11,6 @@ mod common;
 #[path = "common/maintenance_kit.rs"]
 mod kit;
 
-
 use common::cluster::{self, Cluster};
 use common::{Gantry, eventually, pod_yaml};
 use gantry_maintenance::api::{CONDITION_DRAINED, FINALIZER, NodeMaintenance};

@@ -18,6 +18,7 @@ pub enum Subresource {
     Token,
     /// certificatesigningrequests/approval
     Approval,
+    EphemeralContainers,
 }
 
 impl Subresource {
@@ -28,6 +29,7 @@ impl Subresource {
             Subresource::Binding => "binding",
             Subresource::Token => "token",
             Subresource::Approval => "approval",
+            Subresource::EphemeralContainers => "ephemeralcontainers",
         }
     }
 }
@@ -148,7 +150,7 @@ fn builtins() -> Vec<Builtin> {
     vec![
         b("", "v1", "namespaces", "Namespace", false, &["ns"], &[Status], &["status.phase"]),
         b("", "v1", "nodes", "Node", false, &["no"], &[Status], &["spec.unschedulable"]),
-        b("", "v1", "pods", "Pod", true, &["po"], &[Status, Eviction, Binding], POD_FIELDS),
+        b("", "v1", "pods", "Pod", true, &["po"], &[Status, Eviction, Binding, EphemeralContainers], POD_FIELDS),
         b("", "v1", "events", "Event", true, &["ev"], &[], EVENT_FIELDS),
         b("", "v1", "configmaps", "ConfigMap", true, &["cm"], &[], &[]),
         b("", "v1", "secrets", "Secret", true, &[], &[], &["type"]),

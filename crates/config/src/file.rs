@@ -40,6 +40,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "runOnce",
     "maxPods",
     "registerNode",
+    "rotateCertificates",
     "registerWithTaints",
     "kubeAPIQPS",
     "kubeAPIBurst",
@@ -130,7 +131,6 @@ pub struct KubeletConfiguration {
     pub tls_cipher_suites: Option<Vec<String>>,
     pub tls_curve_preferences: Option<Vec<i32>>,
     pub tls_min_version: Option<String>,
-    pub rotate_certificates: Option<bool>,
     #[serde(rename = "serverTLSBootstrap")]
     pub server_tls_bootstrap: Option<bool>,
     pub authentication: Option<KubeletAuthentication>,
@@ -253,6 +253,7 @@ pub struct KubeletConfiguration {
     pub memory_reservation_policy: Option<String>,
     pub register_with_taints: Option<Vec<Taint>>,
     pub register_node: Option<bool>,
+    pub rotate_certificates: Option<bool>,
     pub tracing: Option<TracingConfiguration>,
     pub local_storage_capacity_isolation: Option<bool>,
     pub fail_cgroup_v1: Option<bool>,
@@ -771,7 +772,8 @@ volumeStatsAggPeriod: 0s
         assert_eq!(f.config.sync_frequency, Some(GoDuration::ZERO));
         assert_eq!(f.config.container_runtime_endpoint.as_deref(), Some(""));
         assert_eq!(f.config.logging.as_ref().and_then(|l| l.verbosity), Some(0));
-        assert_eq!(f.unimplemented, vec!["rotateCertificates"]);
+        assert!(f.unimplemented.is_empty(), "{:?}", f.unimplemented);
+        assert_eq!(f.config.rotate_certificates, Some(true));
     }
 
     #[test]

@@ -118,6 +118,10 @@ pub struct Flags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub register_node: Option<bool>,
 
+    /// Request a new client certificate from the API server (a CertificateSigningRequest) before the current one expires, and use it without a restart. (rotateCertificates) [default: false; true with --config]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub rotate_certificates: Option<bool>,
+
     /// Taints to register the node with, comma separated `key=value:Effect`. (registerWithTaints)
     #[arg(long, value_name = "KEY=VALUE:EFFECT,...", action = ArgAction::Append, allow_hyphen_values = true)]
     pub register_with_taints: Vec<String>,
@@ -493,7 +497,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "make-iptables-util-chains",
     "protect-kernel-defaults",
     "register-schedulable",
-    "rotate-certificates",
     "rotate-server-certificates",
 ];
 

@@ -104,6 +104,9 @@ pub struct Settings {
     pub kubeconfig: Option<PathBuf>,
     /// `--bootstrap-kubeconfig`: TLS bootstrap credentials for `kubeconfig`.
     pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// `--rotate-certificates` / `rotateCertificates`: renew the client certificate through the
+    /// API before it expires. Default false, true with a config file (as kubeadm writes it).
+    pub rotate_certificates: bool,
     /// `--runonce` / `runOnce` (only ever true with LegacyNodeRunOnceMode).
     pub run_once: bool,
     pub feature_gates: FeatureGates,
@@ -184,6 +187,7 @@ impl Default for Settings {
             runtime_request_timeout: DEFAULT_RUNTIME_REQUEST_TIMEOUT,
             kubeconfig: None,
             bootstrap_kubeconfig: None,
+            rotate_certificates: false,
             run_once: false,
             feature_gates: FeatureGates::default(),
             verbosity: 0,
@@ -238,7 +242,7 @@ impl Settings {
             format!("{{{}}}", parts.join(","))
         };
         format!(
-            "nodeName={} hostname={} rootDir={} podLogsDir={} kubeconfig={} bootstrapKubeconfig={} config={} staticPodPath={} staticPodURL={} \
+            "nodeName={} hostname={} rootDir={} podLogsDir={} kubeconfig={} bootstrapKubeconfig={} rotateCertificates={} config={} staticPodPath={} staticPodURL={} \
              staticPodURLHeader={} fileCheckFrequency={} httpCheckFrequency={} syncFrequency={} \
              containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
              verbosity={} featureGates={} nodeIP={} nodeLabels={} registerNode={} registerWithTaints={} \
@@ -250,6 +254,7 @@ impl Settings {
             self.pod_logs_dir.display(),
             opt_path(&self.kubeconfig),
             opt_path(&self.bootstrap_kubeconfig),
+            self.rotate_certificates,
             opt_path(&self.config_file),
             opt_path(&self.static_pod_path),
             self.static_pod_url.as_deref().map_or_else(|| "<none>".to_string(), mask_url_password),
@@ -323,6 +328,7 @@ impl fmt::Debug for Settings {
             .field("runtime_request_timeout", &self.runtime_request_timeout)
             .field("kubeconfig", &self.kubeconfig)
             .field("bootstrap_kubeconfig", &self.bootstrap_kubeconfig)
+            .field("rotate_certificates", &self.rotate_certificates)
             .field("run_once", &self.run_once)
             .field("feature_gates", &self.feature_gates)
             .field("verbosity", &self.verbosity)
@@ -572,6 +578,8 @@ fn apply_file_cluster(
     if let Some(register) = c.register_node {
         s.register_node = register;
     }
+    // A config file turns rotation on unless it says otherwise (kubeadm writes it true).
+    s.rotate_certificates = c.rotate_certificates.unwrap_or(true);
     if let Some(taints) = &c.register_with_taints {
         let mut out = Vec::with_capacity(taints.len());
         for (i, t) in taints.iter().enumerate() {
@@ -810,6 +818,9 @@ fn apply_flags_cluster(
         }
         cluster::validate_node_labels(&labels).map_err(|reason| invalid("--node-labels", reason))?;
         s.node_labels = labels;
+    }
+    if let Some(rotate) = f.rotate_certificates {
+        s.rotate_certificates = rotate;
     }
     if let Some(register) = f.register_node {
         s.register_node = register;

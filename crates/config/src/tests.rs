@@ -668,3 +668,12 @@ fn enforce_node_allocatable() {
     let e = err(&["--enforce-node-allocatable=everything"], None).to_string();
     assert!(e.contains("invalid option \"everything\""), "{e}");
 }
+
+#[test]
+fn rotate_certificates_defaults_true_with_a_config_file_and_the_flag_wins() {
+    assert!(!ok(&[], None).rotate_certificates, "without a config file the flag's default is false, as upstream");
+    assert!(ok(&[], Some("")).rotate_certificates);
+    assert!(!ok(&[], Some("rotateCertificates: false\n")).rotate_certificates);
+    assert!(!ok(&["--rotate-certificates=false"], Some("rotateCertificates: true\n")).rotate_certificates);
+    assert!(ok(&["--rotate-certificates"], None).rotate_certificates);
+}

@@ -137,6 +137,12 @@ pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), 
     Ok(())
 }
 
+/// A client with the bootstrap kubeconfig's credentials (rotation falls back to it once the
+/// certificate has expired).
+pub(crate) async fn bootstrap_client(path: &Path) -> Result<Client, BootstrapError> {
+    Ok(BootstrapClient::load(path).await?.client)
+}
+
 /// The bootstrap kubeconfig, loaded.
 struct BootstrapClient {
     path: PathBuf,
@@ -313,7 +319,7 @@ pub fn csr_state(csr: &CertificateSigningRequest) -> CsrState {
 
 /// Watches the CSR until it is issued, denied or failed, or `timeout` passes. While it is
 /// pending, says every minute what the operator can do.
-async fn wait_for_certificate(
+pub(crate) async fn wait_for_certificate(
     api: &Api<CertificateSigningRequest>,
     name: &str,
     timeout: Duration,
@@ -445,7 +451,7 @@ pub fn cert_valid_at(pem: &[u8], now: i64) -> Result<(), String> {
 
 /// Writes `<cert-dir>/kubelet-client-<time>.pem` and swaps the `kubelet-client-current.pem`
 /// symlink to it (a rename, so readers never see a missing link). Returns the link's path.
-fn write_current(cert_dir: &Path, cert_pem: &str, key_pem: &str) -> Result<PathBuf, BootstrapError> {
+pub(crate) fn write_current(cert_dir: &Path, cert_pem: &str, key_pem: &str) -> Result<PathBuf, BootstrapError> {
     let stamp = jiff::Zoned::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
     let file = cert_dir.join(format!("kubelet-client-{stamp}.pem"));
     let mut contents = cert_pem.trim_end().to_string();

@@ -13,8 +13,10 @@
 pub mod bootstrap;
 mod ratelimit;
 mod request_metrics;
+pub mod rotation;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -111,6 +113,9 @@ pub struct ApiClients {
     pub user: String,
     /// The kubeconfig file.
     pub kubeconfig: PathBuf,
+    /// The client certificate rotation loop, when `rotateCertificates` is on and the kubeconfig
+    /// authenticates with a client certificate (the clients above then present the current one).
+    pub rotation: Option<Arc<rotation::CertificateRotation>>,
 }
 
 /// Loads the kubeconfig, builds the rate-limited client and checks it
@@ -144,14 +149,104 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     let (qps, burst) = effective_rate(settings.kube_api_qps, settings.kube_api_burst);
     let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
     let counted = request_metrics::RequestMetricsLayer::new(host);
-    let client = ClientBuilder::try_from(config.clone()).map_err(invalid)?.with_layer(&counted);
+    let rotating = match (settings.rotate_certificates, client_identity(&config)) {
+        (true, Some(identity)) => {
+            let cert_dir = settings.server.cert_dir(&settings.root_dir);
+            let current = rotation::CurrentClientCert::new(&cert_dir, Some(&identity))
+                .map_err(|reason| ApiError::InvalidKubeconfig { path: path.clone(), reason })?;
+            Some(Arc::new(current))
+        }
+        _ => None,
+    };
+    let builder = |config: kube::Config| match &rotating {
+        Some(current) => rotating_client_builder(config, current.clone()).map_err(invalid),
+        None => ClientBuilder::try_from(config).map_err(invalid),
+    };
+    let client = builder(config.clone())?.with_layer(&counted);
     let client = match qps {
         Some(qps) => client.with_layer(&RateLimitLayer::new(qps, burst)).build(),
         None => client.build(),
     };
-    let heartbeat = ClientBuilder::try_from(config).map_err(invalid)?.with_layer(&counted).build();
-    Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path })
+    let heartbeat = builder(config)?.with_layer(&counted).build();
+    let rotation = rotating.map(|cert| rotation::CertificateRotation {
+        client: heartbeat.clone(),
+        cert,
+        cert_dir: settings.server.cert_dir(&settings.root_dir),
+        bootstrap: settings.bootstrap_kubeconfig.clone(),
+        node: settings.node_name.clone(),
+    });
+    Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path, rotation: rotation.map(Arc::new) })
 }
+
+/// The kubeconfig user's client certificate and key (PEM), if it authenticates with one.
+fn client_identity(config: &kube::Config) -> Option<Vec<u8>> {
+    use secrecy::ExposeSecret;
+    let auth = &config.auth_info;
+    let read = |data: Option<&str>, file: &Option<String>| -> Option<Vec<u8>> {
+        match (data, file) {
+            (Some(d), _) => base64::Engine::decode(&base64::engine::general_purpose::STANDARD, d.trim()).ok(),
+            (None, Some(f)) => std::fs::read(f).ok(),
+            (None, None) => None,
+        }
+    };
+    let mut pem = read(auth.client_certificate_data.as_deref(), &auth.client_certificate)?;
+    let key = read(auth.client_key_data.as_ref().map(|k| k.expose_secret()), &auth.client_key)?;
+    pem.push(b'\n');
+    pem.extend(key);
+    Some(pem)
+}
+
+/// kube's default client stack (as `ClientBuilder::try_from(Config)`: base URI, auth, extra
+/// headers, timeouts), with a rustls configuration whose client certificate is read at each new
+/// connection from `current`, so that a rotated certificate is used without a restart.
+fn rotating_client_builder(
+    config: kube::Config,
+    current: Arc<rotation::CurrentClientCert>,
+) -> Result<ClientBuilder<GenericService>, kube::Error> {
+    use http_body_util::BodyExt;
+    use kube::client::ConfigExt;
+    use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+    let mut tls = config.rustls_client_config()?;
+    tls.client_auth_cert_resolver = current.clone();
+    // A resumed session would keep the old certificate's identity.
+    tls.resumption = rustls::client::Resumption::disabled();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    let https = match &config.tls_server_name {
+        Some(name) => {
+            let name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| {
+                kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e))
+            })?;
+            https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => https,
+    };
+    let mut timeouts = hyper_timeout::TimeoutConnector::new(https.enable_http1().wrap_connector(http));
+    timeouts.set_connect_timeout(config.connect_timeout);
+    timeouts.set_read_timeout(config.read_timeout);
+    timeouts.set_write_timeout(config.write_timeout);
+    let connector = rotation::TrackingConnector { inner: timeouts, cert: current };
+    let http_client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http_client)
+        .map_response(|r| r.map(|body| Box::new(body.map_err(BoxError::from)) as Box<kube::client::DynBody>))
+        .boxed();
+    Ok(ClientBuilder::new(service, config.default_namespace))
+}
+
+/// kube's boxed client service, the type `ClientBuilder::try_from(Config)` builds.
+type GenericService = tower::util::BoxService<
+    http::Request<kube::client::Body>,
+    http::Response<Box<kube::client::DynBody>>,
+    tower::BoxError,
+>;
 
 /// rustls (through webpki) only takes X.509 v3 certificates; without this check a v1 client
 /// certificate (as `openssl x509 -req` makes without an extensions file) fails with

@@ -377,3 +377,84 @@ async fn an_expired_client_certificate_is_bootstrapped_again_at_start_up() {
     })
     .await;
 }
+
+/// The `kubelet-client-<time>.pem` files in the cert dir.
+fn issued_files(cert_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(cert_dir)
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    names.retain(|n| n.starts_with("kubelet-client-20") && n.ends_with(".pem"));
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps_flowing() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some(server) = cluster.test_server("rotation (needs the test signer's short lifetime)") else {
+        return;
+    };
+    const LIFETIME: std::time::Duration = std::time::Duration::from_secs(8);
+    server.set_signing_duration(LIFETIME);
+    let admin = server.client(&User::Admin).await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    // config.yaml does not set rotateCertificates: with a config file it defaults to true.
+    let mut gantry = node.start(&env);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let first_pod = format!("rot-a-{id}");
+    pods.create(&PostParams::default(), &bound_pod(&env.node, &first_pod)).await.unwrap();
+    eventually("the first pod Running", &gantry, || async {
+        let p = pods.get(&first_pod).await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let current = node.cert_dir().join("kubelet-client-current.pem");
+    let first_target = std::fs::read_link(&current).unwrap();
+
+    // Two renewals, each a CSR of the node's own identity, approved and issued.
+    let node_user = format!("system:node:{}", env.node);
+    let renewals = eventually("two certificate rotations", &gantry, || async {
+        let made = csrs_by(&admin, &node_user).await;
+        let issued = made.iter().filter(|c| c.status.as_ref().is_some_and(|s| s.certificate.is_some())).count();
+        (issued >= 2 && gantry.log().matches("client certificate rotated").count() >= 2).then_some(made)
+    })
+    .await;
+    for csr in &renewals {
+        let name = csr.metadata.name.clone().unwrap();
+        assert!(name.starts_with("csr-"), "rotation requests are named by the server, as upstream: {name}");
+        assert_eq!(csr.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
+    }
+    let files = issued_files(&node.cert_dir());
+    assert!(files.len() >= 3, "the bootstrap certificate and two renewals, old ones kept: {files:?}");
+    let target = std::fs::read_link(&current).unwrap();
+    assert_ne!(target, first_target, "the symlink moved to the new certificate");
+    assert!(std::path::Path::new(&first_target).exists(), "the old certificate file is kept");
+
+    // By now the bootstrap certificate has expired: the node still renews its Lease and reports
+    // a new pod's status, so new connections use the renewed certificate.
+    let first_pem = std::fs::read(&first_target).unwrap();
+    poll("the first certificate to expire", String::new, || async {
+        gantry_agent::api::bootstrap::cert_valid_at(&first_pem, jiff::Timestamp::now().as_second()).is_err().then_some(())
+    })
+    .await;
+    let mark = jiff::Timestamp::now();
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    eventually("the Lease renewed after the first certificate expired", &gantry, || async {
+        let renewed = leases.get(&env.node).await.ok()?.spec?.renew_time?.0;
+        (renewed > mark).then_some(())
+    })
+    .await;
+    let second_pod = format!("rot-b-{id}");
+    pods.create(&PostParams::default(), &bound_pod(&env.node, &second_pod)).await.unwrap();
+    eventually("a pod created after the rotations Running", &gantry, || async {
+        let p = pods.get(&second_pod).await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    assert!(gantry.try_exit().is_none(), "the agent never restarted: {}", tail(&gantry.log(), 30));
+    assert!(!gantry.log().contains("stopping the node agent"), "{}", tail(&gantry.log(), 30));
+}

@@ -176,6 +176,9 @@ async fn join_cluster(
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let node = node_side::start(settings, shared.driver.cri().clone(), startup).await?;
     supervisor.adopt("node-status", node.task);
+    if let Some(rotation) = node.clients.rotation.clone() {
+        supervisor.spawn("certificate-rotation", rotation.run());
+    }
     let client = node.clients.client.clone();
     let (mirrors_tx, mirrors) = watch::channel(Vec::new());
     sources.kinds.push(SourceKind::Api);

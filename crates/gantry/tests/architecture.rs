@@ -209,6 +209,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("runOnce", "run_once", "crates/gantry/src/kubelet.rs"),
     ("maxPods", "max_pods", "crates/agent/src/node/status.rs"),
     ("registerNode", "register_node", "crates/agent/src/node/controller.rs"),
+    ("rotateCertificates", "rotate_certificates", "crates/agent/src/api/mod.rs"),
     ("registerWithTaints", "register_with_taints", "crates/agent/src/node/status.rs"),
     ("kubeAPIQPS", "kube_api_qps", "crates/agent/src/api/mod.rs"),
     ("kubeAPIBurst", "kube_api_burst", "crates/agent/src/api/mod.rs"),

@@ -438,7 +438,9 @@ async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps
     // a new pod's status, so new connections use the renewed certificate.
     let first_pem = std::fs::read(&first_target).unwrap();
     poll("the first certificate to expire", String::new, || async {
-        gantry_agent::api::bootstrap::cert_valid_at(&first_pem, jiff::Timestamp::now().as_second()).is_err().then_some(())
+        gantry_agent::api::bootstrap::cert_valid_at(&first_pem, jiff::Timestamp::now().as_second())
+            .is_err()
+            .then_some(())
     })
     .await;
     let mark = jiff::Timestamp::now();

@@ -216,9 +216,8 @@ fn rotating_client_builder(
     let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
     let https = match &config.tls_server_name {
         Some(name) => {
-            let name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|e| {
-                kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e))
-            })?;
+            let name = rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(e)))?;
             https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
         }
         None => https,

@@ -101,7 +101,9 @@ impl CurrentClientCert {
                     self.generation.send_modify(|g| *g += 1);
                     state.key = Some(Arc::new(key));
                 }
-                Err(e) => tracing::warn!(cert = %self.current.display(), error = %e, "cannot use the current client certificate; keeping the previous one"),
+                Err(e) => {
+                    tracing::warn!(cert = %self.current.display(), error = %e, "cannot use the current client certificate; keeping the previous one")
+                }
             }
         }
         state.key.clone().or_else(|| self.fallback.clone())
@@ -113,7 +115,6 @@ impl CurrentClientCert {
         let (_, cert) = x509_parser::parse_x509_certificate(key.cert.first()?.as_ref()).ok()?;
         Some((cert.validity().not_before.timestamp(), cert.validity().not_after.timestamp()))
     }
-
 }
 
 impl ResolvesClientCert for CurrentClientCert {
@@ -278,10 +279,14 @@ impl CertificateRotation {
             }
             _ => self.client.clone(),
         };
-        let key = KeyPair::generate()
-            .map_err(|e| BootstrapError::Request { url: String::new(), reason: format!("cannot generate a key: {e}") })?;
-        let request = bootstrap::certificate_request(&key, &self.node)
-            .map_err(|e| BootstrapError::Request { url: String::new(), reason: format!("cannot make a request: {e}") })?;
+        let key = KeyPair::generate().map_err(|e| BootstrapError::Request {
+            url: String::new(),
+            reason: format!("cannot generate a key: {e}"),
+        })?;
+        let request = bootstrap::certificate_request(&key, &self.node).map_err(|e| BootstrapError::Request {
+            url: String::new(),
+            reason: format!("cannot make a request: {e}"),
+        })?;
         // Upstream's rotation requests are named by the server (`csr-…`).
         let csr = CertificateSigningRequest {
             metadata: ObjectMeta { generate_name: Some("csr-".into()), ..Default::default() },

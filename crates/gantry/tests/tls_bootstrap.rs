@@ -1,6 +1,7 @@
 //! End-to-end, TLS bootstrap as `kubeadm join` sets it up: a node that has only a bootstrap
 //! token gets its client certificate through a CertificateSigningRequest, joins, runs a pod,
-//! and restarts without a new request; a wrong token and a denied request stop start-up with
+//! and restarts without a new request; rotates its certificate without a restart while pod status
+//! keeps flowing; a wrong token and a denied request stop start-up with
 //! their own errors.
 //!
 //! The files are laid out as kubeadm does, in a temporary root: `etc/kubernetes/

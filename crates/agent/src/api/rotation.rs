@@ -41,7 +41,7 @@ const MAX_RETRY: Duration = Duration::from_secs(5 * 60);
 /// `jitteryDuration`, so that nodes given certificates together do not all renew together.
 pub fn next_rotation_deadline(not_before: i64, not_after: i64, jitter: f64) -> i64 {
     let total = (not_after - not_before).max(0) as f64;
-    not_before + (total * (0.7 + 0.2 * jitter.clamp(0.0, 1.0))) as i64
+    not_before + (total * (0.7 + 0.2 * jitter.clamp(0.0, 1.0))).round() as i64
 }
 
 /// The delay before retry number `failures` (1, 2, ...): 2s doubling, at most 5 minutes.
@@ -322,7 +322,7 @@ mod tests {
     fn the_deadline_is_70_to_90_percent_of_the_lifetime() {
         assert_eq!(next_rotation_deadline(1000, 2000, 0.0), 1700);
         assert_eq!(next_rotation_deadline(1000, 2000, 0.5), 1800);
-        assert_eq!(next_rotation_deadline(1000, 2000, 0.999_999), 1899);
+        assert_eq!(next_rotation_deadline(1000, 2000, 0.999_999), 1900);
         // An inverted validity rotates at once rather than never.
         assert_eq!(next_rotation_deadline(2000, 1000, 0.5), 2000);
     }

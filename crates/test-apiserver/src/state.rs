@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::accounting::Accounting;
 use crate::pki::Pki;
 use crate::store::Store;
 use crate::tokens::Tokens;
@@ -24,12 +25,21 @@ pub struct State {
     pub pki: Pki,
     pub tokens: Tokens,
     pub hooks: RwLock<Hooks>,
+    /// Requests and open watches, counted as they arrive.
+    pub accounting: Accounting,
     epoch: Mutex<CancellationToken>,
 }
 
 impl State {
     pub fn new(store: Store, pki: Pki, tokens: Tokens) -> State {
-        State { store, pki, tokens, hooks: RwLock::new(Hooks::default()), epoch: Mutex::new(CancellationToken::new()) }
+        State {
+            store,
+            pki,
+            tokens,
+            hooks: RwLock::new(Hooks::default()),
+            accounting: Accounting::default(),
+            epoch: Mutex::new(CancellationToken::new()),
+        }
     }
 
     pub fn hooks(&self) -> Hooks {

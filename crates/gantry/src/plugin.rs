@@ -12,6 +12,8 @@ use gantry_maintenance::cli::{self, dry_run, selector, table};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use futures::StreamExt as _;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -87,7 +89,13 @@ enum PluginCommand {
     /// List NodeMaintenances.
     List,
     /// Show one NodeMaintenance per node: pods remaining and what blocks each.
-    Status { name: String },
+    Status {
+        name: String,
+        /// Follow it: print it again whenever what it shows changes, until it is drained or
+        /// complete (or deleted).
+        #[arg(long, short = 'w')]
+        watch: bool,
+    },
     /// Move a NodeMaintenance to Complete: the controller uncordons and releases the nodes.
     Complete { name: String },
     /// Dry run: in plan order, which pods a drain would take from which nodes. Changes nothing.
@@ -151,9 +159,12 @@ async fn run(plugin: Plugin) -> anyhow::Result<()> {
                 print!("{}", table::list(&items, jiff::Timestamp::now()));
             }
         }
-        PluginCommand::Status { name } => {
+        PluginCommand::Status { name, watch } => {
             let m = api.get(&name).await.map_err(|e| api_error(e, &name))?;
             print!("{}", table::status(&m));
+            if watch && !table::settled(&m) {
+                follow(&api, &name, table::status(&m)).await?;
+            }
         }
         PluginCommand::Complete { name } => {
             let patch = Patch::Merge(json!({"spec": {"stage": Stage::Complete}}));
@@ -178,6 +189,32 @@ async fn run(plugin: Plugin) -> anyhow::Result<()> {
                 Api::<Node>::all(client.clone()).list(&ListParams::default()).await.context("cannot list nodes")?;
             let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.context("cannot list pods")?;
             print!("{}", dry_run::render_plan(&m, &nodes.items, &pods.items));
+        }
+    }
+    Ok(())
+}
+
+/// `status --watch`: one watch of the named maintenance; the status is printed again, after a
+/// blank line, whenever its text changes, until the maintenance settles or is deleted.
+async fn follow(api: &Api<NodeMaintenance>, name: &str, mut shown: String) -> anyhow::Result<()> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher::watcher(api.clone(), config).boxed();
+    while let Some(event) = events.next().await {
+        let m = match event.with_context(|| format!("watching {RESOURCE} {name:?}"))? {
+            Event::Apply(m) | Event::InitApply(m) => m,
+            Event::Delete(_) => {
+                println!("\n{RESOURCE}/{name} deleted");
+                return Ok(());
+            }
+            Event::Init | Event::InitDone => continue,
+        };
+        let text = table::status(&m);
+        if text != shown {
+            print!("\n{text}");
+            shown = text;
+        }
+        if table::settled(&m) {
+            return Ok(());
         }
     }
     Ok(())

@@ -174,8 +174,12 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     assert!(!out.ok);
     assert!(out.stderr.contains("\"no-such-maintenance\" not found"), "{}", out.stderr);
 
+    // status --watch follows the maintenance until it is complete, printing each change.
+    let mut follower = Follower::start(&kubeconfig, &name).await;
     let out = plugin(&kubectl, &["complete", &name]).await;
     assert!(out.ok, "{}", out.stderr);
+    let followed = follower.finish().await;
+    assert!(followed.contains("Stage:    Complete"), "--watch did not show the change:\n{followed}");
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     assert_eq!(maintenances.get(&name).await.unwrap().spec.stage, Stage::Complete);
     until("Complete to uncordon the nodes", dir.path(), async || {
@@ -191,6 +195,53 @@ async fn plugin_creates_lists_shows_plans_and_completes_a_maintenance() {
     let _ = pdbs.delete(&app, &DeleteParams::default()).await;
     for n in [&n1, &n2, &spare] {
         cluster.cleanup(n).await;
+    }
+}
+
+/// `gantry maintenance status NAME --watch`, running.
+struct Follower {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Follower {
+    /// Starts following and returns once the first status (stage Drain) is printed, so that
+    /// later changes are known to come through the watch.
+    async fn start(kubeconfig: &std::path::Path, name: &str) -> Follower {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gantry"))
+            .args(["maintenance", "status", name, "--watch"])
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start status --watch");
+        let mut follower = Follower { lines: tokio::io::BufReader::new(child.stdout.take().unwrap()).lines(), child };
+        let first = tokio::time::timeout(common::DEADLINE, async {
+            while let Some(line) = follower.lines.next_line().await.unwrap() {
+                if line == "Stage:    Drain" {
+                    return;
+                }
+            }
+            panic!("status --watch ended before printing the status");
+        });
+        first.await.expect("status --watch printed nothing");
+        follower
+    }
+
+    /// The rest of its output, once it has exited on its own (successfully).
+    async fn finish(&mut self) -> String {
+        let rest = tokio::time::timeout(common::DEADLINE, async {
+            let mut out = String::new();
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                out.push_str(&line);
+                out.push('\n');
+            }
+            (out, self.child.wait().await.unwrap())
+        });
+        let (out, status) = rest.await.expect("status --watch did not stop once the maintenance was complete");
+        assert!(status.success(), "status --watch failed:\n{out}");
+        out
     }
 }
 

@@ -3,7 +3,7 @@
 
 use jiff::Timestamp;
 
-use crate::api::{CONDITION_DRAINED, NodeMaintenance};
+use crate::api::{CONDITION_DRAINED, NodeMaintenance, Stage};
 use crate::plan::effective_drain_plan;
 
 const NONE: &str = "<none>";
@@ -71,6 +71,11 @@ fn age(m: &NodeMaintenance, now: Timestamp) -> String {
 fn drained(m: &NodeMaintenance) -> String {
     let conditions = m.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     conditions.iter().find(|c| c.type_ == CONDITION_DRAINED).map_or(NONE.into(), |c| c.status.clone())
+}
+
+/// Where `status --watch` stops following: the drain is done, or the maintenance is over.
+pub fn settled(m: &NodeMaintenance) -> bool {
+    m.spec.stage == Stage::Complete || drained(m) == "True"
 }
 
 fn or_none(s: &str) -> String {
@@ -237,6 +242,23 @@ mod tests {
                 "n2     Drain   0                <none>          Drained",
             ]
         );
+    }
+
+    #[test]
+    fn following_stops_once_drained_or_complete() {
+        let with_drained = |stage, value: &str| {
+            let mut m = maintenance("m", stage, "");
+            m.status = Some(NodeMaintenanceStatus {
+                conditions: vec![Condition { type_: "Drained".into(), status: value.into(), ..Default::default() }],
+                ..Default::default()
+            });
+            m
+        };
+        assert!(!settled(&maintenance("m", Stage::Drain, "")), "no status yet");
+        assert!(!settled(&with_drained(Stage::Drain, "False")));
+        assert!(!settled(&maintenance("m", Stage::Cordon, "")));
+        assert!(settled(&with_drained(Stage::Drain, "True")));
+        assert!(settled(&maintenance("m", Stage::Complete, "")));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! (the default) a node whose pods run sends no GETs of them, yet a change still reaches the
 //! volume at the next sync; immutable objects are read once and never watched; a watch stops
 //! with the last pod using it. `Get` reads on every sync, `Cache` once per TTL (the Node's
-//! `node.alpha.kubernetes.io/ttl`).
+//! `node.alpha.kubernetes.io/ttl`). Services for the environment come from one watch of the
+//! pods' namespace, never from a LIST per container start.
 
 mod common;
 
@@ -111,7 +112,7 @@ async fn watched_objects_are_not_read_again_and_watches_follow_the_pods() {
     // And a few more syncs of every pod.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let counted = api.requests().since(&before);
-    for resource in ["configmaps", "secrets"] {
+    for resource in ["configmaps", "secrets", "services"] {
         for verb in ["get", "list"] {
             assert_eq!(counted.total(verb, resource), 0, "{verb} {resource} while pods run: {counted:?}");
         }
@@ -122,6 +123,9 @@ async fn watched_objects_are_not_read_again_and_watches_follow_the_pods() {
         assert_eq!(watches_of(&open, "secrets", &format!("s-{i}")), 1, "{open:?}");
     }
     assert_eq!(watches_of(&open, "configmaps", "frozen"), 0, "immutable objects are not watched: {open:?}");
+    let services: Vec<_> = open.iter().filter(|w| w.resource == "services").collect();
+    assert_eq!(services.len(), 1, "one watch of the pods' namespace, which has default/kubernetes: {open:?}");
+    assert_eq!((services[0].namespace.as_deref(), services[0].name.as_deref()), (Some("default"), None));
 
     pods.delete("p0", &DeleteParams::default()).await.unwrap();
     eventually("p0 gone", &gantry, || async { pods.get_opt("p0").await.ok()?.is_none().then_some(()) }).await;

@@ -332,3 +332,37 @@ impl tracing::field::Visit for Fields {
         }
     }
 }
+
+/// A sidecar (init container with `restartPolicy: Always`) that keeps exiting is restarted with
+/// crash-loop backoff although the pod's restart policy is Never, and the regular container
+/// waits: a sidecar must have started before the next container starts.
+#[tokio::test(start_paused = true)]
+async fn crashing_sidecar_restarts_with_backoff_in_a_never_pod_and_holds_back_the_app() {
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/proxy:v1");
+    node.fake.add_image("registry.test/app:v1");
+    node.fake.exit_on_start("proxy", 1);
+    let (shared, tx) = node.agent().await;
+    let manifest = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"meshed"},"spec":{"restartPolicy":"Never",
+        "initContainers":[{"name":"proxy","image":"registry.test/proxy:v1","restartPolicy":"Always"}],
+        "containers":[{"name":"app","image":"registry.test/app:v1"}]}}"#;
+    let path = "/etc/kubernetes/manifests/meshed.json";
+    let pod = manifest::parse_pod(manifest.as_bytes(), path).expect("manifest parses");
+    let pod = static_pod::prepare(pod, &Origin::File(path), NODE).expect("static pod is valid");
+    send(&tx, &[&pod]).await;
+
+    let starts = |n: usize| move |calls: &[Call]| ops(calls, "StartContainer").len() >= n;
+    assert!(node.fake.advance_until(Duration::from_secs(30), starts(3)).await, "restarted despite Never");
+    let calls = node.fake.calls();
+    let proxy_starts: Vec<_> = ops(&calls, "StartContainer").into_iter().filter(|c| c.container == "proxy").collect();
+    assert_eq!(proxy_starts.len(), 3, "only the sidecar started: {calls:?}");
+    let gap = proxy_starts[2].at - proxy_starts[1].at;
+    assert!(gap >= Duration::from_secs(10) && gap <= Duration::from_secs(12), "10 s backoff: {gap:?}");
+    assert_eq!(phase(&shared, &pod).as_deref(), Some("Pending"));
+    let status = shared.statuses.get(uid(&pod)).and_then(|p| p.status).expect("status");
+    let proxy = &status.init_container_statuses.expect("init container statuses")[0];
+    assert_eq!(proxy.restart_count, 2);
+    let initialized = status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "Initialized").unwrap();
+    assert_eq!(initialized.status, "False");
+}

@@ -7,12 +7,12 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
+use futures::StreamExt as _;
 use gantry_maintenance::api::{NodeMaintenance, NodeSelector, Stage};
 use gantry_maintenance::cli::{self, dry_run, selector, table};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use futures::StreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde_json::json;

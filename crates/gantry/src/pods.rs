@@ -41,14 +41,12 @@ pub fn table(pods: &[Pod], now: Timestamp) -> String {
     let mut rows = vec![["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP"].map(String::from).to_vec()];
     for pod in pods {
         let status = pod.status.clone().unwrap_or_default();
-        let containers = status.container_statuses.clone().unwrap_or_default();
-        let ready = containers.iter().filter(|c| c.ready).count();
-        let restarts: i32 = containers.iter().map(|c| c.restart_count).sum();
+        let (ready, total, restarts) = counts(pod);
         let age = status.start_time.map(|t| age(now, t.0)).unwrap_or_else(|| "<none>".into());
         rows.push(vec![
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
-            format!("{ready}/{}", containers.len()),
+            format!("{ready}/{total}"),
             display_status(pod),
             restarts.to_string(),
             age,
@@ -64,13 +62,30 @@ pub fn table(pods: &[Pod], now: Timestamp) -> String {
         .collect()
 }
 
+/// The READY and RESTARTS columns as kubectl counts them: regular containers and sidecars
+/// (a sidecar is ready once started and ready).
+fn counts(pod: &Pod) -> (usize, usize, i32) {
+    let status = pod.status.clone().unwrap_or_default();
+    let containers = status.container_statuses.unwrap_or_default();
+    let sidecars: Vec<ContainerStatus> =
+        status.init_container_statuses.unwrap_or_default().into_iter().filter(|s| is_sidecar(pod, &s.name)).collect();
+    let ready = containers.iter().filter(|c| c.ready).count()
+        + sidecars.iter().filter(|s| s.ready && s.started == Some(true)).count();
+    let restarts = containers.iter().chain(&sidecars).map(|c| c.restart_count).sum();
+    (ready, containers.len() + sidecars.len(), restarts)
+}
+
+fn is_sidecar(pod: &Pod, name: &str) -> bool {
+    gantry_vocab::spec::sidecars(pod).any(|c| c.name == name)
+}
+
 /// The STATUS column as kubectl computes it: an init step, a container's waiting or
 /// terminated reason, or the phase.
 fn display_status(pod: &Pod) -> String {
     let status = pod.status.clone().unwrap_or_default();
     let phase = status.phase.clone().unwrap_or_else(|| "Unknown".into());
     let inits = status.init_container_statuses.unwrap_or_default();
-    for (i, c) in inits.iter().enumerate() {
+    for (i, c) in inits.iter().enumerate().filter(|(_, c)| !is_sidecar(pod, &c.name)) {
         let state = c.state.clone().unwrap_or_default();
         if let Some(t) = state.terminated.filter(|t| t.exit_code != 0) {
             return format!("Init:{}", t.reason.unwrap_or_else(|| format!("ExitCode:{}", t.exit_code)));
@@ -157,5 +172,25 @@ mod tests {
         let row = text.lines().nth(1).unwrap();
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(cells, ["default", "web", "1/2", "Running", "4", "<none>", "10.244.0.2"]);
+    }
+
+    #[test]
+    fn sidecars_count_in_ready_and_restarts() {
+        let mut p = pod(
+            vec![ContainerStatus { started: Some(true), ..status("proxy", true, None) }],
+            vec![status("a", true, None)],
+        );
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            init_containers: Some(vec![k8s_openapi::api::core::v1::Container {
+                name: "proxy".into(),
+                restart_policy: Some("Always".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let text = table(&[p.clone()], Timestamp::now());
+        let cells: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(cells[2..5], ["2/2", "Running", "4"]);
+        assert_eq!(display_status(&p), "Running", "a running sidecar is no init step");
     }
 }

@@ -11,16 +11,12 @@ mod common;
 #[path = "common/maintenance_kit.rs"]
 mod kit;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use common::cluster::{self, Cluster};
 use common::{Gantry, eventually, pod_yaml};
 use gantry_maintenance::api::{CONDITION_DRAINED, FINALIZER, NodeMaintenance};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kit::{Controller, install_crd};
+use kit::{Controller, KubeletStandIn, install_crd};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -371,59 +367,6 @@ where
         format!("--- controller logs ---\n{}", logs.join("\n---\n"))
     };
     common::poll(what, logs, check).await
-}
-
-/// Stands in for the kubelet of one node: records the order in which its pods start
-/// terminating, and (unless held) finishes their deletion as a kubelet does once the
-/// containers stopped. The next drain entry cannot start before it does, so the recorded
-/// order is exactly the eviction order.
-struct KubeletStandIn {
-    order: Arc<Mutex<Vec<String>>>,
-    hold: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl KubeletStandIn {
-    fn start(pods: Api<Pod>, node: &str, hold: bool) -> KubeletStandIn {
-        let (order, hold) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(hold)));
-        let (seen, held) = (order.clone(), hold.clone());
-        let on_node = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
-        let task = tokio::spawn(async move {
-            loop {
-                for pod in pods.list(&on_node).await.map(|l| l.items).unwrap_or_default() {
-                    if pod.metadata.deletion_timestamp.is_none() {
-                        continue;
-                    }
-                    let name = pod.metadata.name.clone().unwrap_or_default();
-                    {
-                        let mut seen = seen.lock().unwrap();
-                        if !seen.contains(&name) {
-                            seen.push(name.clone());
-                        }
-                    }
-                    if !held.load(Ordering::SeqCst) {
-                        let _ = pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        KubeletStandIn { order, hold, task }
-    }
-
-    fn order(&self) -> Vec<String> {
-        self.order.lock().unwrap().clone()
-    }
-
-    fn release(&self) {
-        self.hold.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for KubeletStandIn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 fn free_port() -> u16 {

@@ -98,8 +98,16 @@ fn install_over_the_go_kubelet_diverts_its_files_and_makes_gantry_the_kubelet() 
     assert!(layout.get("unit").contains("Gantry"), "the packaged unit is not in place: {}", layout.0);
     assert!(layout.get("dropin").contains("kubeadm expects"), "the packaged drop-in is not in place: {}", layout.0);
     assert_eq!(layout.get("diversions"), "3", "{}", layout.0);
-    assert!(run.read("install/kubelet-version").starts_with("Kubernetes v1."), "{}", run.read("install/kubelet-version"));
-    assert!(run.read("install/maintenance-help").contains("kubectl maintenance"), "{}", run.read("install/maintenance-help"));
+    assert!(
+        run.read("install/kubelet-version").starts_with("Kubernetes v1."),
+        "{}",
+        run.read("install/kubelet-version")
+    );
+    assert!(
+        run.read("install/maintenance-help").contains("kubectl maintenance"),
+        "{}",
+        run.read("install/maintenance-help")
+    );
 }
 
 #[test]
@@ -134,7 +142,11 @@ fn a_service_restart_leaves_the_pods_containers_running() {
     let Some(run) = completed() else { return };
     let journal = run.read("install/journal");
     assert_eq!(journal.matches("starting gantry kubelet").count(), 2, "{journal}");
-    assert_eq!(journal.matches("Started container main").count(), 1, "the restart started the container again\n{journal}");
+    assert_eq!(
+        journal.matches("Started container main").count(),
+        1,
+        "the restart started the container again\n{journal}"
+    );
     assert_eq!(run.read("install/containers-after-restart"), run.read("install/containers"));
 }
 
@@ -152,7 +164,10 @@ fn removal_gives_the_go_kubelet_back_and_keeps_the_nodes_files_and_pods() {
         layout.assert_node_files_kept(record);
     }
     let service = run.read("remove/service");
-    assert!(service.contains("active=active") && service.contains("exe=/usr/bin/sleep"), "the Go kubelet did not take over: {service}");
+    assert!(
+        service.contains("active=active") && service.contains("exe=/usr/bin/sleep"),
+        "the Go kubelet did not take over: {service}"
+    );
     assert_eq!(run.read("remove/containers"), run.read("install/containers"), "removal touched the pods");
 }
 

@@ -18,6 +18,7 @@ pub mod resources;
 pub mod start_failure;
 pub mod status;
 pub mod sysctl;
+pub mod termination;
 
 pub use observed::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
 

@@ -4,9 +4,12 @@
 //! The worker executes the actions, observes again, and calls it again: the plan converges
 //! because every action moves the runtime state towards the spec.
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::backoff::{self, Backoff};
+use super::probe::{self, Health};
 use super::{ContainerInfo, ContainerState, Nanos, ObservedPod, SandboxInfo};
 use gantry_vocab::spec::{self, RestartPolicy};
 
@@ -46,6 +49,9 @@ pub struct Start {
     /// When this start restarts a container that exited, when that one finished; the worker
     /// records it in the backoff.
     pub restart_of: Option<Nanos>,
+    /// For an ephemeral container with `targetContainerName`: the ID of the target's running
+    /// instance, whose process namespace it joins (CRI `NamespaceMode::TARGET`).
+    pub target_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -66,9 +72,17 @@ impl PodActions {
     }
 }
 
-/// Computes the next actions for `pod`.
-pub fn compute(pod: &Pod, observed: &ObservedPod, backoff: &Backoff, now: Nanos) -> PodActions {
-    let planner = Planner { pod, observed, backoff, now, uid: spec::uid(pod), policy: spec::restart_policy(pod) };
+/// Computes the next actions for `pod`. `health` (what the probes report, by container ID)
+/// tells when a sidecar has started, which the next init container waits for.
+pub fn compute(
+    pod: &Pod,
+    observed: &ObservedPod,
+    health: &HashMap<String, Health>,
+    backoff: &Backoff,
+    now: Nanos,
+) -> PodActions {
+    let planner =
+        Planner { pod, observed, health, backoff, now, uid: spec::uid(pod), policy: spec::restart_policy(pod) };
     match observed.current_sandbox() {
         Some(sandbox) if sandbox.ready => planner.in_sandbox(sandbox),
         previous => planner.without_sandbox(previous),
@@ -78,6 +92,7 @@ pub fn compute(pod: &Pod, observed: &ObservedPod, backoff: &Backoff, now: Nanos)
 struct Planner<'a> {
     pod: &'a Pod,
     observed: &'a ObservedPod,
+    health: &'a HashMap<String, Health>,
     backoff: &'a Backoff,
     now: Nanos,
     uid: &'a str,
@@ -116,49 +131,91 @@ impl Planner<'_> {
     }
 
     fn in_sandbox(&self, sandbox: &SandboxInfo) -> PodActions {
+        let mut actions = self.containers_in(sandbox);
+        if !actions.kill_pod {
+            self.start_ephemeral(sandbox, &mut actions);
+        }
+        actions
+    }
+
+    /// Ephemeral containers start as soon as the sandbox runs (even during initialization),
+    /// once each, and are never restarted. One with a target waits until the target runs.
+    fn start_ephemeral(&self, sandbox: &SandboxInfo, actions: &mut PodActions) {
+        for e in spec::ephemeral_containers(self.pod) {
+            if self.observed.latest(&e.name).is_some() {
+                continue;
+            }
+            let target_id = match e.target_container_name.as_deref() {
+                None => None,
+                Some(target) => match self.observed.latest_in(target, &sandbox.id) {
+                    Some(i) if i.state == ContainerState::Running => Some(i.id.clone()),
+                    _ => continue,
+                },
+            };
+            actions.start.push(Start { name: e.name.clone(), init: false, attempt: 0, restart_of: None, target_id });
+        }
+    }
+
+    /// The init, sidecar and regular containers' actions in a running sandbox.
+    fn containers_in(&self, sandbox: &SandboxInfo) -> PodActions {
         let mut actions = PodActions::default();
         if !self.init_done(sandbox, &mut actions) {
             return actions;
         }
         let mut alive = 0;
+        let mut regular = PodActions::default();
         for c in spec::containers(self.pod) {
             match self.observed.latest_in(&c.name, &sandbox.id) {
-                None => self.start_or_back_off(c, false, &mut actions),
+                None => self.start_or_back_off(c, false, &mut regular),
                 Some(i) if i.state == ContainerState::Running => {
                     if i.spec_hash == spec::container_hash(c) {
                         alive += 1;
                     } else {
-                        actions.kill_containers.push(kill(i, KillReason::SpecChanged));
-                        self.start_or_back_off(c, false, &mut actions);
+                        regular.kill_containers.push(kill(i, KillReason::SpecChanged));
+                        self.start_or_back_off(c, false, &mut regular);
                     }
                 }
                 Some(i) if i.state == ContainerState::Exited => {
                     if self.policy.restarts(i.exit_code) {
-                        self.start_or_back_off(c, false, &mut actions);
+                        self.start_or_back_off(c, false, &mut regular);
                     }
                 }
                 Some(i) => {
-                    actions.kill_containers.push(kill(i, KillReason::Stuck));
-                    self.start_or_back_off(c, false, &mut actions);
+                    regular.kill_containers.push(kill(i, KillReason::Stuck));
+                    self.start_or_back_off(c, false, &mut regular);
                 }
             }
         }
-        if alive == 0 && actions.start.is_empty() && actions.back_off.is_empty() {
-            actions.kill_pod = true;
+        if alive == 0 && regular.start.is_empty() && regular.back_off.is_empty() {
+            // The regular containers are done for good: the pod completes, and its sidecars
+            // are stopped with it rather than restarted (upstream clears their starts too).
+            return PodActions { kill_pod: true, ..Default::default() };
         }
+        actions.kill_containers.extend(regular.kill_containers);
+        actions.start.extend(regular.start);
+        actions.back_off.extend(regular.back_off);
         actions
     }
 
-    /// Walks the init containers in order. Returns true when all have succeeded in this
-    /// sandbox; otherwise fills `actions` with the one step to take next.
+    /// Walks the init containers in order. Returns true once the pod is initialized (every
+    /// regular init container succeeded and every sidecar started, or a regular container ran
+    /// in this sandbox); until then fills `actions` with the one step to take next. Sidecars
+    /// are kept running (restarted whatever the pod's restart policy) once initialized too.
     fn init_done(&self, sandbox: &SandboxInfo, actions: &mut PodActions) -> bool {
-        let regular_started =
+        let initialized =
             spec::containers(self.pod).iter().any(|c| self.observed.latest_in(&c.name, &sandbox.id).is_some());
-        if regular_started {
-            return true;
-        }
         for c in spec::init_containers(self.pod) {
-            match self.observed.latest_in(&c.name, &sandbox.id) {
+            let latest = self.observed.latest_in(&c.name, &sandbox.id);
+            if spec::is_sidecar(c) {
+                if !self.keep_sidecar(c, latest, actions) && !initialized {
+                    return false;
+                }
+                continue;
+            }
+            if initialized {
+                continue;
+            }
+            match latest {
                 None => {}
                 Some(i) if i.state == ContainerState::Running => return false,
                 Some(i) if i.state == ContainerState::Exited && i.exit_code == 0 => continue,
@@ -173,6 +230,27 @@ impl Planner<'_> {
             return false;
         }
         true
+    }
+
+    /// Keeps a sidecar running: started when missing, restarted (with backoff) after it exited,
+    /// replaced when its spec changed or its state is unknown. Returns whether it has started:
+    /// running, with its startup probe (if any) passed; its postStart hook returned as part of
+    /// the start.
+    fn keep_sidecar(&self, c: &Container, latest: Option<&ContainerInfo>, actions: &mut PodActions) -> bool {
+        match latest {
+            Some(i) if i.state == ContainerState::Running && i.spec_hash == spec::container_hash(c) => {
+                return probe::status_of(c, true, self.health.get(&i.id)).0;
+            }
+            Some(i) if i.state == ContainerState::Running => {
+                actions.kill_containers.push(kill(i, KillReason::SpecChanged));
+            }
+            Some(i) if matches!(i.state, ContainerState::Created | ContainerState::Unknown) => {
+                actions.kill_containers.push(kill(i, KillReason::Stuck));
+            }
+            _ => {}
+        }
+        self.start_or_back_off(c, true, actions);
+        false
     }
 
     fn start_or_back_off(&self, c: &Container, init: bool, actions: &mut PodActions) {
@@ -190,7 +268,7 @@ impl Planner<'_> {
                 return;
             }
         }
-        actions.start.push(Start { name: c.name.clone(), init, attempt, restart_of });
+        actions.start.push(Start { name: c.name.clone(), init, attempt, restart_of, target_id: None });
     }
 }
 

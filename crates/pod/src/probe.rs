@@ -9,9 +9,10 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 
 use super::{ContainerInfo, ContainerState, Nanos, ObservedPod, SECOND};
+use gantry_vocab::spec::{self, RestartPolicy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
@@ -221,10 +222,12 @@ pub struct ProbeKill {
     pub message: String,
 }
 
-/// Running containers whose current instance failed a liveness or startup probe; `restarts`:
-/// whether the restart policy brings them back (upstream says so in the message).
-pub fn kills(observed: &ObservedPod, health: &HashMap<String, Health>, restarts: bool) -> Vec<ProbeKill> {
+/// Running containers whose current instance failed a liveness or startup probe, with
+/// upstream's `Killing` message: a regular container's says whether the pod's restart policy
+/// brings it back; a sidecar's names it an init container (it always comes back).
+pub fn kills(pod: &Pod, observed: &ObservedPod, health: &HashMap<String, Health>) -> Vec<ProbeKill> {
     let running = |i: &&ContainerInfo| i.state == ContainerState::Running;
+    let restarts = spec::restart_policy(pod) != RestartPolicy::Never;
     observed
         .containers
         .iter()
@@ -232,10 +235,12 @@ pub fn kills(observed: &ObservedPod, health: &HashMap<String, Health>, restarts:
         .filter_map(|i| {
             let kind = health.get(&i.id)?.failed?;
             let what = if kind == Kind::Startup { "startup" } else { "liveness" };
-            let mut message = format!("Container {} failed {what} probe", i.name);
-            if restarts {
-                message.push_str(", will be restarted");
-            }
+            let sidecar = spec::sidecars(pod).any(|c| c.name == i.name);
+            let message = match sidecar {
+                true => format!("Init container {} failed {what} probe", i.name),
+                false if restarts => format!("Container {} failed {what} probe, will be restarted", i.name),
+                false => format!("Container {} failed {what} probe", i.name),
+            };
             Some(ProbeKill { id: i.id.clone(), name: i.name.clone(), kind, message })
         })
         .collect()
@@ -243,6 +248,8 @@ pub fn kills(observed: &ObservedPod, health: &HashMap<String, Health>, restarts:
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::PodSpec;
+
     use super::*;
 
     fn probe(delay: i32, period: i32, success: i32, failure: i32) -> Probe {
@@ -360,9 +367,23 @@ mod tests {
         };
         let failed = Health { failed: Some(Kind::Liveness), ..Default::default() };
         let health = HashMap::from([("a".to_string(), failed), ("b".to_string(), failed)]);
-        let found = kills(&observed, &health, true);
+        let policy = |p: &str| Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(p.into()),
+                init_containers: Some(vec![Container {
+                    name: "proxy".into(),
+                    restart_policy: Some("Always".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let found = kills(&policy("Always"), &observed, &health);
         assert_eq!(found.len(), 1, "exited containers are not killed again");
         assert_eq!(found[0].message, "Container web failed liveness probe, will be restarted");
-        assert_eq!(kills(&observed, &health, false)[0].message, "Container web failed liveness probe");
+        assert_eq!(kills(&policy("Never"), &observed, &health)[0].message, "Container web failed liveness probe");
+        let sidecar = ObservedPod { sandboxes: vec![], containers: vec![info("a", "proxy", ContainerState::Running)] };
+        assert_eq!(kills(&policy("Never"), &sidecar, &health)[0].message, "Init container proxy failed liveness probe");
     }
 }

@@ -79,8 +79,17 @@ pub fn oom_score_adj(pod: &Pod, c: &Container, memory_capacity: i128) -> i64 {
     if memory_capacity <= 0 {
         return BEST_EFFORT_OOM_SCORE_ADJ - 1;
     }
-    let Memory { request, .. } = requests::memory(c);
-    let adj = (1000 - 1000 * request.unwrap_or(0) / memory_capacity) as i64;
+    let by_request = |c: &Container| {
+        let Memory { request, .. } = requests::memory(c);
+        (1000 - 1000 * request.unwrap_or(0) / memory_capacity) as i64
+    };
+    let mut adj = by_request(c);
+    if spec::sidecars(pod).any(|s| s.name == c.name) {
+        // A sidecar is killed no sooner than the regular container it serves that asks for the
+        // least memory (upstream's rule for restartable init containers).
+        let least = spec::containers(pod).iter().map(by_request).max().unwrap_or(adj);
+        adj = adj.min(least);
+    }
     adj.clamp(1000 + GUARANTEED_OOM_SCORE_ADJ, BEST_EFFORT_OOM_SCORE_ADJ - 1)
 }
 
@@ -125,6 +134,23 @@ mod tests {
         assert_eq!(oom_score_adj(&all, &all.spec.as_ref().unwrap().containers[0], 4 * gi), 3, "floor above Guaranteed");
         let tiny = pod(vec![container(&[("cpu", "100m")], &[])]);
         assert_eq!(oom_score_adj(&tiny, &tiny.spec.as_ref().unwrap().containers[0], 4 * gi), 999, "below BestEffort");
+    }
+
+    #[test]
+    fn sidecars_score_no_higher_than_the_smallest_regular_container() {
+        let gi = 1i128 << 30;
+        let mut proxy = container(&[("memory", "256Mi")], &[]);
+        proxy.name = "proxy".into();
+        proxy.restart_policy = Some("Always".into());
+        let mut app = container(&[("memory", "2Gi")], &[]);
+        app.name = "app".into();
+        let mut p = pod(vec![app]);
+        p.spec.as_mut().unwrap().init_containers = Some(vec![proxy.clone()]);
+        assert_eq!(oom_score_adj(&p, &proxy, 4 * gi), 500, "as the app, not 938 by its own request");
+        let mut plain_init = proxy.clone();
+        plain_init.restart_policy = None;
+        p.spec.as_mut().unwrap().init_containers = Some(vec![plain_init.clone()]);
+        assert_eq!(oom_score_adj(&p, &plain_init, 4 * gi), 938, "a regular init container keeps its own");
     }
 
     #[test]

@@ -63,12 +63,25 @@ pub fn container(c: &Container) -> CgroupValues {
     }
 }
 
-/// The pod's total of one amount: the larger of the app containers' sum and the largest init
-/// container, since init containers run one at a time before the others.
+/// The pod's total of one amount (upstream `PodRequests`/`PodLimits`): regular containers and
+/// sidecars run together, so they add up; a regular init container runs alone next to the
+/// sidecars declared before it. The pod needs the larger of the two.
 fn pod_total(pod: &Pod, amount: impl Fn(&Container) -> Option<i128>) -> i128 {
-    let apps: i128 = spec::containers(pod).iter().filter_map(&amount).sum();
-    let init = spec::init_containers(pod).iter().filter_map(&amount).max().unwrap_or(0);
-    apps.max(init)
+    let mut running: i128 = spec::containers(pod).iter().filter_map(&amount).sum();
+    let mut sidecars_so_far = 0;
+    let mut init_peak = 0;
+    for c in spec::init_containers(pod) {
+        let own = amount(c).unwrap_or(0);
+        let use_while_init = if spec::is_sidecar(c) {
+            running += own;
+            sidecars_so_far += own;
+            sidecars_so_far
+        } else {
+            sidecars_so_far + own
+        };
+        init_peak = init_peak.max(use_while_init);
+    }
+    running.max(init_peak)
 }
 
 /// The whole pod's values for the sandbox config (upstream `calculateSandboxResources`), for
@@ -190,5 +203,31 @@ mod tests {
         assert_eq!(pod(&pod_of(vec![], vec![res(&[], &[])])), CgroupValues { cpu_shares: 2, ..Default::default() });
         assert_eq!(sandbox(&b).cpu_shares, 102);
         assert_eq!(sandbox(&b).memory_limit, 64 << 20, "the sandbox gets the sum regardless of QoS");
+    }
+
+    fn sidecar(requests: &[(&str, &str)]) -> Container {
+        Container { restart_policy: Some("Always".into()), ..res(requests, &[]) }
+    }
+
+    #[test]
+    fn sidecars_add_to_the_containers_and_to_later_init_containers() {
+        // Upstream's example shape: sidecar 1, init 2, sidecar 3, init 4 + two regular containers.
+        let p = pod_of(
+            vec![
+                sidecar(&[("cpu", "100m")]),
+                res(&[("cpu", "300m")], &[]),
+                sidecar(&[("cpu", "200m")]),
+                res(&[("cpu", "250m")], &[]),
+            ],
+            vec![res(&[("cpu", "50m")], &[]), res(&[("cpu", "50m")], &[])],
+        );
+        let cpu_request = |p: &Pod| pod_total(p, |c| cpu(c).request);
+        // Running: 100 + 200 + 50 + 50 = 400; init 2 needs 100 + 300 = 400; init 4 needs 300 + 250 = 550.
+        assert_eq!(cpu_request(&p), 550);
+        let mut big_apps = p.clone();
+        big_apps.spec.as_mut().unwrap().containers = vec![res(&[("cpu", "1")], &[])];
+        assert_eq!(cpu_request(&big_apps), 1300, "sidecars add to the regular containers");
+        let only_sidecar = pod_of(vec![sidecar(&[("memory", "64Mi")])], vec![res(&[("memory", "64Mi")], &[])]);
+        assert_eq!(pod_total(&only_sidecar, |c| memory(c).request), 128 << 20);
     }
 }

@@ -41,6 +41,15 @@ pub fn compute(input: &Input) -> PodStatus {
         spec::init_containers(input.pod).iter().map(|c| container_status(input, c, true)).collect();
     let statuses: Vec<ContainerStatus> =
         spec::containers(input.pod).iter().map(|c| container_status(input, c, false)).collect();
+    // Ephemeral containers are reported but count for neither phase nor readiness.
+    let ephemeral: Vec<ContainerStatus> = spec::ephemeral_containers(input.pod)
+        .iter()
+        .map(|e| ContainerStatus {
+            ready: false,
+            started: None,
+            ..container_status(input, &spec::ephemeral_as_container(e), false)
+        })
+        .collect();
     let phase = phase(input, &init_statuses, &statuses);
     let conditions = conditions(input, &init_statuses, &statuses, phase);
     let pod_ip = pod_ip(input);
@@ -55,6 +64,7 @@ pub fn compute(input: &Input) -> PodStatus {
         qos_class: Some(super::qos::class(input.pod).as_str().to_string()),
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         ..Default::default()
     }
 }
@@ -90,7 +100,13 @@ fn container_status(input: &Input, c: &Container, init: bool) -> ContainerStatus
         image_id: latest.map(|i| i.image_ref.clone()).unwrap_or_default(),
         container_id: latest.map(|i| format!("{}://{}", input.runtime_name, i.id)),
         restart_count: latest.map_or(0, |i| i.attempt as i32),
-        ready: if init { latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0) } else { ready },
+        // A regular init container is ready once it completed; a sidecar, like a regular
+        // container, when its probes say so.
+        ready: if init && !spec::is_sidecar(c) {
+            latest.is_some_and(|i| i.state == ContainerState::Exited && i.exit_code == 0)
+        } else {
+            ready
+        },
         started: Some(started),
         state: Some(state),
         last_state: last_state.or_else(|| Some(ApiState::default())),
@@ -145,20 +161,32 @@ fn previous_terminated(input: &Input, c: &Container) -> Option<ApiState> {
         .map(|p| terminated(p, input.runtime_name))
 }
 
-/// The pod phase, following the Go kubelet's rules for a pod that is not being deleted.
+/// The pod phase, following the Go kubelet's rules (`getPhase`) for a pod that is not being
+/// deleted. Sidecars count as running while they run and as pending initialization until they
+/// started; their exits never decide the phase.
 fn phase(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatus]) -> &'static str {
     let policy = spec::restart_policy(input.pod);
     let any_regular_started = regular.iter().any(|s| s.restart_count > 0 || has_run(s));
     let mut pending_init = 0;
     let mut failed_init = 0;
-    for s in init {
+    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for (c, s) in spec::init_containers(input.pod).iter().zip(init) {
+        if spec::is_sidecar(c) {
+            let state = s.state.as_ref();
+            if state.is_some_and(|st| st.running.is_some()) {
+                running += 1;
+                pending_init += usize::from(s.started != Some(true));
+            } else if state.is_some_and(|st| st.waiting.is_some()) && exit_of(s).is_none() {
+                pending_init += 1;
+            }
+            continue;
+        }
         match exit_of(s) {
             Some(0) => {}
             Some(_) => failed_init += 1,
             None => pending_init += 1,
         }
     }
-    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
     for s in regular {
         let state = s.state.as_ref();
         if state.is_some_and(|st| st.running.is_some()) {
@@ -205,9 +233,16 @@ fn exit_of(s: &ContainerStatus) -> Option<i32> {
 
 fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatus], phase: &str) -> Vec<PodCondition> {
     let sandbox_ready = input.observed.current_sandbox().is_some_and(|s| s.ready);
-    let incomplete: Vec<&str> = init.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    // A sidecar counts as initialized once started, a regular init container once completed.
+    let sidecar_status = || spec::init_containers(input.pod).iter().zip(init).map(|(c, s)| (spec::is_sidecar(c), s));
+    let incomplete: Vec<&str> = sidecar_status()
+        .filter(|(sidecar, s)| if *sidecar { s.started != Some(true) } else { !s.ready })
+        .map(|(_, s)| s.name.as_str())
+        .collect();
     let initialized = incomplete.is_empty() || regular.iter().any(has_run);
-    let unready: Vec<&str> = regular.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+    // Sidecars' readiness counts as the regular containers' does, listed first as upstream.
+    let sidecars = sidecar_status().filter(|(sidecar, _)| *sidecar).map(|(_, s)| s);
+    let unready: Vec<&str> = sidecars.chain(regular).filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
     let containers_ready = match phase {
         "Succeeded" => cond(false, "PodCompleted", ""),
         "Failed" => cond(false, "PodFailed", ""),

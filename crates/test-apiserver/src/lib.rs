@@ -34,7 +34,7 @@ mod pods;
 mod resources;
 mod reviews;
 mod routes;
-mod selectors;
+pub mod selectors;
 mod server;
 mod state;
 mod status;

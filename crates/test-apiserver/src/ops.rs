@@ -22,7 +22,7 @@ pub struct WriteCtx<'a> {
     pub rt: &'a ResourceType,
     /// Empty for cluster-scoped resources.
     pub namespace: &'a str,
-    /// "" for the main resource, "status" for the status subresource.
+    /// "" for the main resource, else the subresource ("status", "ephemeralcontainers").
     pub subresource: &'a str,
     pub dry_run: bool,
 }
@@ -117,9 +117,9 @@ fn reconcile_namespace(ctx: &WriteCtx<'_>, obj: &mut Value) -> ApiResult<()> {
 }
 
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+pub(crate) const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-fn is_label(s: &str) -> bool {
+pub(crate) fn is_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -303,6 +303,19 @@ fn isolate_subresource(ctx: &WriteCtx<'_>, existing: &Value, mut obj: Value) -> 
             }
         }
     };
+    if ctx.subresource == "ephemeralcontainers" {
+        // Upstream's ephemeral containers strategy: only spec.ephemeralContainers changes.
+        let mut out = existing.clone();
+        match obj.pointer("/spec/ephemeralContainers") {
+            Some(list) => out["spec"]["ephemeralContainers"] = list.clone(),
+            None => {
+                if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.remove("ephemeralContainers");
+                }
+            }
+        }
+        return out;
+    }
     if ctx.subresource == "status" {
         if rt.custom {
             let mut out = existing.clone();

@@ -135,6 +135,9 @@ fn validate_spec(pod: &Value, name: &str) -> Result<(), ApiError> {
         }
         _ => errs.push(FieldError::required("spec.containers", "")),
     }
+    if pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|l| !l.is_empty()) {
+        errs.push(FieldError::forbidden("spec.ephemeralContainers", "cannot be set on create"));
+    }
     if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid("Pod", "", name, errs)) }
 }
 
@@ -304,6 +307,113 @@ pub fn validate_update(old: &Value, new: &Value) -> Result<(), ApiError> {
             "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
         )],
     ))
+}
+
+/// Fields an ephemeral container may not set (upstream's allow-list, inverted).
+const NOT_FOR_EPHEMERAL: [&str; 8] = [
+    "ports",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "lifecycle",
+    "resources",
+    "resizePolicy",
+    "restartPolicy",
+];
+
+/// The `ephemeralcontainers` subresource (upstream `ValidatePodEphemeralContainersUpdate`):
+/// ephemeral containers may only be added, each valid on its own; the new ones get the
+/// container defaults.
+pub fn add_ephemeral_containers(old: &Value, new: &mut Value) -> Result<(), ApiError> {
+    let name = new.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let list = |pod: &Value| pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array).cloned();
+    let (before, mut after) = (list(old).unwrap_or_default(), list(new).unwrap_or_default());
+    let mut errs = Vec::new();
+    for (i, c) in after.iter_mut().enumerate() {
+        let field = format!("spec.ephemeralContainers[{i}]");
+        let c_name = c.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+        match before.iter().find(|b| b.get("name").and_then(Value::as_str) == Some(&c_name)) {
+            Some(existing) if existing != c => errs.push(FieldError::forbidden(
+                &field,
+                &format!("existing ephemeral containers {c_name:?} may not be changed"),
+            )),
+            Some(_) => {}
+            None => {
+                errs.extend(validate_ephemeral(&old["spec"], c, &field));
+                if let Some(m) = c.as_object_mut() {
+                    default_container(m);
+                    m.remove("resources");
+                }
+            }
+        }
+    }
+    for b in &before {
+        let b_name = b.get("name").and_then(Value::as_str).unwrap_or("");
+        if !after.iter().any(|c| c.get("name").and_then(Value::as_str) == Some(b_name)) {
+            errs.push(FieldError::forbidden(
+                "spec.ephemeralContainers",
+                &format!("existing ephemeral containers {b_name:?} may not be removed"),
+            ));
+        }
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid("Pod", "", &name, errs));
+    }
+    new["spec"]["ephemeralContainers"] = json!(after);
+    Ok(())
+}
+
+/// One new ephemeral container: a unique DNS-label name, an image, none of the fields that
+/// only long-running containers have, a target that exists, no subPath mounts.
+fn validate_ephemeral(spec: &Value, c: &Value, field: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let name = c.get("name").and_then(Value::as_str).unwrap_or("");
+    let names_in = |list: &str| -> Vec<String> {
+        spec.get(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("name").and_then(Value::as_str).map(String::from))
+            .collect()
+    };
+    let regular: Vec<String> = names_in("containers").into_iter().chain(names_in("initContainers")).collect();
+    if name.is_empty() {
+        errs.push(FieldError::required(&format!("{field}.name"), ""));
+    } else if !crate::ops::is_label(name) {
+        errs.push(FieldError::invalid(&format!("{field}.name"), &json!(name), crate::ops::LABEL_MSG));
+    } else if regular.iter().chain(&names_in("ephemeralContainers")).any(|n| n == name) {
+        errs.push(FieldError::duplicate(&format!("{field}.name"), &json!(name)));
+    }
+    if c.get("image").and_then(Value::as_str).unwrap_or("").is_empty() {
+        errs.push(FieldError::required(&format!("{field}.image"), ""));
+    }
+    for key in NOT_FOR_EPHEMERAL {
+        let set = match c.get(key) {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(m)) => !m.is_empty(),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        if set {
+            errs.push(FieldError::forbidden(&format!("{field}.{key}"), "cannot be set for an Ephemeral Container"));
+        }
+    }
+    if let Some(target) = c.get("targetContainerName").and_then(Value::as_str)
+        && !regular.iter().any(|n| n == target)
+    {
+        errs.push(FieldError::not_found(&format!("{field}.targetContainerName"), &json!(target)));
+    }
+    for (j, m) in c.get("volumeMounts").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        for key in ["subPath", "subPathExpr"] {
+            if m.get(key).and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+                errs.push(FieldError::forbidden(
+                    &format!("{field}.volumeMounts[{j}].{key}"),
+                    "cannot be set for an Ephemeral Container",
+                ));
+            }
+        }
+    }
+    errs
 }
 
 fn copy_field(target: &mut Value, source: &Value, field: &str) {

@@ -16,6 +16,7 @@ pub enum Subresource {
     Eviction,
     Binding,
     Token,
+    EphemeralContainers,
 }
 
 impl Subresource {
@@ -25,6 +26,7 @@ impl Subresource {
             Subresource::Eviction => "eviction",
             Subresource::Binding => "binding",
             Subresource::Token => "token",
+            Subresource::EphemeralContainers => "ephemeralcontainers",
         }
     }
 }
@@ -145,7 +147,7 @@ fn builtins() -> Vec<Builtin> {
     vec![
         b("", "v1", "namespaces", "Namespace", false, &["ns"], &[Status], &["status.phase"]),
         b("", "v1", "nodes", "Node", false, &["no"], &[Status], &["spec.unschedulable"]),
-        b("", "v1", "pods", "Pod", true, &["po"], &[Status, Eviction, Binding], POD_FIELDS),
+        b("", "v1", "pods", "Pod", true, &["po"], &[Status, Eviction, Binding, EphemeralContainers], POD_FIELDS),
         b("", "v1", "events", "Event", true, &["ev"], &[], EVENT_FIELDS),
         b("", "v1", "configmaps", "ConfigMap", true, &["cm"], &[], &[]),
         b("", "v1", "secrets", "Secret", true, &[], &[], &["type"]),

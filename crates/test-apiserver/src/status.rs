@@ -70,6 +70,14 @@ impl FieldError {
         FieldError { field: field.into(), reason: "FieldValueForbidden", detail: format!("Forbidden: {detail}") }
     }
 
+    pub fn duplicate(field: &str, value: &Value) -> Self {
+        FieldError { field: field.into(), reason: "FieldValueDuplicate", detail: format!("Duplicate value: {value}") }
+    }
+
+    pub fn not_found(field: &str, value: &Value) -> Self {
+        FieldError { field: field.into(), reason: "FieldValueNotFound", detail: format!("Not found: {value}") }
+    }
+
     fn message(&self) -> String {
         format!("{}: {}", self.field, self.detail)
     }

@@ -227,3 +227,66 @@ async fn pod_defaults_and_service_account_token() {
     assert_eq!(e.code, 403);
     assert!(e.message.contains("serviceaccount \"ghost\" not found"), "{}", e.message);
 }
+
+#[tokio::test]
+async fn ephemeral_containers_are_only_added_through_their_subresource() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+
+    // Not on create.
+    let mut p = pod_json("direct", Some("n"));
+    p["spec"]["ephemeralContainers"] = json!([{"name": "debug", "image": "busybox"}]);
+    let e = status(pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap()).await.unwrap_err());
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("spec.ephemeralContainers: Forbidden: cannot be set on create"), "{}", e.message);
+
+    // Added as kubectl debug does: a strategic merge patch of the subresource.
+    let created = create_pod(&client, "default", "dbg", Some("n")).await;
+    let debug = json!({"spec": {"ephemeralContainers": [
+        {"name": "debugger", "image": "busybox", "targetContainerName": "app", "stdin": true, "tty": true}
+    ]}});
+    let patched =
+        pods.patch_ephemeral_containers("dbg", &PatchParams::default(), &Patch::Strategic(debug)).await.unwrap();
+    let spec = patched.spec.clone().unwrap();
+    let added = &spec.ephemeral_containers.as_ref().unwrap()[0];
+    assert_eq!(added.target_container_name.as_deref(), Some("app"));
+    assert_eq!(added.termination_message_path.as_deref(), Some("/dev/termination-log"), "container defaults");
+    assert_eq!(spec.containers, created.spec.clone().unwrap().containers, "nothing else changes");
+    assert!(rv(&patched) > rv(&created));
+    let read = pods.get_ephemeral_containers("dbg").await.unwrap();
+    assert_eq!(read.spec.unwrap().ephemeral_containers.unwrap().len(), 1);
+
+    // The main resource cannot change them.
+    let through_main = Patch::Merge(json!({"spec": {"ephemeralContainers": null}}));
+    assert_eq!(status(pods.patch("dbg", &PatchParams::default(), &through_main).await.unwrap_err()).code, 422);
+
+    // Existing ones cannot change or go; new ones are validated.
+    let mut changed = patched.clone();
+    changed.spec.as_mut().unwrap().ephemeral_containers.as_mut().unwrap()[0].image = Some("other".into());
+    let e = status(pods.replace_ephemeral_containers("dbg", &PostParams::default(), &changed).await.unwrap_err());
+    assert!(
+        e.message.contains(
+            r#"spec.ephemeralContainers[0]: Forbidden: existing ephemeral containers "debugger" may not be changed"#
+        ),
+        "{}",
+        e.message
+    );
+    let mut removed = patched.clone();
+    removed.spec.as_mut().unwrap().ephemeral_containers = Some(vec![]);
+    let e = status(pods.replace_ephemeral_containers("dbg", &PostParams::default(), &removed).await.unwrap_err());
+    assert!(e.message.contains(r#"existing ephemeral containers "debugger" may not be removed"#), "{}", e.message);
+    let bad = json!({"spec": {"ephemeralContainers": [{"name": "app", "image": "busybox", "targetContainerName": "ghost",
+        "ports": [{"containerPort": 80}], "readinessProbe": {"exec": {"command": ["true"]}}}]}});
+    let e = status(
+        pods.patch_ephemeral_containers("dbg", &PatchParams::default(), &Patch::Strategic(bad)).await.unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    for want in [
+        r#"spec.ephemeralContainers[1].name: Duplicate value: "app""#,
+        "spec.ephemeralContainers[1].ports: Forbidden: cannot be set for an Ephemeral Container",
+        "spec.ephemeralContainers[1].readinessProbe: Forbidden: cannot be set for an Ephemeral Container",
+        r#"spec.ephemeralContainers[1].targetContainerName: Not found: "ghost""#,
+    ] {
+        assert!(e.message.contains(want), "{want} in {}", e.message);
+    }
+}

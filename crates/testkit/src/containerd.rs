@@ -125,6 +125,11 @@ impl Containerd {
         images::import_tarball(&self.socket_path(), self.snapshotter.name(), &path).await
     }
 
+    /// Import an image-layout tarball built elsewhere (`scripts/image`, say).
+    pub async fn import_tarball(&self, path: &Path) -> Result<()> {
+        images::import_tarball(&self.socket_path(), self.snapshotter.name(), path).await
+    }
+
     /// CRI endpoint URL, e.g. `unix:///tmp/gantry-ctd-xyz/containerd.sock`.
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket_path().display())

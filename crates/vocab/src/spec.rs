@@ -1,6 +1,6 @@
 //! Read-only views of a pod spec with the defaults the API server would have applied.
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec};
 use md5::{Digest, Md5};
 
 /// Pod restart policy (`spec.restartPolicy`, default Always).
@@ -86,8 +86,40 @@ pub fn init_containers(pod: &Pod) -> &[Container] {
     pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default()
 }
 
+/// A native sidecar (KEP-753): an init container with `restartPolicy: Always`, which keeps
+/// running next to the regular containers instead of running to completion.
+pub fn is_sidecar(init_container: &Container) -> bool {
+    init_container.restart_policy.as_deref() == Some("Always")
+}
+
+/// The pod's sidecars, in spec order.
+pub fn sidecars(pod: &Pod) -> impl DoubleEndedIterator<Item = &Container> {
+    init_containers(pod).iter().filter(|c| is_sidecar(c))
+}
+
 pub fn containers(pod: &Pod) -> &[Container] {
     pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default()
+}
+
+pub fn ephemeral_containers(pod: &Pod) -> &[EphemeralContainer] {
+    pod.spec.as_ref().and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default()
+}
+
+/// An ephemeral container as a [`Container`]: the fields both share (all but
+/// `targetContainerName`), so it is configured and started like any other container.
+pub fn ephemeral_as_container(e: &EphemeralContainer) -> Container {
+    // Same field names and shapes by API design; the container's decoder skips the target.
+    serde_json::to_value(e).and_then(serde_json::from_value).unwrap_or_else(|_| Container {
+        name: e.name.clone(),
+        image: e.image.clone(),
+        ..Default::default()
+    })
+}
+
+/// Any container of the pod by name (init, regular or ephemeral; names are unique across all).
+pub fn any_container(pod: &Pod, name: &str) -> Option<Container> {
+    let listed = init_containers(pod).iter().chain(containers(pod)).find(|c| c.name == name).cloned();
+    listed.or_else(|| ephemeral_containers(pod).iter().find(|e| e.name == name).map(ephemeral_as_container))
 }
 
 pub fn restart_policy(pod: &Pod) -> RestartPolicy {
@@ -162,6 +194,28 @@ mod tests {
         pod.spec = None;
         pod.metadata.deletion_grace_period_seconds = None;
         assert_eq!(termination_grace_seconds(&pod), 30);
+    }
+
+    #[test]
+    fn ephemeral_containers_convert_to_containers() {
+        let e = EphemeralContainer {
+            name: "debugger".into(),
+            image: Some("busybox".into()),
+            target_container_name: Some("app".into()),
+            stdin: Some(true),
+            tty: Some(true),
+            command: Some(vec!["sh".into()]),
+            ..Default::default()
+        };
+        let c = ephemeral_as_container(&e);
+        assert_eq!((c.name.as_str(), c.image.as_deref()), ("debugger", Some("busybox")));
+        assert_eq!((c.stdin, c.tty, c.command.clone()), (Some(true), Some(true), Some(vec!["sh".to_string()])));
+        let pod = Pod {
+            spec: Some(PodSpec { ephemeral_containers: Some(vec![e]), ..Default::default() }),
+            ..Default::default()
+        };
+        assert_eq!(any_container(&pod, "debugger"), Some(c));
+        assert_eq!(any_container(&pod, "other"), None);
     }
 
     #[test]

@@ -41,7 +41,8 @@ impl Probers {
     pub fn sync(&mut self, pod: &Pod, observed: &ObservedPod, shared: &Arc<Shared>) {
         let pod_ip = observed.current_sandbox().and_then(|s| s.ip.clone());
         let mut wanted = Vec::new();
-        for c in spec::containers(pod).iter().filter(|c| has_probes(c)) {
+        // Sidecars are probed like regular containers; run-to-completion init containers never.
+        for c in spec::sidecars(pod).chain(spec::containers(pod)).filter(|c| has_probes(c)) {
             let Some(info) = observed.latest(&c.name).filter(|i| i.state == ContainerState::Running) else { continue };
             wanted.push(info.id.clone());
             if !self.tasks.contains_key(&info.id) {

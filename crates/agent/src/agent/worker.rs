@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
 use super::Shared;
@@ -20,7 +20,6 @@ use gantry_pod::start_failure::StartFailure;
 use gantry_pod::status::{self, Waiting};
 use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
 use gantry_vocab::spec;
-use gantry_vocab::spec::RestartPolicy;
 
 pub enum Msg {
     /// The pod's spec changed (same UID).
@@ -168,9 +167,8 @@ impl Worker {
             let now = now();
             self.probers.sync(&self.pod, &observed, &self.shared);
             let health = self.probers.health();
-            let actions = plan::compute(&self.pod, &observed, &self.backoff, now);
-            let restarts = spec::restart_policy(&self.pod) != RestartPolicy::Never;
-            let probe_kills = probe::kills(&observed, &health, restarts);
+            let actions = plan::compute(&self.pod, &observed, &health, &self.backoff, now);
+            let probe_kills = probe::kills(&self.pod, &observed, &health);
             self.note_back_off(&actions);
             if actions.start.is_empty()
                 && actions.kill_containers.is_empty()
@@ -199,8 +197,10 @@ impl Worker {
     }
 
     fn next_wait(&self, observed: &ObservedPod, actions: &PodActions) -> Duration {
+        // Sidecars keep running; their startup is reported by their prober, which wakes us.
         let init_running = spec::init_containers(&self.pod)
             .iter()
+            .filter(|c| !spec::is_sidecar(c))
             .any(|c| observed.latest(&c.name).is_some_and(|i| i.state == ContainerState::Running));
         let mut wait = if init_running { INIT_POLL } else { self.shared.sync_frequency };
         if let Some(backoff) = actions.next_wake() {
@@ -238,8 +238,8 @@ impl Worker {
         for k in kills {
             let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };
             self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &k.message);
-            let grace = container(&self.pod, &k.name)
-                .and_then(|c| k.kind.of(c)?.termination_grace_period_seconds)
+            let grace = spec::any_container(&self.pod, &k.name)
+                .and_then(|c| k.kind.of(&c)?.termination_grace_period_seconds)
                 .map_or_else(|| Driver::grace(&self.pod), |s| Duration::from_secs(s.max(0) as u64));
             if !self.stop_container(info, grace, pod_ip).await {
                 return false;
@@ -282,6 +282,9 @@ impl Worker {
         }
         for k in &actions.kill_containers {
             let why = match k.reason {
+                KillReason::SpecChanged if spec::sidecars(&self.pod).any(|c| c.name == k.name) => {
+                    format!("Init container {} definition changed", k.name)
+                }
                 KillReason::SpecChanged => format!("Container {} definition changed, will be restarted", k.name),
                 KillReason::Stuck => format!("Stopping container {}", k.name),
             };
@@ -329,8 +332,9 @@ impl Worker {
         let driver = &self.shared.driver;
         let pod = &self.pod;
         let results = join_all(starts.iter().map(|s| async move {
-            let c = container(pod, &s.name)?;
-            let result = driver.start_container(pod, c, &sandbox.id, s.attempt, sandbox.ip.as_deref()).await;
+            let c = spec::any_container(pod, &s.name)?;
+            let target = s.target_id.as_deref();
+            let result = driver.start_container(pod, &c, &sandbox.id, s.attempt, sandbox.ip.as_deref(), target).await;
             Some((s, c.image.clone().unwrap_or_default(), result))
         }))
         .await;
@@ -478,10 +482,6 @@ impl Worker {
         }
         Ok(())
     }
-}
-
-fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    spec::init_containers(pod).iter().chain(spec::containers(pod)).find(|c| c.name == name)
 }
 
 pub fn now() -> Nanos {

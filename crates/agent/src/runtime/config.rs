@@ -101,6 +101,20 @@ fn namespace_options(pod: &Pod) -> api::NamespaceOption {
     }
 }
 
+/// A container's namespaces: the pod's, except that a container targeting another one (an
+/// ephemeral container's `targetContainerName`) joins that one's PID namespace where it
+/// would otherwise have its own.
+fn container_namespaces(pod: &Pod, target_id: Option<&str>) -> api::NamespaceOption {
+    let mut ns = namespace_options(pod);
+    if let Some(target) = target_id
+        && ns.pid == api::NamespaceMode::Container as i32
+    {
+        ns.pid = api::NamespaceMode::Target as i32;
+        ns.target_id = target.to_string();
+    }
+    ns
+}
+
 fn port_mappings(pod: &Pod) -> Vec<api::PortMapping> {
     spec::containers(pod)
         .iter()
@@ -134,6 +148,8 @@ pub struct ContainerContext<'a> {
     /// The user the image runs as, for `runAsNonRoot`.
     pub image_user: ImageUser,
     pub node_security: NodeSecurity<'a>,
+    /// For an ephemeral container with a target: the target's container ID.
+    pub target_id: Option<&'a str>,
 }
 
 pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Result<api::ContainerConfig, String> {
@@ -173,7 +189,7 @@ pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Resu
         linux: Some(api::LinuxContainerConfig {
             resources: Some(linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1))),
             security_context: Some(api::LinuxContainerSecurityContext {
-                namespace_options: Some(namespace_options(pod)),
+                namespace_options: Some(container_namespaces(pod, ctx.target_id)),
                 ..security
             }),
         }),
@@ -259,6 +275,7 @@ mod tests {
                 allow_privileged: true,
                 seccomp_root: Path::new("/s"),
             },
+            target_id: None,
         };
         let cfg = container_config(&p, c, ctx).unwrap();
         assert_eq!(cfg.log_path, "web/3.log");
@@ -269,6 +286,17 @@ mod tests {
         let resources = linux.resources.unwrap();
         assert_eq!((resources.cpu_shares, resources.oom_score_adj), (2, 1000), "BestEffort");
         assert_eq!(linux.security_context.unwrap().run_as_user.unwrap().value, 0, "the image's user");
+    }
+
+    #[test]
+    fn a_target_shares_its_process_namespace_unless_the_pod_shares_one() {
+        let mut p = pod();
+        let ns = container_namespaces(&p, Some("abc"));
+        assert_eq!((ns.pid, ns.target_id.as_str()), (api::NamespaceMode::Target as i32, "abc"));
+        assert_eq!(container_namespaces(&p, None).pid, api::NamespaceMode::Container as i32);
+        p.spec.as_mut().unwrap().share_process_namespace = Some(true);
+        let shared = container_namespaces(&p, Some("abc"));
+        assert_eq!((shared.pid, shared.target_id.as_str()), (api::NamespaceMode::Pod as i32, ""));
     }
 
     #[test]

@@ -358,6 +358,7 @@ impl Driver {
     }
 
     /// Makes the image present (see [`ImagePuller`]), then creates and starts the container.
+    /// `target_id`: the container whose process namespace it joins (ephemeral containers).
     pub async fn start_container(
         &self,
         pod: &Pod,
@@ -365,6 +366,7 @@ impl Driver {
         sandbox_id: &str,
         attempt: u32,
         pod_ip: Option<&str>,
+        target_id: Option<&str>,
     ) -> Result<Started, StartError> {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
@@ -386,6 +388,7 @@ impl Driver {
             node_allocatable,
             image_user,
             node_security: self.node_security(),
+            target_id,
         };
         let container_config = config::container_config(pod, c, ctx)
             .map_err(|m| StartError::new(StartFailure::CreateContainerConfigError, m))?;
@@ -460,15 +463,30 @@ impl Driver {
         grace: Duration,
         pod_ip: Option<&str>,
     ) -> (Result<(), CriError>, bool) {
-        let hook = spec::containers(pod)
+        self.stop_in_turn(pod, name, id, grace, pod_ip, std::future::ready(())).await
+    }
+
+    /// [`Self::stop_container`], waiting for `turn` (within the grace period) between the
+    /// preStop hook and StopContainer: a sidecar's turn comes once the containers it serves
+    /// have stopped.
+    async fn stop_in_turn(
+        &self,
+        pod: &Pod,
+        name: &str,
+        id: &str,
+        grace: Duration,
+        pod_ip: Option<&str>,
+        turn: impl Future<Output = ()>,
+    ) -> (Result<(), CriError>, bool) {
+        let hook = spec::init_containers(pod)
             .iter()
+            .chain(spec::containers(pod))
             .find(|s| s.name == name)
             .and_then(|s| Some((s, s.lifecycle.as_ref()?.pre_stop.as_ref()?)));
-        let mut grace_left = grace;
+        let started = tokio::time::Instant::now();
         let mut hook_failed = false;
         if let Some((container, hook)) = hook.filter(|_| !grace.is_zero()) {
             let target = Target::new(&self.cri.runtime, id, container, pod, pod_ip);
-            let started = std::time::Instant::now();
             hook_failed = match tokio::time::timeout(grace, hooks::run(target, pod, hook)).await {
                 Ok(Ok(())) => false,
                 Ok(Err(message)) => {
@@ -478,18 +496,35 @@ impl Driver {
                 // Not finishing within the grace period is not a failure; StopContainer follows.
                 Err(_) => false,
             };
-            grace_left = hooks::remaining_grace(grace, started.elapsed());
         }
+        if tokio::time::timeout(grace.saturating_sub(started.elapsed()), turn).await.is_err() {
+            tracing::info!(pod = %spec::full_name(pod), container = name, "grace period over before the containers stopped that this sidecar waits for");
+        }
+        let grace_left = hooks::remaining_grace(grace, started.elapsed());
         (self.kill_container(id, grace_left).await, hook_failed)
     }
 
-    /// Stops every running container of the pod at once (each after its preStop hook), then
-    /// its sandboxes. Returns the containers whose preStop hook failed.
+    /// Stops every running container of the pod (each after its preStop hook), then its
+    /// sandboxes: regular containers at once, sidecars each once the regular containers and
+    /// the sidecars declared after it have stopped (upstream's termination ordering), all
+    /// within the one grace period. Returns the containers whose preStop hook failed.
     pub async fn kill_pod(&self, pod: &Pod, observed: &ObservedPod, grace: Duration) -> Result<Vec<String>, CriError> {
         let pod_ip = observed.current_sandbox().and_then(|s| s.ip.as_deref());
-        let stops = observed.running().map(|c| async move {
-            let (result, hook_failed) = self.stop_container(pod, &c.name, &c.id, grace, pod_ip).await;
-            result.map(|()| hook_failed.then(|| c.name.clone()))
+        let running: Vec<&str> = observed.running().map(|c| c.name.as_str()).collect();
+        let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(Vec::<String>::new());
+        let stopped_tx = &stopped_tx;
+        let running = &running;
+        let stops = observed.running().map(|c| {
+            let mut stopped = stopped_rx.clone();
+            async move {
+                let wait_for = gantry_pod::termination::stop_after(pod, &c.name, running);
+                let turn = async move {
+                    let _ = stopped.wait_for(|done| wait_for.iter().all(|n| done.iter().any(|d| d == n))).await;
+                };
+                let (result, hook_failed) = self.stop_in_turn(pod, &c.name, &c.id, grace, pod_ip, turn).await;
+                stopped_tx.send_modify(|done| done.push(c.name.clone()));
+                result.map(|()| hook_failed.then(|| c.name.clone()))
+            }
         });
         let failed_hooks = join_all(stops).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         for s in observed.sandboxes.iter().filter(|s| s.ready) {

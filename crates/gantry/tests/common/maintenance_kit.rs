@@ -1,15 +1,19 @@
-//! Pieces shared by the maintenance plugin and node agent e2e tests: the controller process,
-//! the CRD, and running `gantry maintenance` (or `kubectl-maintenance`) as a user would.
+//! Pieces shared by the maintenance e2e tests: the controller process, the CRD, running
+//! `gantry maintenance` (or `kubectl-maintenance`) as a user would, and a kubelet stand-in for
+//! nodes without an agent.
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gantry_maintenance::api::NodeMaintenance;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, CustomResourceExt};
 
 use crate::common::Process;
@@ -118,4 +122,57 @@ pub fn kubectl_link(dir: &Path) -> PathBuf {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_gantry"), &link).unwrap();
     }
     link
+}
+
+/// Stands in for the kubelet of one node: records the order in which its pods start
+/// terminating, and (unless held) finishes their deletion as a kubelet does once the
+/// containers stopped. The next drain entry cannot start before it does, so the recorded
+/// order is exactly the eviction order.
+pub struct KubeletStandIn {
+    order: Arc<Mutex<Vec<String>>>,
+    hold: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KubeletStandIn {
+    pub fn start(pods: Api<Pod>, node: &str, hold: bool) -> KubeletStandIn {
+        let (order, hold) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(hold)));
+        let (seen, held) = (order.clone(), hold.clone());
+        let on_node = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let task = tokio::spawn(async move {
+            loop {
+                for pod in pods.list(&on_node).await.map(|l| l.items).unwrap_or_default() {
+                    if pod.metadata.deletion_timestamp.is_none() {
+                        continue;
+                    }
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    {
+                        let mut seen = seen.lock().unwrap();
+                        if !seen.contains(&name) {
+                            seen.push(name.clone());
+                        }
+                    }
+                    if !held.load(Ordering::SeqCst) {
+                        let _ = pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        KubeletStandIn { order, hold, task }
+    }
+
+    pub fn order(&self) -> Vec<String> {
+        self.order.lock().unwrap().clone()
+    }
+
+    pub fn release(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for KubeletStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

@@ -1,4 +1,6 @@
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Probe};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
@@ -43,6 +45,28 @@ fn instance(pod: &Pod, name: &str, sandbox: &str, attempt: u32, state: Container
     }
 }
 
+/// `sidecars` of `init` get `restartPolicy: Always`.
+fn pod_with_sidecars(init: &[&str], sidecars: &[&str], regular: &[&str], policy: &str) -> Pod {
+    let mut p = pod(init, regular, policy);
+    for c in p.spec.as_mut().unwrap().init_containers.iter_mut().flatten() {
+        if sidecars.contains(&c.name.as_str()) {
+            c.restart_policy = Some("Always".into());
+        }
+    }
+    p
+}
+
+fn running_in(p: &Pod, names: &[&str]) -> ObservedPod {
+    ObservedPod {
+        sandboxes: vec![sandbox("s", 0, true)],
+        containers: names.iter().map(|n| instance(p, n, "s", 0, ContainerState::Running, 0)).collect(),
+    }
+}
+
+fn plan(p: &Pod, obs: &ObservedPod) -> PodActions {
+    compute(p, obs, &HashMap::new(), &Backoff::default(), NOW)
+}
+
 fn names(starts: &[Start]) -> Vec<&str> {
     starts.iter().map(|s| s.name.as_str()).collect()
 }
@@ -50,7 +74,7 @@ fn names(starts: &[Start]) -> Vec<&str> {
 #[test]
 fn new_pod_gets_a_sandbox_and_all_regular_containers() {
     let p = pod(&[], &["a", "b"], "Always");
-    let actions = compute(&p, &ObservedPod::default(), &Backoff::default(), NOW);
+    let actions = compute(&p, &ObservedPod::default(), &HashMap::new(), &Backoff::default(), NOW);
     assert_eq!(actions.create_sandbox, Some(0));
     assert_eq!(names(&actions.start), ["a", "b"]);
     assert!(!actions.kill_pod);
@@ -59,7 +83,7 @@ fn new_pod_gets_a_sandbox_and_all_regular_containers() {
 #[test]
 fn new_pod_with_init_containers_starts_only_the_first_init() {
     let p = pod(&["i1", "i2"], &["a"], "Always");
-    let actions = compute(&p, &ObservedPod::default(), &Backoff::default(), NOW);
+    let actions = compute(&p, &ObservedPod::default(), &HashMap::new(), &Backoff::default(), NOW);
     assert_eq!(actions.create_sandbox, Some(0));
     assert_eq!(names(&actions.start), ["i1"]);
     assert!(actions.start[0].init);
@@ -70,13 +94,13 @@ fn init_containers_run_one_at_a_time_in_order() {
     let p = pod(&["i1", "i2"], &["a"], "Always");
     let mut obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![] };
     obs.containers.push(instance(&p, "i1", "s", 0, ContainerState::Running, 0));
-    assert!(compute(&p, &obs, &Backoff::default(), NOW).is_empty(), "waits for i1");
+    assert!(compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).is_empty(), "waits for i1");
 
     obs.containers[0] = instance(&p, "i1", "s", 0, ContainerState::Exited, 0);
-    assert_eq!(names(&compute(&p, &obs, &Backoff::default(), NOW).start), ["i2"]);
+    assert_eq!(names(&compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).start), ["i2"]);
 
     obs.containers.push(instance(&p, "i2", "s", 0, ContainerState::Exited, 0));
-    assert_eq!(names(&compute(&p, &obs, &Backoff::default(), NOW).start), ["a"]);
+    assert_eq!(names(&compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).start), ["a"]);
 }
 
 #[test]
@@ -87,7 +111,7 @@ fn failed_init_container_fails_the_pod_under_never_and_restarts_otherwise() {
             sandboxes: vec![sandbox("s", 0, true)],
             containers: vec![instance(&p, "i1", "s", 0, ContainerState::Exited, 1)],
         };
-        let actions = compute(&p, &obs, &Backoff::default(), NOW);
+        let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
         assert_eq!(actions.kill_pod, expect_kill, "{policy}");
         assert_eq!(actions.start.is_empty(), expect_kill, "{policy}");
     }
@@ -100,7 +124,7 @@ fn running_pod_needs_nothing() {
         sandboxes: vec![sandbox("s", 0, true)],
         containers: vec![instance(&p, "a", "s", 3, ContainerState::Running, 0)],
     };
-    assert!(compute(&p, &obs, &Backoff::default(), NOW).is_empty());
+    assert!(compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).is_empty());
 }
 
 #[test]
@@ -118,7 +142,7 @@ fn exited_containers_restart_per_policy() {
             sandboxes: vec![sandbox("s", 0, true)],
             containers: vec![instance(&p, "a", "s", 0, ContainerState::Exited, exit)],
         };
-        let actions = compute(&p, &obs, &Backoff::default(), NOW);
+        let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
         assert_eq!(!actions.start.is_empty(), restarts, "{policy} exit {exit}");
         assert_eq!(actions.kill_pod, !restarts, "a finished pod releases its sandbox ({policy} exit {exit})");
         if restarts {
@@ -137,7 +161,7 @@ fn restart_waits_for_backoff() {
     };
     let mut backoff = Backoff::default();
     backoff.record_restart(&backoff::key("u1", "a"), NOW - 30 * SECOND, NOW - 30 * SECOND);
-    let actions = compute(&p, &obs, &backoff, NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW);
     assert!(actions.start.is_empty());
     assert!(!actions.kill_pod, "a pod in backoff keeps its sandbox");
     assert_eq!(actions.back_off.len(), 1);
@@ -153,7 +177,7 @@ fn changed_spec_replaces_the_container() {
     let mut running = instance(&p, "a", "s", 0, ContainerState::Running, 0);
     running.spec_hash = "old".into();
     let obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![running] };
-    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
     assert_eq!(actions.kill_containers.len(), 1);
     assert_eq!(actions.kill_containers[0].reason, KillReason::SpecChanged);
     assert_eq!(names(&actions.start), ["a"]);
@@ -169,7 +193,7 @@ fn dead_sandbox_is_replaced_and_init_containers_run_again() {
             instance(&p, "a", "s", 0, ContainerState::Running, 0),
         ],
     };
-    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
     assert!(actions.kill_pod, "the stale container is stopped first");
     assert_eq!(actions.create_sandbox, Some(1));
     assert_eq!(names(&actions.start), ["i1"]);
@@ -183,7 +207,7 @@ fn completed_pod_gets_no_new_sandbox() {
         sandboxes: vec![sandbox("s", 0, false)],
         containers: vec![instance(&p, "a", "s", 0, ContainerState::Exited, 0)],
     };
-    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
     assert!(actions.is_empty());
 }
 
@@ -194,7 +218,7 @@ fn created_but_never_started_container_is_replaced() {
         sandboxes: vec![sandbox("s", 0, true)],
         containers: vec![instance(&p, "a", "s", 0, ContainerState::Created, 0)],
     };
-    let actions = compute(&p, &obs, &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
     assert_eq!(actions.kill_containers[0].reason, KillReason::Stuck);
     assert_eq!(actions.start[0].attempt, 1);
 }
@@ -204,4 +228,150 @@ fn go_durations() {
     assert_eq!(format_go_duration(10 * SECOND), "10s");
     assert_eq!(format_go_duration(80 * SECOND), "1m20s");
     assert_eq!(format_go_duration(300 * SECOND), "5m0s");
+}
+
+#[test]
+fn next_init_container_starts_once_the_sidecar_runs() {
+    let p = pod_with_sidecars(&["proxy", "setup"], &["proxy"], &["app"], "Always");
+    assert_eq!(names(&plan(&p, &ObservedPod::default()).start), ["proxy"]);
+    let mut obs = running_in(&p, &["proxy"]);
+    assert_eq!(names(&plan(&p, &obs).start), ["setup"], "the sidecar does not need to finish");
+    obs.containers.push(instance(&p, "setup", "s", 0, ContainerState::Exited, 0));
+    assert_eq!(names(&plan(&p, &obs).start), ["app"]);
+    obs.containers.push(instance(&p, "app", "s", 0, ContainerState::Running, 0));
+    assert!(plan(&p, &obs).is_empty(), "sidecar and app run side by side");
+}
+
+#[test]
+fn next_init_container_waits_for_the_sidecars_startup_probe() {
+    let mut p = pod_with_sidecars(&["proxy"], &["proxy"], &["app"], "Always");
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].startup_probe = Some(Probe::default());
+    let obs = running_in(&p, &["proxy"]);
+    assert!(plan(&p, &obs).is_empty(), "not started until the startup probe succeeded");
+    let started = HashMap::from([("proxy-0".to_string(), Health { started: true, ready: false, failed: None })]);
+    let actions = compute(&p, &obs, &started, &Backoff::default(), NOW);
+    assert_eq!(names(&actions.start), ["app"]);
+}
+
+#[test]
+fn sidecar_restarts_whatever_the_pod_restart_policy() {
+    for policy in ["Never", "OnFailure", "Always"] {
+        let p = pod_with_sidecars(&["proxy"], &["proxy"], &["app"], policy);
+        let mut obs = running_in(&p, &["app"]);
+        obs.containers.push(instance(&p, "proxy", "s", 0, ContainerState::Exited, 0));
+        let actions = plan(&p, &obs);
+        assert_eq!(names(&actions.start), ["proxy"], "{policy}");
+        assert_eq!(actions.start[0].attempt, 1);
+        assert!(actions.start[0].restart_of.is_some(), "{policy}: the restart goes through the backoff");
+        assert!(!actions.kill_pod);
+    }
+}
+
+#[test]
+fn sidecar_restart_backs_off() {
+    let p = pod_with_sidecars(&["proxy"], &["proxy"], &["app"], "Never");
+    let mut obs = running_in(&p, &["app"]);
+    obs.containers.push(instance(&p, "proxy", "s", 1, ContainerState::Exited, 1));
+    let mut backoff = Backoff::default();
+    backoff.record_restart(&backoff::key("u1", "proxy"), NOW - 30 * SECOND, NOW - 30 * SECOND);
+    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW);
+    assert!(actions.start.is_empty());
+    assert_eq!(actions.back_off[0].name, "proxy");
+}
+
+#[test]
+fn regular_init_containers_do_not_run_again_once_initialized() {
+    let p = pod_with_sidecars(&["setup", "proxy"], &["proxy"], &["app"], "Always");
+    // The setup instance was pruned by GC; the app runs, so the pod was initialized.
+    let obs = running_in(&p, &["proxy", "app"]);
+    assert!(plan(&p, &obs).is_empty());
+}
+
+#[test]
+fn job_with_sidecar_completes_when_its_regular_containers_are_done() {
+    for (policy, exit) in [("Never", 0), ("Never", 1), ("OnFailure", 0)] {
+        let p = pod_with_sidecars(&["proxy"], &["proxy"], &["job"], policy);
+        let mut obs = running_in(&p, &["proxy"]);
+        obs.containers.push(instance(&p, "job", "s", 0, ContainerState::Exited, exit));
+        let actions = plan(&p, &obs);
+        assert!(actions.kill_pod, "{policy}/{exit}: the sidecar is stopped with the pod");
+        assert!(actions.start.is_empty());
+
+        // Stopped: no new sandbox, no sidecar restart.
+        let mut stopped = obs.clone();
+        stopped.sandboxes[0].ready = false;
+        stopped.containers[0].state = ContainerState::Exited;
+        assert!(plan(&p, &stopped).is_empty(), "{policy}/{exit}");
+    }
+}
+
+#[test]
+fn exited_sidecar_of_a_completed_job_is_not_restarted() {
+    let p = pod_with_sidecars(&["proxy"], &["proxy"], &["job"], "Never");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, true)],
+        containers: vec![
+            instance(&p, "proxy", "s", 0, ContainerState::Exited, 137),
+            instance(&p, "job", "s", 0, ContainerState::Exited, 0),
+        ],
+    };
+    let actions = plan(&p, &obs);
+    assert!(actions.kill_pod);
+    assert!(actions.start.is_empty() && actions.back_off.is_empty());
+}
+
+#[test]
+fn changed_sidecar_is_replaced() {
+    let p = pod_with_sidecars(&["proxy"], &["proxy"], &["app"], "Always");
+    let mut obs = running_in(&p, &["proxy", "app"]);
+    obs.containers[0].spec_hash = "old".into();
+    let actions = plan(&p, &obs);
+    assert_eq!(actions.kill_containers[0].reason, KillReason::SpecChanged);
+    assert_eq!(names(&actions.start), ["proxy"]);
+}
+
+fn with_debugger(mut p: Pod, target: Option<&str>) -> Pod {
+    p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+        name: "debugger".into(),
+        image: Some("busybox:1".into()),
+        target_container_name: target.map(Into::into),
+        ..Default::default()
+    }]);
+    p
+}
+
+#[test]
+fn ephemeral_container_starts_once_in_the_target_process_namespace() {
+    let p = with_debugger(pod(&[], &["app"], "Always"), Some("app"));
+    let mut obs = running_in(&p, &["app"]);
+    let actions = plan(&p, &obs);
+    assert_eq!(names(&actions.start), ["debugger"]);
+    assert_eq!(actions.start[0].target_id.as_deref(), Some("app-0"));
+
+    obs.containers.push(ContainerInfo {
+        sandbox_id: "s".into(),
+        ..ContainerInfo::fixture("dbg", "debugger", ContainerState::Exited)
+    });
+    assert!(plan(&p, &obs).is_empty(), "never restarted");
+}
+
+#[test]
+fn ephemeral_container_waits_for_its_target_and_not_for_initialization() {
+    let p = with_debugger(pod(&["setup"], &["app"], "Always"), Some("app"));
+    let obs = running_in(&p, &["setup"]);
+    assert!(plan(&p, &obs).is_empty(), "the target does not run yet");
+    let untargeted = with_debugger(pod(&["setup"], &["app"], "Always"), None);
+    let actions = plan(&untargeted, &obs);
+    assert_eq!(names(&actions.start), ["debugger"], "starts while an init container runs");
+    assert_eq!(actions.start[0].target_id, None);
+}
+
+#[test]
+fn ephemeral_containers_do_not_keep_a_completed_pod() {
+    let p = with_debugger(pod(&[], &["job"], "Never"), None);
+    let mut obs = running_in(&p, &[]);
+    obs.containers.push(instance(&p, "job", "s", 0, ContainerState::Exited, 0));
+    let actions = plan(&p, &obs);
+    assert!(actions.kill_pod);
+    assert!(actions.start.is_empty());
 }

@@ -218,3 +218,117 @@ fn readiness_probe_drives_container_and_pod_readiness() {
     assert_eq!(not_started.container_statuses.as_ref().unwrap()[0].started, Some(false));
     assert_eq!(condition(&not_started, "Ready").status, "False");
 }
+
+fn with_sidecar(mut p: Pod, name: &str) -> Pod {
+    let init = p.spec.as_mut().unwrap().init_containers.as_mut().unwrap();
+    init.iter_mut().find(|c| c.name == name).unwrap().restart_policy = Some("Always".into());
+    p
+}
+
+#[test]
+fn sidecar_and_container_running_make_a_ready_running_pod() {
+    let p = with_sidecar(pod(&["proxy"], &["app"], "Always"), "proxy");
+    let s = status_of(
+        &p,
+        vec![inst("proxy", 0, ContainerState::Running, 0), inst("app", 0, ContainerState::Running, 0)],
+        &HashMap::new(),
+    );
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    let proxy = &s.init_container_statuses.as_ref().unwrap()[0];
+    assert_eq!((proxy.started, proxy.ready), (Some(true), true), "a running sidecar is started and ready");
+    assert_eq!(condition(&s, "Initialized").status, "True");
+    assert_eq!(condition(&s, "Ready").status, "True");
+    // kubectl's READY column: ready regular containers and sidecars over their number.
+    let ready = s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten());
+    assert_eq!(ready.filter(|c| c.ready).count(), 2);
+}
+
+#[test]
+fn unready_sidecar_makes_the_pod_unready() {
+    let mut p = with_sidecar(pod(&["proxy"], &["app"], "Always"), "proxy");
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].readiness_probe = Some(Default::default());
+    let s = status_of(
+        &p,
+        vec![inst("proxy", 0, ContainerState::Running, 0), inst("app", 0, ContainerState::Running, 0)],
+        &HashMap::new(),
+    );
+    let ready = condition(&s, "Ready");
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.message.as_deref(), Some("containers with unready status: [proxy]"));
+    assert_eq!(condition(&s, "Initialized").status, "True", "started is enough to initialize");
+}
+
+#[test]
+fn sidecar_not_yet_started_keeps_the_pod_pending_and_uninitialized() {
+    let mut p = with_sidecar(pod(&["proxy", "setup"], &["app"], "Always"), "proxy");
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].startup_probe = Some(Default::default());
+    let s = status_of(&p, vec![inst("proxy", 0, ContainerState::Running, 0)], &HashMap::new());
+    assert_eq!(s.phase.as_deref(), Some("Pending"));
+    let init = condition(&s, "Initialized");
+    assert_eq!(init.status, "False");
+    assert_eq!(init.message.as_deref(), Some("containers with incomplete status: [proxy setup]"));
+    assert_eq!(s.init_container_statuses.as_ref().unwrap()[0].started, Some(false));
+}
+
+#[test]
+fn job_phase_comes_from_regular_containers_only() {
+    for (exit, phase) in [(0, "Succeeded"), (1, "Failed")] {
+        let p = with_sidecar(pod(&["proxy"], &["job"], "Never"), "proxy");
+        let running_sidecar = status_of(
+            &p,
+            vec![inst("proxy", 0, ContainerState::Running, 0), inst("job", 0, ContainerState::Exited, exit)],
+            &HashMap::new(),
+        );
+        assert_eq!(running_sidecar.phase.as_deref(), Some("Running"), "until the sidecar is stopped");
+        let stopped = status_of(
+            &p,
+            vec![inst("proxy", 0, ContainerState::Exited, 137), inst("job", 0, ContainerState::Exited, exit)],
+            &HashMap::new(),
+        );
+        assert_eq!(stopped.phase.as_deref(), Some(phase), "the sidecar's exit code does not count");
+    }
+}
+
+#[test]
+fn restarting_sidecar_keeps_a_running_pod_running() {
+    let p = with_sidecar(pod(&["proxy"], &["app"], "Never"), "proxy");
+    let backing_off = HashMap::from([(
+        "proxy".to_string(),
+        Waiting { reason: "CrashLoopBackOff".into(), message: "back-off 10s".into() },
+    )]);
+    let s = status_of(
+        &p,
+        vec![inst("proxy", 1, ContainerState::Exited, 1), inst("app", 0, ContainerState::Running, 0)],
+        &backing_off,
+    );
+    assert_eq!(s.phase.as_deref(), Some("Running"));
+    let proxy = &s.init_container_statuses.as_ref().unwrap()[0];
+    assert_eq!(proxy.restart_count, 1);
+    assert!(!proxy.ready);
+    assert_eq!(condition(&s, "Ready").status, "False");
+}
+
+#[test]
+fn ephemeral_containers_are_reported_apart() {
+    let mut p = pod(&[], &["app"], "Always");
+    p.spec.as_mut().unwrap().ephemeral_containers = Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+        name: "debugger".into(),
+        image: Some("busybox:1".into()),
+        target_container_name: Some("app".into()),
+        ..Default::default()
+    }]);
+    let s = status_of(
+        &p,
+        vec![inst("app", 0, ContainerState::Running, 0), inst("debugger", 0, ContainerState::Running, 0)],
+        &HashMap::new(),
+    );
+    let debugger = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+    assert_eq!(debugger.name, "debugger");
+    assert!(debugger.state.as_ref().unwrap().running.is_some());
+    assert_eq!(debugger.container_id.as_deref(), Some("containerd://debugger0"));
+    assert_eq!(s.container_statuses.as_ref().unwrap().len(), 1);
+    assert_eq!(condition(&s, "Ready").status, "True", "no effect on readiness");
+    let waiting = status_of(&p, vec![inst("app", 0, ContainerState::Running, 0)], &HashMap::new());
+    let state = waiting.ephemeral_container_statuses.unwrap()[0].state.clone().unwrap();
+    assert_eq!(state.waiting.unwrap().reason.as_deref(), Some("ContainerCreating"));
+}

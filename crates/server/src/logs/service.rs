@@ -60,8 +60,7 @@ pub async fn locate(
     opts: &LogOptions,
 ) -> Result<Located, LogsError> {
     let pod = find_pod(pods, namespace, pod_name).ok_or_else(|| LogsError::PodNotFound(pod_name.to_string()))?;
-    let in_spec = spec::containers(&pod).iter().chain(spec::init_containers(&pod)).any(|c| c.name == container);
-    if !in_spec {
+    if spec::any_container(&pod, container).is_none() {
         return Err(LogsError::ContainerNotFound { container: container.into(), pod: pod_name.into() });
     }
     let selector = labels::container(node, pod_name, namespace, spec::uid(&pod), container);

@@ -57,7 +57,8 @@ async fn main() {
         gantry_testkit::prereq::skip_or_panic(&reason);
         return;
     }
-    let counts: Vec<usize> = env_list("GANTRY_BENCH_DENSITY_PODS", "110,250").iter().filter_map(|c| c.parse().ok()).collect();
+    let counts: Vec<usize> =
+        env_list("GANTRY_BENCH_DENSITY_PODS", "110,250").iter().filter_map(|c| c.parse().ok()).collect();
     let cases: Vec<Case> = env_list("GANTRY_BENCH_CASES", "none,objects")
         .iter()
         .filter_map(|c| match c.as_str() {
@@ -185,8 +186,10 @@ fn pod(i: usize, case: Case) -> Pod {
                 json!([{"name": "cfg", "mountPath": "/cfg"}, {"name": "sec", "mountPath": "/sec"}]);
         }
     }
-    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("d-{i}")}, "spec": spec}))
-        .unwrap()
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("d-{i}")}, "spec": spec}),
+    )
+    .unwrap()
 }
 
 /// Creates the pods and returns the time from the first create to the last pod Running.

@@ -28,6 +28,8 @@ pub struct State {
     /// Requests and open watches, counted as they arrive.
     pub accounting: Accounting,
     epoch: Mutex<CancellationToken>,
+    /// The in-process signer's certificate lifetime (`--cluster-signing-duration`).
+    signing_duration: Mutex<std::time::Duration>,
 }
 
 impl State {
@@ -39,7 +41,16 @@ impl State {
             hooks: RwLock::new(Hooks::default()),
             accounting: Accounting::default(),
             epoch: Mutex::new(CancellationToken::new()),
+            signing_duration: Mutex::new(crate::csr::DEFAULT_SIGNING_DURATION),
         }
+    }
+
+    pub fn signing_duration(&self) -> std::time::Duration {
+        *self.signing_duration.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_signing_duration(&self, ttl: std::time::Duration) {
+        *self.signing_duration.lock().unwrap_or_else(|p| p.into_inner()) = ttl;
     }
 
     pub fn hooks(&self) -> Hooks {

@@ -38,6 +38,7 @@ fn defaults_without_flags_or_file() {
     assert_eq!(s.file_check_frequency, Duration::from_secs(20));
     assert_eq!(s.http_check_frequency, Duration::from_secs(20));
     assert_eq!(s.sync_frequency, Duration::from_secs(60));
+    assert_eq!(s.change_detection, ChangeDetection::Watch);
     assert_eq!(s.container_runtime_endpoint, "unix:///run/containerd/containerd.sock");
     assert_eq!(s.image_service_endpoint, None);
     assert_eq!(s.effective_image_service_endpoint(), "unix:///run/containerd/containerd.sock");
@@ -676,4 +677,14 @@ fn rotate_certificates_defaults_true_with_a_config_file_and_the_flag_wins() {
     assert!(!ok(&[], Some("rotateCertificates: false\n")).rotate_certificates);
     assert!(!ok(&["--rotate-certificates=false"], Some("rotateCertificates: true\n")).rotate_certificates);
     assert!(ok(&["--rotate-certificates"], None).rotate_certificates);
+}
+
+#[test]
+fn change_detection_strategy() {
+    let body = |v: &str| format!("configMapAndSecretChangeDetectionStrategy: {v}\n");
+    assert_eq!(ok(&[], Some(&body("Get"))).change_detection, ChangeDetection::Get);
+    assert_eq!(ok(&[], Some(&body("Cache"))).change_detection, ChangeDetection::Cache);
+    assert_eq!(ok(&[], Some(&body("Watch"))).change_detection, ChangeDetection::Watch);
+    let e = err(&[], Some(&body("Poll"))).to_string();
+    assert!(e.contains("configMapAndSecretChangeDetectionStrategy") && e.contains("Get, Cache, Watch"), "{e}");
 }

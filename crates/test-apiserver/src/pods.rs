@@ -309,6 +309,51 @@ pub fn validate_update(old: &Value, new: &Value) -> Result<(), ApiError> {
     ))
 }
 
+/// The checks `ValidatePodStatusUpdate` (1.34) makes on the fields a kubelet reports:
+/// `observedGeneration` (pod and conditions) non-negative, the container `user` ids in the
+/// uid/gid range.
+pub fn validate_status(pod: &Value) -> Result<(), ApiError> {
+    let status = &pod["status"];
+    let mut errs = Vec::new();
+    let mut nonnegative = |field: String, v: Option<&Value>| {
+        if let Some(v) = v.filter(|v| v.as_i64().is_some_and(|n| n < 0)) {
+            errs.push(FieldError::invalid(&field, v, "must be greater than or equal to 0"));
+        }
+    };
+    nonnegative("status.observedGeneration".into(), status.get("observedGeneration"));
+    for (i, c) in status.get("conditions").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        nonnegative(format!("status.conditions[{i}].observedGeneration"), c.get("observedGeneration"));
+    }
+    for list in ["initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"] {
+        for (i, cs) in status.get(list).and_then(Value::as_array).into_iter().flatten().enumerate() {
+            errs.extend(validate_container_user(&cs["user"]["linux"], &format!("status.{list}[{i}].user.linux")));
+        }
+    }
+    if errs.is_empty() {
+        return Ok(());
+    }
+    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    Err(ApiError::invalid("Pod", "", name, errs))
+}
+
+/// `IsValidUserID`/`IsValidGroupID` on the ids of a reported `LinuxContainerUser`.
+fn validate_container_user(linux: &Value, field: &str) -> Vec<FieldError> {
+    const RANGE: &str = "must be between 0 and 2147483647, inclusive";
+    let out_of_range = |v: &&Value| !v.as_i64().is_some_and(|n| (0..=i64::from(i32::MAX)).contains(&n));
+    let mut errs = Vec::new();
+    for id in ["uid", "gid"] {
+        if let Some(v) = linux.get(id).filter(out_of_range) {
+            errs.push(FieldError::invalid(&format!("{field}.{id}"), v, RANGE));
+        }
+    }
+    for (g, v) in linux.get("supplementalGroups").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        if out_of_range(&v) {
+            errs.push(FieldError::invalid(&format!("{field}.supplementalGroups[{g}]"), v, RANGE));
+        }
+    }
+    errs
+}
+
 /// Fields an ephemeral container may not set (upstream's allow-list, inverted).
 const NOT_FOR_EPHEMERAL: [&str; 8] = [
     "ports",

@@ -78,6 +78,22 @@ fn default_volume(v: &mut Map<String, Value>) {
 
 /// The defaults kube-apiserver's defaulting and admission plugins (ServiceAccount,
 /// DefaultTolerationSeconds, Priority) apply to a new pod, and its initial status.
+/// `SetDefaults_Pod`: a limit without a request makes the request equal to the limit (for
+/// regular and init containers).
+fn default_requests_to_limits(c: &mut Map<String, Value>) {
+    let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut) else { return };
+    let Some(limits) = resources.get("limits").and_then(Value::as_object).cloned() else { return };
+    let requests = resources.entry("requests").or_insert_with(|| json!({}));
+    if !requests.is_object() {
+        *requests = json!({});
+    }
+    if let Some(requests) = requests.as_object_mut() {
+        for (name, value) in limits {
+            requests.entry(name).or_insert(value);
+        }
+    }
+}
+
 pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiError> {
     let mirror = is_mirror(pod);
     let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
@@ -103,6 +119,9 @@ pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiErro
         for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
             if let Some(c) = c.as_object_mut() {
                 default_container(c);
+                if list != "ephemeralContainers" {
+                    default_requests_to_limits(c);
+                }
             }
         }
     }

@@ -220,6 +220,15 @@ async fn pod_defaults_and_service_account_token() {
     assert!(mounts.iter().any(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount"));
     assert_eq!(created.status.unwrap().qos_class.as_deref(), Some("BestEffort"));
 
+    // A limit without a request defaults the request (SetDefaults_Pod); a given request stays.
+    let mut p = pod_json("limited", Some("n"));
+    p["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"cpu": "500m", "memory": "64Mi"}, "requests": {"cpu": "100m"}});
+    let created = pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap()).await.unwrap();
+    let requests = created.spec.unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
+    assert_eq!((requests["cpu"].0.as_str(), requests["memory"].0.as_str()), ("100m", "64Mi"));
+    assert_eq!(created.status.unwrap().qos_class.as_deref(), Some("Burstable"));
+
     // A missing service account is refused like the ServiceAccount admission plugin does.
     let mut p = pod_json("nosa", Some("n"));
     p["spec"]["serviceAccountName"] = json!("ghost");

@@ -5,6 +5,7 @@ pub mod maintenance;
 pub mod mirror;
 pub mod objects;
 pub mod pod_source;
+pub mod retry;
 pub mod status_sync;
 
 use k8s_openapi::api::core::v1::Pod;

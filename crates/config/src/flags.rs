@@ -42,6 +42,10 @@ pub struct Flags {
     #[arg(long, value_name = "FILE", value_parser = any_path, allow_hyphen_values = true)]
     pub kubeconfig: Option<PathBuf>,
 
+    /// kubeconfig with a bootstrap token, used to get a client certificate for --kubeconfig (in --cert-dir) when that file is missing or holds no valid certificate.
+    #[arg(long, value_name = "FILE", value_parser = any_path, allow_hyphen_values = true)]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+
     /// Directory of static pod manifests, or a single manifest file. Files starting with dots are ignored. (staticPodPath)
     #[arg(long, value_name = "PATH", allow_hyphen_values = true)]
     pub pod_manifest_path: Option<String>,
@@ -419,7 +423,6 @@ pub const DOCKERSHIM_FLAGS: &[(&str, &str)] = &[
 /// Go-kubelet flags that take a value and that Gantry accepts without acting
 /// on them (yet).
 pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
-    "bootstrap-kubeconfig",
     "cloud-config",
     "cloud-provider",
     "config-dir",

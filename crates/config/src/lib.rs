@@ -102,6 +102,8 @@ pub struct Settings {
     pub runtime_request_timeout: Duration,
     /// `--kubeconfig`; None = standalone mode.
     pub kubeconfig: Option<PathBuf>,
+    /// `--bootstrap-kubeconfig`: TLS bootstrap credentials for `kubeconfig`.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
     /// `--runonce` / `runOnce` (only ever true with LegacyNodeRunOnceMode).
     pub run_once: bool,
     pub feature_gates: FeatureGates,
@@ -181,6 +183,7 @@ impl Default for Settings {
             image_service_endpoint: None,
             runtime_request_timeout: DEFAULT_RUNTIME_REQUEST_TIMEOUT,
             kubeconfig: None,
+            bootstrap_kubeconfig: None,
             run_once: false,
             feature_gates: FeatureGates::default(),
             verbosity: 0,
@@ -235,7 +238,7 @@ impl Settings {
             format!("{{{}}}", parts.join(","))
         };
         format!(
-            "nodeName={} hostname={} rootDir={} podLogsDir={} kubeconfig={} config={} staticPodPath={} staticPodURL={} \
+            "nodeName={} hostname={} rootDir={} podLogsDir={} kubeconfig={} bootstrapKubeconfig={} config={} staticPodPath={} staticPodURL={} \
              staticPodURLHeader={} fileCheckFrequency={} httpCheckFrequency={} syncFrequency={} \
              containerRuntimeEndpoint={} imageServiceEndpoint={} runtimeRequestTimeout={} runOnce={} maxPods={} \
              verbosity={} featureGates={} nodeIP={} nodeLabels={} registerNode={} registerWithTaints={} \
@@ -246,6 +249,7 @@ impl Settings {
             self.root_dir.display(),
             self.pod_logs_dir.display(),
             opt_path(&self.kubeconfig),
+            opt_path(&self.bootstrap_kubeconfig),
             opt_path(&self.config_file),
             opt_path(&self.static_pod_path),
             self.static_pod_url.as_deref().map_or_else(|| "<none>".to_string(), mask_url_password),
@@ -318,6 +322,7 @@ impl fmt::Debug for Settings {
             .field("image_service_endpoint", &self.image_service_endpoint)
             .field("runtime_request_timeout", &self.runtime_request_timeout)
             .field("kubeconfig", &self.kubeconfig)
+            .field("bootstrap_kubeconfig", &self.bootstrap_kubeconfig)
             .field("run_once", &self.run_once)
             .field("feature_gates", &self.feature_gates)
             .field("verbosity", &self.verbosity)
@@ -739,6 +744,16 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     }
     if let Some(k) = &f.kubeconfig {
         s.kubeconfig = (!k.as_os_str().is_empty()).then(|| k.clone());
+    }
+    if let Some(k) = &f.bootstrap_kubeconfig {
+        s.bootstrap_kubeconfig = (!k.as_os_str().is_empty()).then(|| k.clone());
+    }
+    if s.bootstrap_kubeconfig.is_some() && s.kubeconfig.is_none() {
+        return Err(invalid(
+            "--bootstrap-kubeconfig",
+            "needs --kubeconfig: the path where the kubeconfig with the bootstrapped client certificate is written"
+                .to_string(),
+        ));
     }
 
     for value in &f.feature_gates {

@@ -239,6 +239,18 @@ fn root_dir_and_kubeconfig() {
 }
 
 #[test]
+fn bootstrap_kubeconfig_needs_kubeconfig() {
+    let s = ok(
+        &["--kubeconfig=/etc/kubernetes/kubelet.conf", "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf"],
+        None,
+    );
+    assert_eq!(s.bootstrap_kubeconfig, Some(PathBuf::from("/etc/kubernetes/bootstrap-kubelet.conf")));
+    let e = err(&["--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf"], None);
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--bootstrap-kubeconfig"), "{e:?}");
+    assert!(e.to_string().contains("needs --kubeconfig"), "{e}");
+}
+
+#[test]
 fn config_file_recorded_from_flag() {
     let s = resolve(flags(&["--config=/x.yaml"]), Some((PathBuf::from("/x.yaml"), HEAD)), "h").unwrap();
     assert_eq!(s.config_file, Some(PathBuf::from("/x.yaml")));

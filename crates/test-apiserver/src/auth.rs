@@ -9,6 +9,7 @@
 
 use serde_json::Value;
 
+use crate::bootstrap_tokens;
 use crate::pods;
 use crate::resources::ResourceType;
 use crate::selectors::FieldSelector;
@@ -83,6 +84,12 @@ pub fn authenticate_token(state: &State, token: &str, audiences: &[String]) -> R
     }
     if let Some(user) = state.tokens.registered(token) {
         return Ok((user, wanted));
+    }
+    if bootstrap_tokens::parse(token).is_some() {
+        let inner = state.store.lock();
+        if let Some(result) = bootstrap_tokens::authenticate(&inner, token, jiff::Timestamp::now().as_second()) {
+            return result.map(|user| (user, wanted));
+        }
     }
     if let Some(claims) = state.tokens.verify_jwt(token) {
         return service_account_user(state, &claims, &wanted);
@@ -187,6 +194,9 @@ pub fn authorize(state: &State, req: &AccessRequest, fields: Option<&FieldSelect
             Decision::Deny(r) | Decision::NoOpinion(r) => reason = r,
         }
     }
+    if kubeadm_bindings_allow(req) {
+        return Decision::Allow;
+    }
     if let Some(hook) = state.hooks().authorizer {
         match hook(req) {
             Decision::Allow => return Decision::Allow,
@@ -196,6 +206,26 @@ pub fn authorize(state: &State, req: &AccessRequest, fields: Option<&FieldSelect
         }
     }
     Decision::NoOpinion(reason)
+}
+
+/// The group `kubeadm token create` puts bootstrap tokens in.
+pub const KUBEADM_NODE_TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+
+/// The ClusterRoleBindings `kubeadm init` creates for joining nodes: its bootstrap token
+/// group may create and read CSRs (system:node-bootstrapper) and have node client CSRs
+/// auto-approved (`certificatesigningrequests/nodeclient`); nodes may have their own renewals
+/// auto-approved (`certificatesigningrequests/selfnodeclient`).
+fn kubeadm_bindings_allow(req: &AccessRequest) -> bool {
+    if req.path.is_some() || req.api_group != "certificates.k8s.io" || req.resource != "certificatesigningrequests" {
+        return false;
+    }
+    let in_group = |g: &str| req.user.groups.iter().any(|x| x == g);
+    match (req.subresource.as_str(), req.verb.as_str()) {
+        ("", "create" | "get" | "list" | "watch") => in_group(KUBEADM_NODE_TOKEN_GROUP),
+        ("nodeclient", "create") => in_group(KUBEADM_NODE_TOKEN_GROUP),
+        ("selfnodeclient", "create") => in_group("system:nodes"),
+        _ => false,
+    }
 }
 
 /// Upstream's forbidden message for a denied request.

@@ -49,7 +49,9 @@ pub fn group(registry: &Registry, group: &str) -> Option<Value> {
 /// (group, version, kind, verbs) of a subresource's response.
 fn subresource_kind(rt: &ResourceType, sub: Subresource) -> (&str, &str, &str, Vec<&'static str>) {
     match sub {
-        Subresource::Status => (&rt.group, &rt.version, &rt.kind, vec!["get", "patch", "update"]),
+        Subresource::Status | Subresource::Approval => {
+            (&rt.group, &rt.version, &rt.kind, vec!["get", "patch", "update"])
+        }
         Subresource::Eviction => ("policy", "v1", "Eviction", vec!["create"]),
         Subresource::Binding => ("", "v1", "Binding", vec!["create"]),
         Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest", vec!["create"]),

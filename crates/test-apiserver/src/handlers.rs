@@ -412,11 +412,12 @@ impl Call {
         match verb {
             "create" => self.create(headers, body),
             "update" => {
-                if !matches!(self.sub(), "" | "status" | "ephemeralcontainers") {
+                if !matches!(self.sub(), "" | "status" | "approval" | "ephemeralcontainers") {
                     return Err(ApiError::method_not_allowed(
                         "the server does not allow this method on the requested resource",
                     ));
                 }
+                self.authorize_signer()?;
                 let obj = decode(headers, body)?;
                 let mut inner = self.state.store.lock();
                 let (out, created) = ops::update(&mut inner, &self.ctx(), self.name(), obj)?;
@@ -474,6 +475,23 @@ impl Call {
         }
     }
 
+    /// CSR approval and status writes also need `approve` / `sign` on the CSR's signer, as
+    /// the CertificateApproval and CertificateSigning admission plugins check.
+    fn authorize_signer(&self) -> ApiResult<()> {
+        if self.rt.group != "certificates.k8s.io" || !matches!(self.sub(), "approval" | "status") {
+            return Ok(());
+        }
+        let signer = {
+            let inner = self.state.store.lock();
+            let csr = inner
+                .get(&self.rt.storage, "", self.name())
+                .ok_or_else(|| ApiError::not_found(&self.rt.group_resource(), self.name()))?;
+            meta::str_at(&csr, "/spec/signerName").to_string()
+        };
+        let verb = if self.sub() == "approval" { "approve" } else { "sign" };
+        crate::csr::authorize_signer(&self.state, &self.user, verb, &signer)
+    }
+
     fn review(&self, obj: &Value) -> ApiResult<Response<Body>> {
         let out = match self.rt.plural.as_str() {
             "tokenreviews" => reviews::token_review(&self.state, obj)?,
@@ -485,11 +503,12 @@ impl Call {
     }
 
     fn patch(&self, headers: &HeaderMap, body: &[u8]) -> ApiResult<Response<Body>> {
-        if !matches!(self.sub(), "" | "status" | "ephemeralcontainers") {
+        if !matches!(self.sub(), "" | "status" | "approval" | "ephemeralcontainers") {
             return Err(ApiError::method_not_allowed(
                 "the server does not allow this method on the requested resource",
             ));
         }
+        self.authorize_signer()?;
         let ct = content_type(headers);
         let kind = PatchType::from_content_type(&ct).ok_or_else(|| {
             ApiError::unsupported_media_type(format!(

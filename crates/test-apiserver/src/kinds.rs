@@ -62,6 +62,7 @@ pub fn prepare_create(inner: &StoreInner, ctx: &WriteCtx<'_>, obj: &mut Value) -
             CrdSpec::parse(obj)?;
             obj["status"] = crd_status(obj);
         }
+        ("certificates.k8s.io", "certificatesigningrequests") => crate::csr::prepare_create(ctx.user, obj)?,
         _ if rt.custom && rt.has_status() => {
             if let Some(m) = obj.as_object_mut() {
                 m.remove("status");
@@ -81,6 +82,7 @@ pub fn prepare_update(_inner: &StoreInner, ctx: &WriteCtx<'_>, existing: &Value,
         (("", "services"), "") => prepare_service(_inner, new, Some(existing))?,
         // spec.finalizers changes only through the finalize subresource (not served here).
         (("", "namespaces"), _) => new["spec"] = existing["spec"].clone(),
+        (("certificates.k8s.io", "certificatesigningrequests"), sub) => crate::csr::prepare_update(sub, existing, new)?,
         (("apiextensions.k8s.io", "customresourcedefinitions"), _) => {
             CrdSpec::parse(new)?;
             if ctx.subresource.is_empty() {

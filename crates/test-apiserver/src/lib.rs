@@ -19,6 +19,8 @@
 //! `TestApiServer`'s documentation.
 
 mod auth;
+mod bootstrap_tokens;
+mod csr;
 mod discovery;
 mod eviction;
 mod handlers;
@@ -111,15 +113,23 @@ pub enum Decision {
 /// The server. Dropping it stops serving.
 ///
 /// # Differences from kube-apiserver
-/// * No controllers besides PDB status, namespace cleanup, default service accounts and
-///   kube-root-ca.crt: no garbage collector (ownerReferences and `propagationPolicy` have no
+/// * No controllers besides PDB status, namespace cleanup, default service accounts,
+///   kube-root-ca.crt and kube-controller-manager's CSR approver and signer (node client
+///   certificates from bootstrappers and nodes are auto-approved; approved kubelet client,
+///   kubelet serving and kube-apiserver-client requests are signed with the cluster CA for
+///   [`set_signing_duration`](Self::set_signing_duration)): no garbage collector (ownerReferences and `propagationPolicy` have no
 ///   effect), no scheduler, no workload controllers, no endpoints controller.
 /// * Server-side apply merges the applied configuration (strategic merge for built-ins,
 ///   JSON merge for custom resources); field ownership, conflicts and removal of fields a
 ///   manager stopped applying are not implemented; `managedFields` is never populated.
 /// * No schema validation or pruning (including CRD OpenAPI schemas), no defaulting beyond
 ///   the common pod/service/workload defaults, no admission webhooks, no RBAC objects:
-///   authorization is system:masters, the Node authorizer, then [`set_authorizer`](Self::set_authorizer).
+///   authorization is system:masters, the Node authorizer, kubeadm's CSR bindings (group
+///   `system:bootstrappers:kubeadm:default-node-token` may create and read CSRs and have node
+///   client CSRs approved; `system:nodes` may have its own renewals approved), then
+///   [`set_authorizer`](Self::set_authorizer).
+/// * Bootstrap tokens (`bootstrap-token-<id>` Secrets in kube-system) authenticate as
+///   kube-apiserver's `--enable-bootstrap-token-auth`; nothing deletes expired ones.
 /// * core/v1 and events.k8s.io/v1 Events are stored separately (no conversion).
 /// * Custom resource versions are served with `conversion: None` semantics.
 /// * Service account tokens are HS256 JWTs (upstream: RS256/ES256); TokenRequest does not
@@ -149,6 +159,7 @@ impl TestApiServer {
         let state = Arc::new(State::new(Store::new(inner), pki, tokens::Tokens::generate()));
         let life = CancellationToken::new();
         tokio::spawn(pdb_expiry_loop(state.clone(), life.clone()));
+        tokio::spawn(csr_controller_loop(state.clone(), life.clone()));
         let serving = Serving::start(state.clone(), listener, state.epoch());
         tracing::info!(port, "test apiserver listening");
         TestApiServer { state, port, serving: Some(serving), life }
@@ -285,6 +296,13 @@ impl TestApiServer {
         self.state.hooks.write().unwrap_or_else(|p| p.into_inner()).token_review = Some(Arc::new(hook));
     }
 
+    /// Sets the lifetime of the certificates the in-process signer issues (kube-controller-
+    /// manager's `--cluster-signing-duration`, default one year); short lifetimes make
+    /// rotation testable in seconds.
+    pub fn set_signing_duration(&self, ttl: Duration) {
+        self.state.set_signing_duration(ttl);
+    }
+
     /// Sets the authorizer consulted after system:masters and the Node authorizer, for API
     /// requests and SubjectAccessReviews alike. Without one, everything else is denied.
     pub fn set_authorizer(&self, hook: impl Fn(&AccessRequest) -> Decision + Send + Sync + 'static) {
@@ -312,6 +330,19 @@ async fn bind_with_retry(port: u16) -> tokio::net::TcpListener {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("rebinding 127.0.0.1:{port}: {last:?}");
+}
+
+/// kube-controller-manager's csrapproving and csrsigning controllers: a pass over the
+/// requests after every change.
+async fn csr_controller_loop(state: Arc<State>, life: CancellationToken) {
+    let mut changes = state.store.subscribe();
+    loop {
+        csr::reconcile(&state);
+        tokio::select! {
+            _ = life.cancelled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 /// The disruption controller's recheck: PDB statuses whose disruptedPods entries time out.

@@ -128,6 +128,11 @@ pub(crate) fn is_label(s: &str) -> bool {
 }
 
 fn validate_name(rt: &ResourceType, name: &str) -> ApiResult<()> {
+    if rt.group == "certificates.k8s.io" && rt.plural == "certificatesigningrequests" {
+        // Upstream does not care what CSRs are called (the kubelet's names hold base64url):
+        // only the path segment rules every name follows apply.
+        return validate_path_segment(rt, name);
+    }
     let dns_label = matches!(rt.plural.as_str(), "namespaces" | "services") && rt.group.is_empty();
     let ok = if dns_label { is_label(name) } else { name.len() <= 253 && name.split('.').all(is_label) };
     if ok {
@@ -135,6 +140,22 @@ fn validate_name(rt: &ResourceType, name: &str) -> ApiResult<()> {
     }
     let msg = if dns_label { LABEL_MSG } else { SUBDOMAIN_MSG };
     Err(ApiError::invalid(&rt.kind, &rt.group, name, vec![FieldError::invalid("metadata.name", &json!(name), msg)]))
+}
+
+fn validate_path_segment(rt: &ResourceType, name: &str) -> ApiResult<()> {
+    let problem = match name {
+        "." | ".." => Some(format!("may not be '{name}'")),
+        _ => ["/", "%"].iter().find(|c| name.contains(*c)).map(|c| format!("may not contain '{c}'")),
+    };
+    match problem {
+        None => Ok(()),
+        Some(msg) => Err(ApiError::invalid(
+            &rt.kind,
+            &rt.group,
+            name,
+            vec![FieldError::invalid("metadata.name", &json!(name), &msg)],
+        )),
+    }
 }
 
 /// Checks that a namespaced write targets an existing namespace that is not terminating.
@@ -316,7 +337,7 @@ fn isolate_subresource(ctx: &WriteCtx<'_>, existing: &Value, mut obj: Value) -> 
         }
         return out;
     }
-    if ctx.subresource == "status" {
+    if matches!(ctx.subresource, "status" | "approval") {
         if rt.custom {
             let mut out = existing.clone();
             match obj.get("status") {

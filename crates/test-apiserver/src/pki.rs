@@ -85,6 +85,30 @@ impl Pki {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// Issues a certificate for a PEM certificate request with the CA, valid from now for
+    /// `ttl` (backdated by up to five minutes for clock skew, as kube-controller-manager's
+    /// signer, but never by more than a fifth of the lifetime), with `usages` (API names) as
+    /// its key usages. Subject and SANs come from the request.
+    pub fn sign_request(
+        &self,
+        request_pem: &str,
+        usages: &std::collections::BTreeSet<String>,
+        ttl: std::time::Duration,
+    ) -> Result<String, rcgen::Error> {
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(request_pem)?;
+        let now = time::OffsetDateTime::now_utc();
+        let backdate = std::time::Duration::from_secs(300).min(ttl / 5);
+        let params = &mut csr.params;
+        params.not_before = now - backdate;
+        params.not_after = now + ttl;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(uuid::Uuid::new_v4().as_bytes()));
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = usages.iter().filter_map(|u| key_usage(u)).collect();
+        params.extended_key_usages = usages.iter().filter_map(|u| extended_key_usage(u)).collect();
+        Ok(csr.signed_by(&self.issuer)?.pem())
+    }
+
     /// TLS for the listener: h2 and http/1.1, client certificates optional but verified.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -104,6 +128,34 @@ impl Pki {
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Arc::new(config)
     }
+}
+
+fn key_usage(usage: &str) -> Option<KeyUsagePurpose> {
+    Some(match usage {
+        "signing" | "digital signature" => KeyUsagePurpose::DigitalSignature,
+        "content commitment" => KeyUsagePurpose::ContentCommitment,
+        "key encipherment" => KeyUsagePurpose::KeyEncipherment,
+        "key agreement" => KeyUsagePurpose::KeyAgreement,
+        "data encipherment" => KeyUsagePurpose::DataEncipherment,
+        "cert sign" => KeyUsagePurpose::KeyCertSign,
+        "crl sign" => KeyUsagePurpose::CrlSign,
+        "encipher only" => KeyUsagePurpose::EncipherOnly,
+        "decipher only" => KeyUsagePurpose::DecipherOnly,
+        _ => return None,
+    })
+}
+
+fn extended_key_usage(usage: &str) -> Option<ExtendedKeyUsagePurpose> {
+    Some(match usage {
+        "any" => ExtendedKeyUsagePurpose::Any,
+        "server auth" => ExtendedKeyUsagePurpose::ServerAuth,
+        "client auth" => ExtendedKeyUsagePurpose::ClientAuth,
+        "code signing" => ExtendedKeyUsagePurpose::CodeSigning,
+        "email protection" => ExtendedKeyUsagePurpose::EmailProtection,
+        "timestamping" => ExtendedKeyUsagePurpose::TimeStamping,
+        "ocsp signing" => ExtendedKeyUsagePurpose::OcspSigning,
+        _ => return None,
+    })
 }
 
 /// The user a verified client certificate names: CN is the user, each O a group.

@@ -16,6 +16,8 @@ pub enum Subresource {
     Eviction,
     Binding,
     Token,
+    /// certificatesigningrequests/approval
+    Approval,
     EphemeralContainers,
 }
 
@@ -26,6 +28,7 @@ impl Subresource {
             Subresource::Eviction => "eviction",
             Subresource::Binding => "binding",
             Subresource::Token => "token",
+            Subresource::Approval => "approval",
             Subresource::EphemeralContainers => "ephemeralcontainers",
         }
     }
@@ -164,6 +167,16 @@ fn builtins() -> Vec<Builtin> {
         b("apps", "v1", "statefulsets", "StatefulSet", true, &["sts"], &[Status], &[]),
         b("events.k8s.io", "v1", "events", "Event", true, &["ev"], &[], &[]),
         b(
+            "certificates.k8s.io",
+            "v1",
+            "certificatesigningrequests",
+            "CertificateSigningRequest",
+            false,
+            &["csr"],
+            &[Status, Approval],
+            &["spec.signerName"],
+        ),
+        b(
             "apiextensions.k8s.io",
             "v1",
             "customresourcedefinitions",
@@ -186,6 +199,7 @@ const BUILTIN_GROUP_ORDER: &[&str] = &[
     "events.k8s.io",
     "authentication.k8s.io",
     "authorization.k8s.io",
+    "certificates.k8s.io",
     "policy",
     "coordination.k8s.io",
     "apiextensions.k8s.io",

@@ -25,11 +25,28 @@ pub struct State {
     pub tokens: Tokens,
     pub hooks: RwLock<Hooks>,
     epoch: Mutex<CancellationToken>,
+    /// The in-process signer's certificate lifetime (`--cluster-signing-duration`).
+    signing_duration: Mutex<std::time::Duration>,
 }
 
 impl State {
     pub fn new(store: Store, pki: Pki, tokens: Tokens) -> State {
-        State { store, pki, tokens, hooks: RwLock::new(Hooks::default()), epoch: Mutex::new(CancellationToken::new()) }
+        State {
+            store,
+            pki,
+            tokens,
+            hooks: RwLock::new(Hooks::default()),
+            epoch: Mutex::new(CancellationToken::new()),
+            signing_duration: Mutex::new(crate::csr::DEFAULT_SIGNING_DURATION),
+        }
+    }
+
+    pub fn signing_duration(&self) -> std::time::Duration {
+        *self.signing_duration.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_signing_duration(&self, ttl: std::time::Duration) {
+        *self.signing_duration.lock().unwrap_or_else(|p| p.into_inner()) = ttl;
     }
 
     pub fn hooks(&self) -> Hooks {

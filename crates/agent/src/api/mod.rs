@@ -10,6 +10,7 @@
 //! for the node's heartbeats (status and lease), as upstream keeps those out
 //! of the shared QPS budget so that a busy agent never looks dead.
 
+pub mod bootstrap;
 mod ratelimit;
 mod request_metrics;
 
@@ -79,6 +80,10 @@ pub enum ApiError {
     )]
     NotKubernetes { url: String, kubeconfig: PathBuf, detail: String },
 
+    /// TLS bootstrap (`--bootstrap-kubeconfig`) could not get a client certificate.
+    #[error(transparent)]
+    Bootstrap(#[from] bootstrap::BootstrapError),
+
     /// Any other error status (5xx, 429, ...): the server is there but unwell.
     #[error("the API server at {url} failed the start-up check with HTTP {code} {reason}: {message}")]
     Server { url: String, code: u16, reason: String, message: String },
@@ -126,6 +131,9 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     let path = settings.kubeconfig.clone().ok_or(ApiError::NoKubeconfig)?;
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| kubeconfig_error(&path, e))?;
     let user = current_user(&kubeconfig);
+    if let Ok(pem) = bootstrap::kubeconfig_client_cert(&path) {
+        reject_v1_certificate(&pem).map_err(|reason| ApiError::InvalidKubeconfig { path: path.clone(), reason })?;
+    }
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| kubeconfig_error(&path, e))?;
@@ -143,6 +151,24 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     };
     let heartbeat = ClientBuilder::try_from(config).map_err(invalid)?.with_layer(&counted).build();
     Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path })
+}
+
+/// rustls (through webpki) only takes X.509 v3 certificates; without this check a v1 client
+/// certificate (as `openssl x509 -req` makes without an extensions file) fails with
+/// "invalid peer certificate: UnsupportedCertVersion".
+pub(crate) fn reject_v1_certificate(pem: &[u8]) -> Result<(), String> {
+    let Some(Ok(block)) = x509_parser::pem::Pem::iter_from_buffer(pem).next() else { return Ok(()) };
+    let Ok(cert) = block.parse_x509() else { return Ok(()) };
+    if cert.version() == x509_parser::x509::X509Version::V3 {
+        return Ok(());
+    }
+    Err(format!(
+        "the client certificate (subject {}) is an X.509 v{} certificate, which Gantry's TLS library (rustls) cannot \
+         use: reissue it as X.509 v3 (e.g. with openssl's -extfile giving extendedKeyUsage=clientAuth), or let Gantry \
+         get one with --bootstrap-kubeconfig",
+        cert.subject(),
+        cert.version().0 + 1
+    ))
 }
 
 /// client-go trims the whitespace around a `tokenFile`'s token (files

@@ -237,3 +237,40 @@ async fn a_web_server_is_not_kubernetes() {
     let e = connect_err(&settings_with(&path)).await;
     assert!(matches!(e, ApiError::NotKubernetes { .. }), "{e:?}");
 }
+
+/// Made with `openssl x509 -req` (no extensions file), which issues X.509 v1.
+const V1_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBOTCB4AIURxBWe+e871tqZirFazW+ZDVuSN8wCgYIKoZIzj0EAwIwDTELMAkG
+A1UEAwwCY2EwIBcNMjYxMTI0MDM0NTMzWhgPMjEyNjEwMzEwMzQ1MzNaMDAxFzAV
+BgNVBAMMDnN5c3RlbTpub2RlOm4xMRUwEwYDVQQKDAxzeXN0ZW06bm9kZXMwWTAT
+BgcqhkjOPQIBBggqhkjOPQMBBwNCAAS8n1NyPCbZb73Da8EbUUczNqRBkt4GIFh6
+wcOvNIrX8MJra+kyOd/a/d/CZnvz6c+GZB3SdQZz4XEMtk0a/5BIMAoGCCqGSM49
+BAMCA0gAMEUCIHyERnS1PVRCjFv/PS8BNoRsHQ9y+8P5lAynUJYAzARBAiEAjMC2
+PCBsOSdlCl6cEsuescw0qu9cXXrQ72aExPUoNDs=
+-----END CERTIFICATE-----";
+
+#[test]
+fn v1_client_certificates_get_a_clear_message() {
+    let e = reject_v1_certificate(V1_CERT.as_bytes()).unwrap_err();
+    assert!(e.contains("X.509 v1 certificate") && e.contains("rustls"), "{e}");
+    assert!(
+        reject_v1_certificate(rcgen::generate_simple_self_signed(vec!["a".to_string()]).unwrap().cert.pem().as_bytes())
+            .is_ok()
+    );
+}
+
+const V1_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgV9iuEk5vqseT4EZm\n4HNg302AVvubRjYFMvsAEznygJ+hRANCAAS8n1NyPCbZb73Da8EbUUczNqRBkt4G\nIFh6wcOvNIrX8MJra+kyOd/a/d/CZnvz6c+GZB3SdQZz4XEMtk0a/5BI\n-----END PRIVATE KEY-----";
+
+#[tokio::test]
+async fn an_x509_v1_client_certificate_is_refused_saying_so() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let dir = tempfile::tempdir().unwrap();
+    let user = format!("    client-certificate-data: {}\n    client-key-data: {}\n", b64(V1_CERT), b64(V1_KEY));
+    let path = write(dir.path(), "v1.conf", &kubeconfig_text("https://127.0.0.1:1", &user));
+    let e = connect_err(&settings_with(&path)).await;
+    assert!(matches!(e, ApiError::InvalidKubeconfig { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("v1.conf") && msg.contains("is an X.509 v1 certificate"), "{msg}");
+    assert!(!msg.contains("UnsupportedCertVersion"), "{msg}");
+}

@@ -86,6 +86,14 @@ pub enum Startup {
 /// the Node (retrying until the API server accepts it) and runs the status
 /// and lease loops.
 pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<NodeAgent, NodeError> {
+    if let (Some(bootstrap), Some(kubeconfig)) = (&settings.bootstrap_kubeconfig, &settings.kubeconfig) {
+        let paths = api::bootstrap::BootstrapPaths {
+            kubeconfig: kubeconfig.clone(),
+            bootstrap: bootstrap.clone(),
+            cert_dir: settings.server.cert_dir(&settings.root_dir),
+        };
+        api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
+    }
     let clients = api::build(settings).await?;
     let node = &settings.node_name;
     match api::check(&clients, node).await {

@@ -1,0 +1,379 @@
+//! End-to-end, TLS bootstrap as `kubeadm join` sets it up: a node that has only a bootstrap
+//! token gets its client certificate through a CertificateSigningRequest, joins, runs a pod,
+//! and restarts without a new request; a wrong token and a denied request stop start-up with
+//! their own errors.
+//!
+//! The files are laid out as kubeadm does, in a temporary root: `etc/kubernetes/
+//! bootstrap-kubelet.conf`, `etc/kubernetes/kubelet.conf` (written by Gantry),
+//! `var/lib/kubelet/config.yaml`, `var/lib/kubelet/kubeadm-flags.env` and the certificates in
+//! `var/lib/kubelet/pki`. Against a real cluster (`GANTRY_E2E_KUBECONFIG`) the test creates
+//! its bootstrap token Secret and kubeadm's RBAC bindings as `kubeadm token create` and
+//! `kubeadm init` would, and relies on the cluster's CSR approver and signer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use common::cluster::{self, Cluster};
+use common::{Env, Gantry, eventually, pod_yaml, poll, tail};
+use gantry_test_apiserver::{Decision, User};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// The group `kubeadm token create` gives its tokens.
+const KUBEADM_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+
+/// A bootstrap token (`<6>.<16>` of [a-z0-9]) unique to this test run.
+fn new_token() -> (String, String) {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let seed = nanos ^ (u128::from(std::process::id()) << 40);
+    (format!("{:06x}", seed & 0xff_ffff), format!("{:016x}", (seed >> 24) as u64))
+}
+
+/// The Secret `kubeadm token create` writes.
+async fn create_token(admin: &Client, id: &str, secret: &str, groups: &str) {
+    let expiration = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let obj: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {
+            "token-id": id, "token-secret": secret, "expiration": expiration.to_string(),
+            "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true",
+            "auth-extra-groups": groups,
+        },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), "kube-system").create(&PostParams::default(), &obj).await.unwrap();
+}
+
+/// The ClusterRoleBindings `kubeadm init` creates for joining nodes (kept if they exist).
+async fn kubeadm_bindings(admin: &Client) {
+    let bindings = [
+        ("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", KUBEADM_GROUP),
+        (
+            "kubeadm:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            KUBEADM_GROUP,
+        ),
+        (
+            "kubeadm:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "system:nodes",
+        ),
+    ];
+    for (name, role, group) in bindings {
+        let binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+        });
+        let req = http::Request::post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&binding).unwrap())
+            .unwrap();
+        match admin.request::<serde_json::Value>(req).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("creating ClusterRoleBinding {name}: {e}"),
+        }
+    }
+}
+
+/// A kubeconfig for the admin kubeconfig's cluster with `token` as credentials, as
+/// `kubeadm join` writes bootstrap-kubelet.conf.
+fn bootstrap_kubeconfig(admin_kubeconfig: &Path, token: &str, out: &Path) {
+    let kc = kube::config::Kubeconfig::read_from(admin_kubeconfig).unwrap();
+    let context = kc.contexts.iter().find(|c| Some(&c.name) == kc.current_context.as_ref()).unwrap();
+    let cluster_name = &context.context.as_ref().unwrap().cluster;
+    let cluster = kc.clusters.iter().find(|c| &c.name == cluster_name).unwrap().cluster.clone().unwrap();
+    let ca = match (&cluster.certificate_authority_data, &cluster.certificate_authority) {
+        (Some(data), _) => data.clone(),
+        (None, Some(file)) => STANDARD.encode(std::fs::read(file).unwrap()),
+        (None, None) => panic!("the admin kubeconfig names no CA"),
+    };
+    let yaml = serde_yaml_ng::to_string(&json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "tls-bootstrap-token-user@kubernetes",
+        "clusters": [{"name": "kubernetes", "cluster": {"server": cluster.server.unwrap(), "certificate-authority-data": ca}}],
+        "contexts": [{"name": "tls-bootstrap-token-user@kubernetes", "context": {"cluster": "kubernetes", "user": "tls-bootstrap-token-user"}}],
+        "users": [{"name": "tls-bootstrap-token-user", "user": {"token": token}}],
+    }))
+    .unwrap();
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(out, yaml).unwrap();
+}
+
+/// The kubeadm file layout under a temporary root.
+struct KubeadmNode {
+    root: PathBuf,
+}
+
+impl KubeadmNode {
+    fn new(env: &Env) -> KubeadmNode {
+        let root = env.ctd.dir().join("kubeadm-root");
+        let (etc, lib) = (root.join("etc/kubernetes"), root.join("var/lib/kubelet"));
+        std::fs::create_dir_all(etc.join("manifests")).unwrap();
+        std::fs::create_dir_all(&lib).unwrap();
+        // What `kubeadm init/join` writes (less what Gantry reports as not implemented), plus
+        // the test environment's private log directory and no node API (ports shared by tests).
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n\
+             clusterDNS:\n- 10.96.0.10\nclusterDomain: cluster.local\nstaticPodPath: {}\n\
+             podLogsDir: {}\nenableServer: false\nfileCheckFrequency: 20s\n",
+            etc.join("manifests").display(),
+            env.pod_logs.display()
+        );
+        std::fs::write(lib.join("config.yaml"), config).unwrap();
+        let flags = format!(
+            "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={} --pod-infra-container-image={}\"\n",
+            env.ctd.endpoint(),
+            gantry_testkit::PAUSE_IMAGE
+        );
+        std::fs::write(lib.join("kubeadm-flags.env"), flags).unwrap();
+        KubeadmNode { root }
+    }
+
+    fn bootstrap_conf(&self) -> PathBuf {
+        self.root.join("etc/kubernetes/bootstrap-kubelet.conf")
+    }
+
+    fn kubelet_conf(&self) -> PathBuf {
+        self.root.join("etc/kubernetes/kubelet.conf")
+    }
+
+    fn cert_dir(&self) -> PathBuf {
+        self.root.join("var/lib/kubelet/pki")
+    }
+
+    /// The command line of kubeadm's systemd drop-in (10-kubeadm.conf) with the flags file
+    /// expanded as systemd does, plus the test's node name and cgroup root.
+    fn args(&self, env: &Env) -> Vec<String> {
+        let lib = self.root.join("var/lib/kubelet");
+        let flags = std::fs::read_to_string(lib.join("kubeadm-flags.env")).unwrap();
+        let kubeadm_args = flags.trim().strip_prefix("KUBELET_KUBEADM_ARGS=").unwrap().trim_matches('"').to_string();
+        let mut args = vec![
+            format!("--bootstrap-kubeconfig={}", self.bootstrap_conf().display()),
+            format!("--kubeconfig={}", self.kubelet_conf().display()),
+            format!("--config={}", lib.join("config.yaml").display()),
+            format!("--root-dir={}", lib.display()),
+        ];
+        args.extend(kubeadm_args.split_whitespace().map(String::from));
+        args.push(format!("--hostname-override={}", env.node));
+        args.push(format!("--cgroup-root={}", env.ctd.cgroup_root()));
+        args.push("-v=4".into());
+        args
+    }
+
+    fn log(&self) -> PathBuf {
+        self.root.join("gantry.log")
+    }
+
+    fn start(&self, env: &Env) -> Gantry {
+        Gantry::start(&self.args(env), &self.log())
+    }
+}
+
+/// The CSRs `user` made.
+async fn csrs_by(admin: &Client, user: &str) -> Vec<CertificateSigningRequest> {
+    let all = Api::<CertificateSigningRequest>::all(admin.clone()).list(&ListParams::default()).await.unwrap();
+    all.items.into_iter().filter(|c| c.spec.username.as_deref() == Some(user)).collect()
+}
+
+fn bound_pod(node: &str, name: &str) -> Pod {
+    let spec = format!("  nodeName: {node}\n  automountServiceAccountToken: false\n");
+    serde_yaml_ng::from_str(&pod_yaml(name, "while true; do sleep 1; done", &spec)).unwrap()
+}
+
+/// Waits for the agent to exit; returns its log.
+async fn wait_exit(gantry: &mut Gantry, log: &Path, what: &str) -> String {
+    let read = || std::fs::read_to_string(log).unwrap_or_default();
+    poll(
+        what,
+        || tail(&read(), 40),
+        || {
+            let exited = gantry.try_exit();
+            async move { exited }
+        },
+    )
+    .await;
+    read()
+}
+
+#[tokio::test]
+async fn joins_with_a_bootstrap_token_runs_a_pod_and_restarts_without_a_new_csr() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let admin = cluster.admin().await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
+    if let Cluster::Real(_) = cluster {
+        kubeadm_bindings(&admin).await;
+    }
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let mut gantry = node.start(&env);
+
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("the Node registered with the bootstrapped certificate", &gantry, || async {
+        nodes.get_opt(&env.node).await.ok().flatten()
+    })
+    .await;
+    let requester = format!("system:bootstrap:{id}");
+    let made = csrs_by(&admin, &requester).await;
+    assert_eq!(made.len(), 1, "one CSR from the bootstrap token");
+    let csr = &made[0];
+    let name = csr.metadata.name.clone().unwrap();
+    assert!(name.starts_with("node-csr-"), "{name}");
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kube-apiserver-client-kubelet");
+    assert_eq!(csr.spec.usages.clone().unwrap(), ["digital signature", "client auth"]);
+    let current = node.cert_dir().join("kubelet-client-current.pem");
+    let target = std::fs::read_link(&current).expect("kubelet-client-current.pem is a symlink");
+    assert!(target.file_name().unwrap().to_str().unwrap().starts_with("kubelet-client-20"), "{target:?}");
+    let kubelet_conf = std::fs::read_to_string(node.kubelet_conf()).unwrap();
+    assert!(kubelet_conf.contains(&format!("client-certificate: {}", current.display())), "{kubelet_conf}");
+    assert!(!node.cert_dir().join("kubelet-client.key.tmp").exists(), "the pending key is gone once issued");
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let pod = format!("tls-{id}");
+    pods.create(&PostParams::default(), &bound_pod(&env.node, &pod)).await.unwrap();
+    eventually("the API pod Running", &gantry, || async {
+        let p = pods.get(&pod).await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+
+    // A restart finds a valid kubelet.conf: no second request.
+    gantry.kill();
+    let mut gantry = Gantry::start(&node.args(&env), &node.root.join("gantry-restarted.log"));
+    eventually("the restarted agent connected", &gantry, || async {
+        gantry.log().contains("connected to the API server").then_some(())
+    })
+    .await;
+    assert!(gantry.log().contains("no bootstrap needed"), "{}", tail(&gantry.log(), 30));
+    assert_eq!(csrs_by(&admin, &requester).await.len(), 1, "no new CSR after the restart");
+    assert!(gantry.try_exit().is_none());
+
+    let _ = pods.delete(&pod, &DeleteParams::default().grace_period(0)).await;
+    let _ = Api::<Secret>::namespaced(admin.clone(), "kube-system")
+        .delete(&format!("bootstrap-token-{id}"), &DeleteParams::default())
+        .await;
+    let _ = Api::<CertificateSigningRequest>::all(admin).delete(&name, &DeleteParams::default()).await;
+    gantry.kill();
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn a_wrong_token_or_missing_bootstrap_kubeconfig_stops_start_up() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let node = KubeadmNode::new(&env);
+    let mut gantry = node.start(&env);
+    let log = wait_exit(&mut gantry, &node.log(), "exit without a bootstrap kubeconfig").await;
+    assert!(
+        log.contains(&format!(
+            "cannot read the bootstrap kubeconfig {} (given with --bootstrap-kubeconfig)",
+            node.bootstrap_conf().display()
+        )),
+        "{}",
+        tail(&log, 20)
+    );
+
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), "zzzzzz.zzzzzzzzzzzzzzzz", &node.bootstrap_conf());
+    let mut gantry = node.start(&env);
+    let log = wait_exit(&mut gantry, &node.log(), "exit with a wrong token").await;
+    assert!(log.contains("answered 401 Unauthorized to the bootstrap credentials"), "{}", tail(&log, 20));
+    assert!(!node.kubelet_conf().exists(), "no kubelet.conf without a certificate");
+}
+
+#[tokio::test]
+async fn a_denied_csr_is_named_in_the_start_up_error() {
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some(server) = cluster.test_server("denied CSR (the real cluster's approver would approve it)") else {
+        return;
+    };
+    // A token group that may create CSRs but is not auto-approved: the request waits for a human.
+    const GROUP: &str = "system:bootstrappers:manual";
+    server.set_authorizer(|req| {
+        let manual = req.user.groups.iter().any(|g| g == GROUP);
+        if manual && req.resource == "certificatesigningrequests" && req.subresource.is_empty() {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        }
+    });
+    let admin = server.client(&User::Admin).await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, GROUP).await;
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let mut gantry = node.start(&env);
+
+    let requester = format!("system:bootstrap:{id}");
+    let csr = eventually("the pending CSR", &gantry, || async { csrs_by(&admin, &requester).await.pop() }).await;
+    let name = csr.metadata.name.unwrap();
+    assert!(node.cert_dir().join("kubelet-client.key.tmp").exists(), "the pending key is kept while waiting");
+
+    // A restart while the request is pending resumes the wait on the same request.
+    gantry.kill();
+    let restarted_log = node.root.join("gantry-restarted.log");
+    let mut gantry = Gantry::start(&node.args(&env), &restarted_log);
+    eventually("the restarted agent waiting on the same CSR", &gantry, || async {
+        gantry.log().contains(&format!("requesting a client certificate (TLS bootstrap) csr={name}")).then_some(())
+    })
+    .await;
+    assert_eq!(csrs_by(&admin, &requester).await.len(), 1, "no second CSR after the restart");
+    let deny = Patch::Merge(json!({"status": {"conditions": [
+        {"type": "Denied", "status": "True", "reason": "NotOurNode", "message": "unknown machine"}
+    ]}}));
+    Api::<CertificateSigningRequest>::all(admin)
+        .patch_subresource("approval", &name, &PatchParams::default(), &deny)
+        .await
+        .unwrap();
+    let log = wait_exit(&mut gantry, &restarted_log, "exit after the denial").await;
+    assert!(
+        log.contains(&format!("certificate signing request {name} was denied: NotOurNode: unknown machine")),
+        "{}",
+        tail(&log, 20)
+    );
+}
+
+#[tokio::test]
+async fn an_expired_client_certificate_is_bootstrapped_again_at_start_up() {
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some(server) = cluster.test_server("expired certificate (needs the test signer's short lifetime)") else {
+        return;
+    };
+    server.set_signing_duration(std::time::Duration::from_secs(3));
+    let admin = server.client(&User::Admin).await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let mut gantry = node.start(&env);
+    let requester = format!("system:bootstrap:{id}");
+    eventually("the first certificate", &gantry, || async {
+        node.cert_dir().join("kubelet-client-current.pem").exists().then_some(())
+    })
+    .await;
+    gantry.kill();
+    let kubelet_conf = node.kubelet_conf();
+    poll("the first certificate to expire", String::new, || async {
+        let pem = gantry_agent::api::bootstrap::kubeconfig_client_cert(&kubelet_conf).ok()?;
+        gantry_agent::api::bootstrap::cert_valid_at(&pem, jiff::Timestamp::now().as_second()).is_err().then_some(())
+    })
+    .await;
+
+    let gantry = Gantry::start(&node.args(&env), &node.root.join("gantry-restarted.log"));
+    eventually("a second CSR from the bootstrap token", &gantry, || async {
+        (csrs_by(&admin, &requester).await.len() == 2).then_some(())
+    })
+    .await;
+    eventually("the restarted agent connected with the new certificate", &gantry, || async {
+        gantry.log().contains("connected to the API server").then_some(())
+    })
+    .await;
+}

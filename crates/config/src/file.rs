@@ -32,6 +32,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "fileCheckFrequency",
     "httpCheckFrequency",
     "syncFrequency",
+    "configMapAndSecretChangeDetectionStrategy",
     "containerRuntimeEndpoint",
     "imageServiceEndpoint",
     "runtimeRequestTimeout",

@@ -21,6 +21,7 @@ mod flags;
 mod gates;
 mod images;
 mod logs;
+mod objects;
 mod pods;
 mod server;
 
@@ -41,6 +42,7 @@ pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTR
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 pub use images::ImageSettings;
 pub use logs::LogSettings;
+pub use objects::ChangeDetection;
 pub use pods::{CgroupDriver, PodSettings};
 pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion};
 
@@ -93,6 +95,8 @@ pub struct Settings {
     pub http_check_frequency: Duration,
     /// `syncFrequency` / `--sync-frequency`, default 1m.
     pub sync_frequency: Duration,
+    /// `configMapAndSecretChangeDetectionStrategy`, default Watch.
+    pub change_detection: ChangeDetection,
     /// `--container-runtime-endpoint` / `containerRuntimeEndpoint`.
     pub container_runtime_endpoint: String,
     /// `--image-service-endpoint` / `imageServiceEndpoint`; None = same as
@@ -179,6 +183,7 @@ impl Default for Settings {
             file_check_frequency: DEFAULT_FILE_CHECK_FREQUENCY,
             http_check_frequency: DEFAULT_HTTP_CHECK_FREQUENCY,
             sync_frequency: DEFAULT_SYNC_FREQUENCY,
+            change_detection: ChangeDetection::default(),
             container_runtime_endpoint: DEFAULT_CONTAINER_RUNTIME_ENDPOINT.to_string(),
             image_service_endpoint: None,
             runtime_request_timeout: DEFAULT_RUNTIME_REQUEST_TIMEOUT,
@@ -318,6 +323,7 @@ impl fmt::Debug for Settings {
             .field("file_check_frequency", &self.file_check_frequency)
             .field("http_check_frequency", &self.http_check_frequency)
             .field("sync_frequency", &self.sync_frequency)
+            .field("change_detection", &self.change_detection)
             .field("container_runtime_endpoint", &self.container_runtime_endpoint)
             .field("image_service_endpoint", &self.image_service_endpoint)
             .field("runtime_request_timeout", &self.runtime_request_timeout)
@@ -517,6 +523,14 @@ fn apply_file(
         }
     }
 
+    if let Some(v) = c.config_map_and_secret_change_detection_strategy.as_deref().filter(|v| !v.is_empty()) {
+        s.change_detection = ChangeDetection::parse(v).ok_or_else(|| {
+            invalid(
+                "configMapAndSecretChangeDetectionStrategy",
+                format!("unsupported value {v:?}: must be one of Get, Cache, Watch"),
+            )
+        })?;
+    }
     if let Some(e) = c.container_runtime_endpoint.as_deref().filter(|e| !e.is_empty()) {
         check_endpoint(e).map_err(|reason| invalid("containerRuntimeEndpoint", reason))?;
         s.container_runtime_endpoint = e.to_string();

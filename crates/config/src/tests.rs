@@ -38,6 +38,7 @@ fn defaults_without_flags_or_file() {
     assert_eq!(s.file_check_frequency, Duration::from_secs(20));
     assert_eq!(s.http_check_frequency, Duration::from_secs(20));
     assert_eq!(s.sync_frequency, Duration::from_secs(60));
+    assert_eq!(s.change_detection, ChangeDetection::Watch);
     assert_eq!(s.container_runtime_endpoint, "unix:///run/containerd/containerd.sock");
     assert_eq!(s.image_service_endpoint, None);
     assert_eq!(s.effective_image_service_endpoint(), "unix:///run/containerd/containerd.sock");
@@ -667,4 +668,14 @@ fn enforce_node_allocatable() {
     assert!(e.contains("system-reserved") && e.contains("not supported"), "{e}");
     let e = err(&["--enforce-node-allocatable=everything"], None).to_string();
     assert!(e.contains("invalid option \"everything\""), "{e}");
+}
+
+#[test]
+fn change_detection_strategy() {
+    let body = |v: &str| format!("configMapAndSecretChangeDetectionStrategy: {v}\n");
+    assert_eq!(ok(&[], Some(&body("Get"))).change_detection, ChangeDetection::Get);
+    assert_eq!(ok(&[], Some(&body("Cache"))).change_detection, ChangeDetection::Cache);
+    assert_eq!(ok(&[], Some(&body("Watch"))).change_detection, ChangeDetection::Watch);
+    let e = err(&[], Some(&body("Poll"))).to_string();
+    assert!(e.contains("configMapAndSecretChangeDetectionStrategy") && e.contains("Get, Cache, Watch"), "{e}");
 }

@@ -201,6 +201,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("fileCheckFrequency", "file_check_frequency", "crates/agent/src/agent/mod.rs"),
     ("httpCheckFrequency", "http_check_frequency", "crates/agent/src/agent/mod.rs"),
     ("syncFrequency", "sync_frequency", "crates/agent/src/agent/worker.rs"),
+    ("configMapAndSecretChangeDetectionStrategy", "change_detection", "crates/node/src/lib.rs"),
     ("containerRuntimeEndpoint", "container_runtime_endpoint", "crates/agent/src/agent/mod.rs"),
     ("imageServiceEndpoint", "image_service_endpoint", "crates/agent/src/agent/mod.rs"),
     ("runtimeRequestTimeout", "runtime_request_timeout", "crates/agent/src/agent/mod.rs"),

@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
+use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::NodeEventRecorder;
 use gantry_agent::image::collector::ImageCollector;
@@ -71,7 +72,12 @@ impl Node {
             None => None,
         };
         let shared = match &cluster {
-            Some(c) => shared.with_api(c.client.clone(), &settings.node_name, c.host_ip.clone()),
+            Some(c) => {
+                let strategy = settings.change_detection;
+                let (objects, watches) = ObjectSource::new(c.client.clone(), strategy, c.object_ttl.clone());
+                supervisor.spawn("object-watches", watches);
+                shared.with_api(c.client.clone(), objects, &settings.node_name, c.host_ip.clone())
+            }
             None => shared,
         };
         if sources.kinds.is_empty() {
@@ -163,6 +169,8 @@ struct Cluster {
     /// The node's first InternalIP, the pods' hostIP.
     host_ip: Option<String>,
     node_uid: watch::Receiver<Option<String>>,
+    /// The Node's object TTL annotation (the `Cache` strategy's TTL).
+    object_ttl: watch::Receiver<Option<std::time::Duration>>,
     mirrors: watch::Receiver<Vec<Pod>>,
 }
 
@@ -182,7 +190,7 @@ async fn join_cluster(
     let pods = pod_source::run(client.clone(), settings.node_name.clone(), sources.tx.clone(), mirrors_tx);
     supervisor.spawn("api-pod-source", pods);
     let host_ip = node.host_ips.first().cloned();
-    Ok(Cluster { client, host_ip, node_uid: node.node_uid, mirrors })
+    Ok(Cluster { client, host_ip, node_uid: node.node_uid, object_ttl: node.object_ttl, mirrors })
 }
 
 impl Cluster {

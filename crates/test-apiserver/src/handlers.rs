@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::{Value, json};
 
+use crate::accounting::RequestKey;
 use crate::auth;
 use crate::discovery;
 use crate::eviction;
@@ -306,6 +307,15 @@ async fn resource_request(
         });
     }
     let name = rp.name.clone().or_else(|| fields.single_name().map(String::from)).unwrap_or_default();
+    state.accounting.count(RequestKey {
+        verb: verb.to_string(),
+        resource: match &rp.subresource {
+            Some(sub) => format!("{}/{sub}", rt.plural),
+            None => rt.plural.clone(),
+        },
+        namespace: rp.namespace.clone().unwrap_or_default(),
+        name: name.clone(),
+    });
     let access = access_request(user, verb, &rp, name);
     if let Decision::Deny(r) | Decision::NoOpinion(r) = auth::authorize(&state, &access, Some(&fields)) {
         return Err(auth::forbidden(&access, &r));

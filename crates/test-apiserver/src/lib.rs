@@ -18,6 +18,7 @@
 //! Known differences from a real server are listed in the crate README-like section of
 //! `TestApiServer`'s documentation.
 
+mod accounting;
 mod auth;
 mod bootstrap_tokens;
 mod csr;
@@ -43,6 +44,7 @@ mod store;
 mod tokens;
 mod watch;
 
+pub use accounting::{OpenWatch, RequestCounts, RequestKey};
 pub use eviction::EvictionRecord;
 
 use std::collections::BTreeMap;
@@ -281,6 +283,17 @@ impl TestApiServer {
     /// Every pods/eviction request so far, in arrival order, with its answer.
     pub fn evictions(&self) -> Vec<EvictionRecord> {
         self.state.store.lock().evictions.clone()
+    }
+
+    /// Every resource request so far (authorized or not), by verb, resource (with
+    /// subresource) and object, as the server counted them.
+    pub fn requests(&self) -> RequestCounts {
+        self.state.accounting.requests()
+    }
+
+    /// The watches being served now.
+    pub fn open_watches(&self) -> Vec<OpenWatch> {
+        self.state.accounting.open_watches()
     }
 
     /// The current (latest) resourceVersion.

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::accounting::Accounting;
 use crate::pki::Pki;
 use crate::store::Store;
 use crate::tokens::Tokens;
@@ -24,6 +25,8 @@ pub struct State {
     pub pki: Pki,
     pub tokens: Tokens,
     pub hooks: RwLock<Hooks>,
+    /// Requests and open watches, counted as they arrive.
+    pub accounting: Accounting,
     epoch: Mutex<CancellationToken>,
     /// The in-process signer's certificate lifetime (`--cluster-signing-duration`).
     signing_duration: Mutex<std::time::Duration>,
@@ -36,6 +39,7 @@ impl State {
             pki,
             tokens,
             hooks: RwLock::new(Hooks::default()),
+            accounting: Accounting::default(),
             epoch: Mutex::new(CancellationToken::new()),
             signing_duration: Mutex::new(crate::csr::DEFAULT_SIGNING_DURATION),
         }

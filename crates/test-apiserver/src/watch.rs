@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::accounting::OpenWatch;
 use crate::ops::{ListOptions, present};
 use crate::resources::ResourceType;
 use crate::state::State;
@@ -160,6 +161,11 @@ async fn send_all(tx: &mpsc::Sender<Bytes>, lines: Vec<Bytes>) -> bool {
 }
 
 async fn run(state: Arc<State>, req: WatchRequest, start: Start, tx: mpsc::Sender<Bytes>, epoch: CancellationToken) {
+    let _open = state.accounting.open(OpenWatch {
+        resource: req.rt.plural.clone(),
+        namespace: req.namespace.clone(),
+        name: req.opts.fields.single_name().map(String::from),
+    });
     // Subscribe before reading so no write between the read and the wait is missed.
     let mut latest = state.store.subscribe();
     let deadline = Instant::now() + req.timeout.unwrap_or(DEFAULT_TIMEOUT);

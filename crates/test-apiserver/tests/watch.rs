@@ -251,3 +251,44 @@ async fn stop_closes_watches() {
     let end = timeout(WAIT, w.next()).await.expect("watch ends when the server stops");
     assert!(end.is_none() || end.unwrap().is_err());
 }
+
+/// The server counts requests by verb, resource and object, and lists the watches it serves
+/// until the client goes away; a `metadata.name` watch sees only its object.
+#[tokio::test]
+async fn requests_and_open_watches_are_counted() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    cms.create(&PostParams::default(), &cm("a", json!({}))).await.unwrap();
+    cms.create(&PostParams::default(), &cm("b", json!({}))).await.unwrap();
+    let before = server.requests();
+    cms.get("a").await.unwrap();
+    cms.get("a").await.unwrap();
+    let list = cms.list(&ListParams::default().fields("metadata.name=a")).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let mut w = cms
+        .watch(&WatchParams::default().fields("metadata.name=a"), &list.metadata.resource_version.unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    cms.patch("b", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "2"}}))).await.unwrap();
+    cms.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "2"}}))).await.unwrap();
+    assert_eq!(name_of(&next(&mut w).await), ("MODIFIED", "a".to_string()));
+    let counted = server.requests().since(&before);
+    assert_eq!(counted.of("get", "configmaps", "default", "a"), 2);
+    assert_eq!(counted.of("list", "configmaps", "default", "a"), 1);
+    assert_eq!(counted.of("watch", "configmaps", "default", "a"), 1);
+    assert_eq!(counted.total("patch", "configmaps"), 2);
+    assert_eq!(counted.total("get", "configmaps"), 2);
+    let open = server.open_watches();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(
+        (open[0].resource.as_str(), open[0].namespace.as_deref(), open[0].name.as_deref()),
+        ("configmaps", Some("default"), Some("a"))
+    );
+    drop(w);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !server.open_watches().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the watch is still open after the client left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::cluster::ApiLink;
 use crate::cluster::maintenance::HoldInput;
+use crate::cluster::objects::ObjectSource;
 use crate::runtime::observe::PodIdentity;
 use crate::runtime::{Driver, Observer};
 use crate::source::merge::Merger;
@@ -138,10 +139,16 @@ impl Shared {
     }
 
     /// The same, reporting to the API server through `client` (cluster mode).
-    pub fn with_api(self: Arc<Self>, client: kube::Client, node: &str, host_ip: Option<String>) -> Arc<Self> {
+    /// `objects`: the ConfigMaps, Secrets, Services and tokens pods use.
+    pub fn with_api(
+        self: Arc<Self>,
+        client: kube::Client,
+        objects: ObjectSource,
+        node: &str,
+        host_ip: Option<String>,
+    ) -> Arc<Self> {
         let mut shared = Arc::into_inner(self).expect("with_api is called before workers start");
         shared.events = crate::events::Recorder::to_api(client.clone(), node);
-        let objects = crate::cluster::objects::ObjectSource::new(client.clone());
         shared.driver = shared.driver.with_objects(objects).with_events(shared.events.clone());
         shared.api = Some(ApiLink { client });
         shared.host_ip = host_ip;

@@ -7,6 +7,7 @@ pub mod objects;
 pub mod pod_source;
 pub mod retry;
 pub mod status_sync;
+pub mod watched;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};

@@ -1,15 +1,26 @@
-//! The edge to the API server for what pods refer to: ConfigMaps and Secrets (read fresh on
-//! each pod sync, so changes show up within the sync period) and service-account tokens
-//! (TokenRequest bound to the pod, cached and renewed after 80% of their lifetime).
+//! The edge to the API server for what pods refer to, behind one seam ([`ObjectSource`]):
+//! ConfigMaps and Secrets as `configMapAndSecretChangeDetectionStrategy` says (`Watch`: one
+//! watch per object while a pod uses it; `Cache`: read again once the node's object TTL has
+//! passed; `Get`: read on every use), Services for the service environment variables (one
+//! watch of each namespace whose pods want service links, and of `default/kubernetes`), and
+//! service-account tokens (TokenRequest bound to the pod, cached and renewed after 80% of
+//! their lifetime). Volume contents follow changes on each pod sync, which reads from here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
+use kube::api::PostParams;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
 
+use super::watched::{self, Scope, Watched};
+use gantry_config::ChangeDetection;
 use gantry_vocab::spec;
 
 /// A service-account token a projected volume needs, by audience and lifetime.
@@ -25,10 +36,28 @@ type Secs = i64;
 /// By pod UID and token key: the token and when it was issued and expires.
 type TokenCache = HashMap<(String, TokenKey), (String, Secs, Secs)>;
 
+/// Upstream's TTL when the node has no `node.alpha.kubernetes.io/ttl` annotation.
+pub const DEFAULT_OBJECT_TTL: Duration = Duration::from_secs(60);
+
+/// The service every pod gets variables for, whatever its namespace.
+const MASTER: (&str, &str) = ("default", "kubernetes");
+
 #[derive(Clone)]
 pub struct ObjectSource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     client: Client,
-    tokens: Arc<Mutex<TokenCache>>,
+    strategy: ChangeDetection,
+    config_maps: Watched<ConfigMap>,
+    secrets: Watched<Secret>,
+    services: Watched<Service>,
+    cached_config_maps: Mutex<TtlCache<ConfigMap>>,
+    cached_secrets: Mutex<TtlCache<Secret>>,
+    /// The node's object TTL annotation, as the node status loop last read it.
+    node_ttl: watch::Receiver<Option<Duration>>,
+    tokens: Mutex<TokenCache>,
 }
 
 /// Upstream renews a token once 80% of its lifetime has passed (or after a day).
@@ -37,31 +66,159 @@ pub fn needs_renewal(issued: Secs, expires: Secs, now: Secs) -> bool {
     now >= issued + lifetime * 8 / 10 || now >= issued + 24 * 3600
 }
 
+/// Objects read for the `Cache` strategy, with when, and the pods that use each.
+struct TtlCache<K> {
+    entries: HashMap<(String, String), CacheEntry<K>>,
+}
+
+struct CacheEntry<K> {
+    pods: HashSet<String>,
+    /// When it was read and what was read (None: it does not exist).
+    read: Option<(Instant, Option<K>)>,
+}
+
+impl<K> Default for TtlCache<K> {
+    fn default() -> Self {
+        TtlCache { entries: HashMap::new() }
+    }
+}
+
+impl<K: Clone> TtlCache<K> {
+    /// The cached object when still fresh. A pod using the object for the first time reads
+    /// it again, as upstream's `AddReference` invalidates, so a new pod never starts on stale
+    /// data.
+    fn fresh(&mut self, pod: &str, key: (String, String), now: Instant, ttl: Duration) -> Option<Option<K>> {
+        let entry = self.entries.entry(key).or_insert_with(|| CacheEntry { pods: HashSet::new(), read: None });
+        if entry.pods.insert(pod.to_string()) {
+            entry.read = None;
+        }
+        let (at, value) = entry.read.as_ref()?;
+        (now.duration_since(*at) < ttl).then(|| value.clone())
+    }
+
+    fn store(&mut self, key: (String, String), now: Instant, value: Option<K>) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.read = Some((now, value));
+        }
+    }
+
+    fn release(&mut self, pod: &str) {
+        self.entries.retain(|_, e| {
+            e.pods.remove(pod);
+            !e.pods.is_empty()
+        });
+    }
+}
+
+fn config_map_immutable(cm: &ConfigMap) -> bool {
+    cm.immutable == Some(true)
+}
+
+fn secret_immutable(s: &Secret) -> bool {
+    s.immutable == Some(true)
+}
+
 impl ObjectSource {
-    pub fn new(client: Client) -> Self {
-        ObjectSource { client, tokens: Arc::default() }
-    }
-
-    /// `None` when it does not exist; other errors use the API server's message.
-    pub async fn config_map(&self, ns: &str, name: &str) -> Result<Option<ConfigMap>, String> {
-        Api::<ConfigMap>::namespaced(self.client.clone(), ns).get_opt(name).await.map_err(|e| e.to_string())
-    }
-
-    pub async fn secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, String> {
-        Api::<Secret>::namespaced(self.client.clone(), ns).get_opt(name).await.map_err(|e| e.to_string())
-    }
-
-    /// The services whose variables a pod in `ns` may get: those of `ns` (when `links`) and the
-    /// API server's own `default/kubernetes`. Read fresh per container start (no watch cache).
-    pub async fn services(&self, ns: &str, links: bool) -> Result<Vec<Service>, String> {
-        let mut services = match Api::<Service>::namespaced(self.client.clone(), "default").get_opt("kubernetes").await
-        {
-            Ok(master) => master.into_iter().collect::<Vec<_>>(),
-            Err(e) => return Err(format!("cannot read the kubernetes service: {e}")),
+    /// The source, and the task that runs its watches (for the node's supervisor).
+    /// `node_ttl`: the node's `node.alpha.kubernetes.io/ttl`, for the `Cache` strategy.
+    pub fn new(
+        client: Client,
+        strategy: ChangeDetection,
+        node_ttl: watch::Receiver<Option<Duration>>,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (spawner, watches) = mpsc::unbounded_channel();
+        let inner = Inner {
+            config_maps: Watched::new(client.clone(), spawner.clone(), config_map_immutable),
+            secrets: Watched::new(client.clone(), spawner.clone(), secret_immutable),
+            services: Watched::new(client.clone(), spawner, |_| false),
+            client,
+            strategy,
+            cached_config_maps: Mutex::default(),
+            cached_secrets: Mutex::default(),
+            node_ttl,
+            tokens: Mutex::default(),
         };
+        (ObjectSource { inner: Arc::new(inner) }, watched::run(watches))
+    }
+
+    /// A ConfigMap in the pod's namespace; `None` when it does not exist; other errors use
+    /// the API server's message.
+    pub async fn config_map(&self, pod: &Pod, name: &str) -> Result<Option<ConfigMap>, String> {
+        let i = &self.inner;
+        self.lookup(&i.config_maps, &i.cached_config_maps, pod, name).await
+    }
+
+    pub async fn secret(&self, pod: &Pod, name: &str) -> Result<Option<Secret>, String> {
+        let i = &self.inner;
+        self.lookup(&i.secrets, &i.cached_secrets, pod, name).await
+    }
+
+    async fn lookup<K>(
+        &self,
+        watched: &Watched<K>,
+        cache: &Mutex<TtlCache<K>>,
+        pod: &Pod,
+        name: &str,
+    ) -> Result<Option<K>, String>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let (uid, ns) = (spec::uid(pod), spec::namespace(pod));
+        match self.inner.strategy {
+            ChangeDetection::Get => self.read(ns, name).await,
+            ChangeDetection::Cache => {
+                let key = (ns.to_string(), name.to_string());
+                let ttl = self.inner.node_ttl.borrow().unwrap_or(DEFAULT_OBJECT_TTL);
+                let fresh =
+                    cache.lock().unwrap_or_else(|p| p.into_inner()).fresh(uid, key.clone(), Instant::now(), ttl);
+                if let Some(value) = fresh {
+                    return Ok(value);
+                }
+                let value = self.read(ns, name).await?;
+                cache.lock().unwrap_or_else(|p| p.into_inner()).store(key, Instant::now(), value.clone());
+                Ok(value)
+            }
+            ChangeDetection::Watch => match watched.get(uid, &Scope::object(ns, name)).await {
+                Some(view) => Ok(view.get(name).cloned()),
+                // A watch that has not listed yet must not hold the pod up: read it once.
+                None => self.read(ns, name).await,
+            },
+        }
+    }
+
+    async fn read<K>(&self, ns: &str, name: &str) -> Result<Option<K>, String>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        Api::<K>::namespaced(self.inner.client.clone(), ns).get_opt(name).await.map_err(|e| e.to_string())
+    }
+
+    /// The services whose variables the pod may get: those of its namespace (when it wants
+    /// service links) and the API server's own `default/kubernetes`, from watches the pod
+    /// holds from now on.
+    pub async fn services(&self, pod: &Pod) -> Result<Vec<Service>, String> {
+        let (uid, ns) = (spec::uid(pod), spec::namespace(pod));
+        let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+        let mut scopes = Vec::new();
         if links {
-            let list = Api::<Service>::namespaced(self.client.clone(), ns).list(&ListParams::default()).await;
-            services.extend(list.map_err(|e| format!("cannot list services in {ns}: {e}"))?.items);
+            scopes.push(Scope::namespace(ns));
+        }
+        // The namespace watch of `default` already has it.
+        if !(links && ns == MASTER.0) {
+            scopes.push(Scope::object(MASTER.0, MASTER.1));
+        }
+        let mut services = Vec::new();
+        for scope in scopes {
+            let Some(view) = self.inner.services.get(uid, &scope).await else {
+                return Err("services have not yet been read at least once, cannot construct envvars".into());
+            };
+            services.extend(view.values().cloned());
         }
         Ok(services)
     }
@@ -70,7 +227,8 @@ impl ObjectSource {
     pub async fn token(&self, pod: &Pod, key: &TokenKey) -> Result<String, String> {
         let cache_key = (spec::uid(pod).to_string(), key.clone());
         let now = jiff::Timestamp::now().as_second();
-        if let Some((token, issued, expires)) = self.tokens.lock().unwrap().get(&cache_key)
+        if let Some((token, issued, expires)) =
+            self.inner.tokens.lock().unwrap_or_else(|p| p.into_inner()).get(&cache_key)
             && !needs_renewal(*issued, *expires, now)
         {
             return Ok(token.clone());
@@ -89,20 +247,31 @@ impl ObjectSource {
             },
             ..Default::default()
         };
-        let api = Api::<ServiceAccount>::namespaced(self.client.clone(), spec::namespace(pod));
+        let api = Api::<ServiceAccount>::namespaced(self.inner.client.clone(), spec::namespace(pod));
         let response = api
             .create_token_request(&sa, &PostParams::default(), &request)
             .await
             .map_err(|e| format!("failed to fetch token: {e}"))?;
         let status = response.status.ok_or("failed to fetch token: the TokenRequest has no status")?;
         let expires = status.expiration_timestamp.0.as_second();
-        self.tokens.lock().unwrap().insert(cache_key, (status.token.clone(), now, expires));
+        self.inner
+            .tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cache_key, (status.token.clone(), now, expires));
         Ok(status.token)
     }
 
-    /// Forgets the tokens of a pod that is gone.
+    /// Forgets a pod that is gone: its tokens, and its uses of objects (watches no other pod
+    /// uses stop).
     pub fn forget(&self, uid: &str) {
-        self.tokens.lock().unwrap().retain(|(u, _), _| u != uid);
+        let i = &self.inner;
+        i.tokens.lock().unwrap_or_else(|p| p.into_inner()).retain(|(u, _), _| u != uid);
+        i.config_maps.release(uid);
+        i.secrets.release(uid);
+        i.services.release(uid);
+        i.cached_config_maps.lock().unwrap_or_else(|p| p.into_inner()).release(uid);
+        i.cached_secrets.lock().unwrap_or_else(|p| p.into_inner()).release(uid);
     }
 }
 
@@ -116,5 +285,28 @@ mod tests {
         assert!(needs_renewal(0, 3600, 2880));
         assert!(!needs_renewal(0, 200_000, 86_399));
         assert!(needs_renewal(0, 200_000, 86_400));
+    }
+
+    fn key(name: &str) -> (String, String) {
+        ("ns".to_string(), name.to_string())
+    }
+
+    #[test]
+    fn ttl_cache_reads_again_after_the_ttl_and_for_a_new_pod() {
+        let mut cache = TtlCache::<u32>::default();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(60);
+        assert_eq!(cache.fresh("p1", key("a"), t0, ttl), None, "never read");
+        cache.store(key("a"), t0, Some(1));
+        assert_eq!(cache.fresh("p1", key("a"), t0 + Duration::from_secs(59), ttl), Some(Some(1)));
+        assert_eq!(cache.fresh("p1", key("a"), t0 + ttl, ttl), None, "expired");
+        cache.store(key("a"), t0 + ttl, Some(2));
+        assert_eq!(cache.fresh("p2", key("a"), t0 + ttl, ttl), None, "a new pod reads it again");
+        cache.store(key("a"), t0 + ttl, None);
+        assert_eq!(cache.fresh("p1", key("a"), t0 + ttl, ttl), Some(None), "absence is cached too");
+        cache.release("p1");
+        assert_eq!(cache.entries.len(), 1, "p2 still uses it");
+        cache.release("p2");
+        assert!(cache.entries.is_empty());
     }
 }

@@ -181,7 +181,7 @@ impl ImagePuller {
         let mut configs = Vec::new();
         let mut failed = Vec::new();
         for name in names {
-            match self.secret(spec::namespace(pod), name).await {
+            match self.secret(pod, name).await {
                 Ok(config) => configs.push(config),
                 Err(why) => {
                     tracing::warn!(pod = %spec::full_name(pod), secret = name, error = %why, "cannot use image pull secret");
@@ -199,9 +199,9 @@ impl ImagePuller {
         configs
     }
 
-    async fn secret(&self, namespace: &str, name: &str) -> Result<DockerConfig, String> {
+    async fn secret(&self, pod: &Pod, name: &str) -> Result<DockerConfig, String> {
         let Some(source) = &self.secrets else { return Err("no API server to read it from".into()) };
-        match source.secret(namespace, name).await? {
+        match source.secret(pod, name).await? {
             Some(secret) => credentials::parse_secret(&secret),
             None => Err("not found".into()),
         }

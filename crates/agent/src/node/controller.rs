@@ -83,6 +83,8 @@ pub struct NodeController {
     cri: Cri,
     facts: MachineFacts,
     uid: watch::Sender<Option<String>>,
+    /// The Node's `node.alpha.kubernetes.io/ttl` annotation (the object cache TTL).
+    object_ttl: watch::Sender<Option<Duration>>,
     runtime: Mutex<RuntimeState>,
     runtime_changed: Notify,
     pressure: Mutex<PressureTracker>,
@@ -145,6 +147,7 @@ impl NodeController {
             cri,
             facts,
             uid: watch::channel(None).0,
+            object_ttl: watch::channel(None).0,
             runtime: Mutex::new(RuntimeState::default()),
             runtime_changed: Notify::new(),
             pressure: Mutex::new(PressureTracker::default()),
@@ -167,7 +170,14 @@ impl NodeController {
         &self.settings.node_name
     }
 
+    /// The Node's object TTL annotation as last seen (`None` without one).
+    pub fn object_ttl(&self) -> watch::Receiver<Option<Duration>> {
+        self.object_ttl.subscribe()
+    }
+
     fn note_uid(&self, node: &Node) {
+        let ttl = status::object_ttl(node);
+        self.object_ttl.send_if_modified(|current| std::mem::replace(current, ttl) != ttl);
         let uid = node.metadata.uid.clone();
         self.uid.send_if_modified(|current| {
             if uid.is_some() && *current != uid {

@@ -55,6 +55,8 @@ pub struct NodeAgent {
     pub registration: watch::Receiver<Option<NodeRegistration>>,
     /// The Node's UID as last seen (changes if the Node is re-created).
     pub node_uid: watch::Receiver<Option<String>>,
+    /// The Node's `node.alpha.kubernetes.io/ttl` annotation as last seen.
+    pub object_ttl: watch::Receiver<Option<std::time::Duration>>,
     /// Registration, then the status, lease and runtime loops; they run until
     /// aborted.
     pub task: JoinHandle<()>,
@@ -109,6 +111,7 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
     }
     let controller = NodeController::new(clients.heartbeat.clone(), settings, cri);
     let node_uid = controller.node_uid();
+    let object_ttl = controller.object_ttl();
     let host_ips = controller.host_ips().await;
     let (registered, registration) = watch::channel(None);
     let node = node.clone();
@@ -126,5 +129,5 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
             }
         }
     });
-    Ok(NodeAgent { clients, host_ips, registration, node_uid, task })
+    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, task })
 }

@@ -494,6 +494,16 @@ pub fn initial_node(inputs: &NodeInputs<'_>) -> (Node, Vec<NodeEvent>) {
 /// merge patch of its metadata; `None` when nothing needs to change. Taints
 /// and other labels are left alone (NodeRestriction forbids a node to
 /// change its taints).
+/// Upstream's `ObjectTTLAnnotationKey`, set by the TTL controller for the kubelet's caches.
+pub const OBJECT_TTL_ANNOTATION: &str = "node.alpha.kubernetes.io/ttl";
+
+/// The object cache TTL the Node's annotation asks for (whole seconds, as upstream parses it;
+/// anything else is ignored).
+pub fn object_ttl(node: &Node) -> Option<std::time::Duration> {
+    let value = node.metadata.annotations.as_ref()?.get(OBJECT_TTL_ANNOTATION)?;
+    value.parse::<u64>().ok().map(std::time::Duration::from_secs)
+}
+
 pub fn registration_patch(existing: &Node, initial: &Node) -> Option<Value> {
     let empty = BTreeMap::new();
     let have = existing.metadata.labels.as_ref().unwrap_or(&empty);

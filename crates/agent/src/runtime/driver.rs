@@ -202,11 +202,9 @@ impl Driver {
     async fn env_objects(&self, pod: &Pod, c: &Container) -> Result<EnvObjects, StartError> {
         let (cms, secrets) = env::referenced(c);
         let mut out = EnvObjects::default();
-        let ns = spec::namespace(pod);
         let failed = |m: String| StartError::new(StartFailure::CreateContainerConfigError, m);
         if let Some(source) = &self.objects {
-            let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
-            match source.services(ns, links).await {
+            match source.services(pod).await {
                 Ok(services) => out.services = service_env::for_pod(pod, &services),
                 // Static pods must run while the API server does not (it may be one of them).
                 Err(e) if !gantry_vocab::keys::is_api_pod(pod) => {
@@ -225,12 +223,12 @@ impl Driver {
             ));
         };
         for name in cms {
-            if let Some(cm) = source.config_map(ns, &name).await.map_err(failed)? {
+            if let Some(cm) = source.config_map(pod, &name).await.map_err(failed)? {
                 out.config_maps.insert(name, cm);
             }
         }
         for name in secrets {
-            if let Some(s) = source.secret(ns, &name).await.map_err(failed)? {
+            if let Some(s) = source.secret(pod, &name).await.map_err(failed)? {
                 out.secrets.insert(name, s);
             }
         }

@@ -140,16 +140,15 @@ fn kind(v: &Volume) -> String {
 }
 
 async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, String> {
-    let ns = spec::namespace(pod);
     let refs = projection::references(v);
     let mut objects = Objects::default();
     for name in refs.config_maps {
-        if let Some(cm) = source.config_map(ns, &name).await? {
+        if let Some(cm) = source.config_map(pod, &name).await? {
             objects.config_maps.insert(name, cm);
         }
     }
     for name in refs.secrets {
-        if let Some(s) = source.secret(ns, &name).await? {
+        if let Some(s) = source.secret(pod, &name).await? {
             objects.secrets.insert(name, s);
         }
     }

@@ -529,3 +529,18 @@ fn images_are_reported_and_kept_when_they_cannot_be_listed() {
     let (again, _) = compute_status(&status, &inputs(&s, &f, now));
     assert_eq!(again.images, Some(vec![image]));
 }
+
+#[test]
+fn object_ttl_from_the_annotation() {
+    let node = |v: &str| Node {
+        metadata: ObjectMeta {
+            annotations: Some([(OBJECT_TTL_ANNOTATION.to_string(), v.to_string())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(object_ttl(&node("15")), Some(std::time::Duration::from_secs(15)));
+    assert_eq!(object_ttl(&node("0")), Some(std::time::Duration::ZERO));
+    assert_eq!(object_ttl(&node("1m")), None);
+    assert_eq!(object_ttl(&Node::default()), None);
+}

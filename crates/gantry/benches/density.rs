@@ -1,0 +1,280 @@
+//! Benchmark, cluster mode at density: what one node costs its machine and the API server.
+//! Through the in-process test API server with a real containerd whose state is on disk (as on
+//! real nodes, not tmpfs), for each pod count it runs two cases, each with a fresh agent and
+//! API server: pods with no API objects, and pods that each mount a distinct ConfigMap, a
+//! distinct Secret and the default service-account volume. It prints:
+//! - the makespan (first create → last pod Running) next to the raw CRI floor, the best of
+//!   sequential and 8-way parallel raw CRI for the same number of pods on the same containerd;
+//! - the agent's RSS (anon and file), threads, and CPU over the steady-state window;
+//! - API requests per minute over that window by verb and resource, counted by the server,
+//!   and the watches open at its end; beside them what the Go kubelet's design implies.
+//!
+//! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
+//! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
+//! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use gantry_test_apiserver::{TestApiServer, User};
+use gantry_testkit::{BUSYBOX_IMAGE, Containerd, ContainerdOptions, raw_start_pods, raw_start_pods_parallel};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+const NODE: &str = "density-node";
+const FLOOR_WORKERS: usize = 8;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Case {
+    /// Pods with no ConfigMap, Secret or service-account volume.
+    None,
+    /// Each pod mounts its own ConfigMap and Secret, and the default service-account volume.
+    Objects,
+}
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::None => "none",
+            Case::Objects => "objects",
+        }
+    }
+}
+
+fn env_list(name: &str, default: &str) -> Vec<String> {
+    let value = std::env::var(name).unwrap_or_else(|_| default.to_string());
+    value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+}
+
+#[tokio::main]
+async fn main() {
+    if let Some(reason) = gantry_testkit::prereq::missing_prerequisite() {
+        gantry_testkit::prereq::skip_or_panic(&reason);
+        return;
+    }
+    let counts: Vec<usize> =
+        env_list("GANTRY_BENCH_DENSITY_PODS", "110,250").iter().filter_map(|c| c.parse().ok()).collect();
+    let cases: Vec<Case> = env_list("GANTRY_BENCH_CASES", "none,objects")
+        .iter()
+        .filter_map(|c| match c.as_str() {
+            "none" => Some(Case::None),
+            "objects" => Some(Case::Objects),
+            _ => None,
+        })
+        .collect();
+    let steady = Duration::from_secs(
+        std::env::var("GANTRY_BENCH_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60).max(10),
+    );
+    // containerd's state on disk, as on a real node (the test kit's default is tmpfs).
+    let disk = PathBuf::from(format!("/var/tmp/gantry-density-{}", std::process::id()));
+    let ctd = Containerd::start_with(ContainerdOptions { dir: Some(disk.clone()), image_cache: None })
+        .await
+        .expect("containerd starts");
+    for &count in &counts {
+        let floor = raw_floor(&ctd, count).await;
+        for &case in &cases {
+            run_case(&ctd, count, case, floor, steady).await;
+        }
+    }
+    drop(ctd);
+    let _ = std::fs::remove_dir_all(&disk);
+}
+
+/// The best of sequential and bounded-parallel raw CRI for `count` pods.
+async fn raw_floor(ctd: &Containerd, count: usize) -> Duration {
+    let client = ctd.runtime_client().await;
+    let sequential = raw_start_pods(ctd, count).await.expect("raw pods");
+    gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
+    let parallel = raw_start_pods_parallel(ctd, count, FLOOR_WORKERS).await.expect("raw pods");
+    gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
+    println!(
+        "density: pods={count} raw_sequential={:.3}s raw_parallel{FLOOR_WORKERS}={:.3}s",
+        sequential.as_secs_f64(),
+        parallel.as_secs_f64()
+    );
+    sequential.min(parallel)
+}
+
+async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, steady: Duration) {
+    let label = format!("pods={count} case={}", case.name());
+    let server = TestApiServer::start().await;
+    let admin = server.client(&User::Admin).await;
+    let dir = ctd.dir().join(format!("density-{count}-{}", case.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    if case == Case::Objects {
+        create_objects(&admin, count).await;
+    }
+    let mut agent = spawn_agent(ctd, &server, &dir);
+    wait_for_node(&admin).await;
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let makespan = create_and_wait(&pods, count, case).await;
+    println!(
+        "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={:.2}",
+        makespan.as_secs_f64(),
+        floor.as_secs_f64(),
+        makespan.as_secs_f64() / floor.as_secs_f64()
+    );
+    steady_state(&server, agent.id(), &label, steady).await;
+    delete_all(&pods).await;
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+async fn create_objects(admin: &Client, count: usize) {
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    for i in 0..count {
+        let cm = json!({"metadata": {"name": format!("cm-{i}")}, "data": {"v": "1"}});
+        cms.create(&PostParams::default(), &serde_json::from_value(cm).unwrap()).await.unwrap();
+        let s = json!({"metadata": {"name": format!("s-{i}")}, "stringData": {"k": "1"}});
+        secrets.create(&PostParams::default(), &serde_json::from_value(s).unwrap()).await.unwrap();
+    }
+}
+
+fn spawn_agent(ctd: &Containerd, server: &TestApiServer, dir: &Path) -> Child {
+    let kubeconfig = server.kubeconfig(dir, &User::Node(NODE.to_string()));
+    let config = dir.join("config.yaml");
+    let yaml = format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
+        dir.join("logs").display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_gantry"))
+        .args([
+            "kubelet".to_string(),
+            format!("--config={}", config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--container-runtime-endpoint={}", ctd.endpoint()),
+            format!("--root-dir={}", dir.join("root").display()),
+            format!("--cgroup-root={}", ctd.cgroup_root()),
+            format!("--hostname-override={NODE}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("gantry.log")).unwrap())
+        .spawn()
+        .expect("spawn gantry")
+}
+
+async fn wait_for_node(admin: &Client) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while nodes.get_opt(NODE).await.ok().flatten().is_none() {
+        assert!(Instant::now() < deadline, "node never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn pod(i: usize, case: Case) -> Pod {
+    let mut spec = json!({
+        "nodeName": NODE,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sleep", "3600"]}]
+    });
+    match case {
+        Case::None => spec["automountServiceAccountToken"] = json!(false),
+        Case::Objects => {
+            spec["volumes"] = json!([
+                {"name": "cfg", "configMap": {"name": format!("cm-{i}")}},
+                {"name": "sec", "secret": {"secretName": format!("s-{i}")}}
+            ]);
+            spec["containers"][0]["volumeMounts"] =
+                json!([{"name": "cfg", "mountPath": "/cfg"}, {"name": "sec", "mountPath": "/sec"}]);
+        }
+    }
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("d-{i}")}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+/// Creates the pods and returns the time from the first create to the last pod Running.
+async fn create_and_wait(pods: &Api<Pod>, count: usize, case: Case) -> Duration {
+    let mut stream = pods.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    let start = Instant::now();
+    for i in 0..count {
+        pods.create(&PostParams::default(), &pod(i, case)).await.unwrap();
+    }
+    let mut running: HashMap<String, Duration> = HashMap::new();
+    let deadline = start + Duration::from_secs(900);
+    while running.len() < count {
+        assert!(Instant::now() < deadline, "only {} of {count} pods ran", running.len());
+        let next = tokio::time::timeout(Duration::from_secs(30), stream.next()).await;
+        let Ok(Some(Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)))) = next else {
+            if let Ok(None) = next {
+                stream = pods.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+            }
+            continue;
+        };
+        if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+            running.entry(p.name_any()).or_insert_with(|| start.elapsed());
+        }
+    }
+    running.into_values().max().unwrap_or_default()
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r.to_string()).unwrap_or_default();
+    let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
+}
+
+/// CPU, memory and API requests over the steady-state window.
+async fn steady_state(server: &TestApiServer, pid: u32, label: &str, window: Duration) {
+    // Let start-up work (status reports, token requests) settle first.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (before, ticks) = (server.requests(), cpu_ticks(pid));
+    tokio::time::sleep(window).await;
+    let cpu = (cpu_ticks(pid) - ticks) as f64 / 100.0 / window.as_secs_f64();
+    let counted = server.requests().since(&before);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| -> f64 {
+        let value = status.lines().find_map(|l| l.strip_prefix(name));
+        value.and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+    };
+    let mib = |name: &str| field(name) / 1024.0;
+    println!(
+        "density: {label} rss={:.1}MiB (anon {:.1}, file {:.1}) threads={} cpu={cpu:.4}cores (over {}s of steady state)",
+        mib("VmRSS:"),
+        mib("RssAnon:"),
+        mib("RssFile:"),
+        field("Threads:"),
+        window.as_secs(),
+    );
+    let per_min = |n: u64| n as f64 * 60.0 / window.as_secs_f64();
+    let by = counted.by_verb_and_resource();
+    for ((verb, resource), n) in &by {
+        println!("density: {label} api {verb} {resource} {:.1}/min", per_min(*n));
+    }
+    let total: u64 = by.values().sum();
+    println!("density: {label} api total {:.1}/min", per_min(total));
+    let referenced = ["configmaps", "secrets"].iter().map(|r| counted.total("get", r)).sum::<u64>();
+    let leases = counted.total("update", "leases") + counted.total("patch", "leases");
+    let status_patches = counted.total("patch", "nodes/status") + counted.total("update", "nodes/status");
+    println!(
+        "density: {label} vs Go kubelet design: lease renewals {:.1}/min (Go: 6), node status patches {:.1}/min \
+         (Go: at most 6), GETs of pod-referenced ConfigMaps/Secrets {:.1}/min (Go: 0)",
+        per_min(leases),
+        per_min(status_patches),
+        per_min(referenced),
+    );
+    let mut open: BTreeMap<String, usize> = BTreeMap::new();
+    for w in server.open_watches() {
+        *open.entry(w.resource).or_insert(0) += 1;
+    }
+    println!("density: {label} open watches {open:?}");
+}
+
+async fn delete_all(pods: &Api<Pod>) {
+    let _ = pods.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while pods.list(&ListParams::default()).await.map(|l| l.items.len()).unwrap_or(1) > 0 {
+        assert!(Instant::now() < deadline, "pods never went away");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

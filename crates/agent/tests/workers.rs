@@ -366,3 +366,44 @@ async fn crashing_sidecar_restarts_with_backoff_in_a_never_pod_and_holds_back_th
     let initialized = status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "Initialized").unwrap();
     assert_eq!(initialized.status, "False");
 }
+
+/// The identity and the resources the runtime reports for a running container reach its status
+/// (`user`, `resources`), as the Go kubelet reports them; the mounts come from the spec.
+#[tokio::test]
+async fn status_reports_the_runtimes_user_and_resources() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "who"},
+        "spec": {
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 3000, "supplementalGroups": [4000]},
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{
+                "name": "app", "image": "registry.test/app:v1",
+                "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": true}],
+                "resources": {"limits": {"cpu": "250m", "memory": "32Mi"}, "requests": {"cpu": "100m", "memory": "32Mi"}}
+            }]
+        }
+    });
+    let path = "/etc/kubernetes/manifests/who.json";
+    let pod = manifest::parse_pod(manifest.to_string().as_bytes(), path).expect("manifest parses");
+    let pod = static_pod::prepare(pod, &Origin::File(path), NODE).expect("static pod is valid");
+    let (shared, tx) = node.agent().await;
+    send(&tx, &[&pod]).await;
+
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+    let status = shared.statuses.get(uid(&pod)).unwrap().status.unwrap();
+    let app = serde_json::to_value(&status.container_statuses.unwrap()[0]).unwrap();
+    assert_eq!(
+        app["user"],
+        serde_json::json!({"linux": {"uid": 1000, "gid": 3000, "supplementalGroups": [3000, 4000]}})
+    );
+    assert_eq!(
+        app["resources"],
+        serde_json::json!({"limits": {"cpu": "250m", "memory": "32Mi"}, "requests": {"cpu": "100m", "memory": "32Mi"}})
+    );
+    assert_eq!(
+        app["volumeMounts"],
+        serde_json::json!([{"name": "data", "mountPath": "/data", "readOnly": true, "recursiveReadOnly": "Disabled"}])
+    );
+}

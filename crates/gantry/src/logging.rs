@@ -3,6 +3,10 @@
 
 use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, reload, util::SubscriberInitExt};
 
+/// kube's watcher warns on every failed attempt; Gantry's watch loops report failures
+/// themselves, once per cause (`cluster::retry`), so its repeats stay out below -v=8.
+const QUIET_WATCHER: &str = "kube_runtime::watcher=error";
+
 pub struct Logging {
     handle: reload::Handle<EnvFilter, Registry>,
     from_env: bool,
@@ -10,7 +14,7 @@ pub struct Logging {
 
 pub fn init() -> Logging {
     let from_env = std::env::var_os("RUST_LOG").is_some();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET_WATCHER}")));
     let (layer, handle) = reload::Layer::new(filter);
     tracing_subscriber::registry()
         .with(layer)
@@ -36,7 +40,7 @@ impl Logging {
             4..=5 => "debug",
             _ => "trace",
         };
-        let libraries = if v >= 8 { "debug" } else { "info" };
+        let libraries = if v >= 8 { "debug".to_string() } else { format!("info,{QUIET_WATCHER}") };
         let directives = format!(
             "{libraries},gantry={ours},gantry_agent={ours},gantry_server={ours},gantry_config={ours},gantry_logs={ours},gantry_pod={ours},gantry_cri={ours}"
         );

@@ -199,3 +199,99 @@ async fn pod_events_carry_source_field_paths_and_counts() {
     assert_eq!(main_started.count(), 1, "repeats patch the first event");
     cluster.cleanup(&env.node).await;
 }
+
+/// The status fields a 1.34 kubelet reports beside the state: the container's volume mounts,
+/// the identity of its process (as the runtime reports it), its resources while running, and
+/// `observedGeneration` following a spec change the API allows on a running pod.
+#[tokio::test]
+async fn pod_status_reports_mounts_user_resources_and_observed_generation() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let mut pod = bound_pod(&env.node, "identity", "id; sleep 3600");
+    let spec = pod.spec.as_mut().unwrap();
+    spec.volumes = Some(serde_json::from_value(serde_json::json!([{"name": "data", "emptyDir": {}}])).unwrap());
+    spec.security_context = Some(
+        serde_json::from_value(
+            serde_json::json!({"runAsUser": 1000, "runAsGroup": 3000, "supplementalGroups": [4000]}),
+        )
+        .unwrap(),
+    );
+    let main = &mut spec.containers[0];
+    main.volume_mounts = Some(
+        serde_json::from_value(serde_json::json!([
+            {"name": "data", "mountPath": "/data"},
+            {"name": "data", "mountPath": "/ro", "readOnly": true}
+        ]))
+        .unwrap(),
+    );
+    main.resources =
+        Some(serde_json::from_value(serde_json::json!({"limits": {"cpu": "500m", "memory": "64Mi"}})).unwrap());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    let running = eventually("API status Running", &gantry, || async {
+        let pod = pods.get("identity").await.ok()?;
+        (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(pod)
+    })
+    .await;
+    let status = running.status.clone().unwrap();
+    assert_eq!(running.metadata.generation, Some(1));
+    assert_eq!(status.observed_generation, Some(1));
+    assert!(status.conditions.as_ref().unwrap().iter().all(|c| c.observed_generation == Some(1)), "{status:?}");
+    let cs = &status.container_statuses.as_ref().unwrap()[0];
+    let mounts = serde_json::to_value(&cs.volume_mounts).unwrap();
+    assert_eq!(
+        mounts,
+        serde_json::json!([
+            {"name": "data", "mountPath": "/data"},
+            {"name": "data", "mountPath": "/ro", "readOnly": true, "recursiveReadOnly": "Disabled"}
+        ])
+    );
+    // Limits as the runtime applied them; requests defaulted from the limits by the API.
+    let resources = serde_json::to_value(&cs.resources).unwrap();
+    assert_eq!(
+        resources,
+        serde_json::json!({"limits": {"cpu": "500m", "memory": "64Mi"}, "requests": {"cpu": "500m", "memory": "64Mi"}})
+    );
+    assert_eq!(cs.allocated_resources, None, "InPlacePodVerticalScalingAllocatedStatus is off in 1.34");
+    // The process runs as the pod asked ...
+    let output = eventually("the container printed its identity", &gantry, || async {
+        let out = common::container_output(&env, "identity");
+        out.contains("uid=").then_some(out)
+    })
+    .await;
+    assert!(output.contains("uid=1000 gid=3000") && output.contains("4000"), "{output}");
+    // ... and `user` is what the runtime reports for it (containerd 2.0+ reports it; older ones
+    // report nothing, and then neither does the Go kubelet).
+    let runtime_user = runtime_user(&env, cs.container_id.as_deref().unwrap()).await;
+    let reported =
+        cs.user.as_ref().and_then(|u| u.linux.as_ref()).map(|l| (l.uid, l.gid, l.supplemental_groups.clone()));
+    assert_eq!(reported, runtime_user.map(|l| (l.uid, l.gid, Some(l.supplemental_groups).filter(|g| !g.is_empty()))));
+    if let Some((uid, gid, groups)) = reported {
+        assert_eq!((uid, gid), (1000, 3000));
+        assert!(groups.unwrap_or_default().contains(&4000));
+    }
+
+    // A spec change the API allows on a running pod bumps the generation; the status follows.
+    let patch = serde_json::json!({"spec": {"activeDeadlineSeconds": 3600}});
+    let bumped =
+        pods.patch("identity", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch)).await.unwrap();
+    assert_eq!(bumped.metadata.generation, Some(2));
+    let observed = eventually("observedGeneration 2", &gantry, || async {
+        let status = pods.get("identity").await.ok()?.status?;
+        (status.observed_generation == Some(2)).then_some(status)
+    })
+    .await;
+    let ready = observed.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.observed_generation, Some(2));
+    cluster.cleanup(&env.node).await;
+}
+
+/// The CRI `ContainerStatus.user.linux` of a container, straight from the runtime.
+async fn runtime_user(env: &common::Env, container_id: &str) -> Option<gantry_cri::api::LinuxContainerUser> {
+    let id = container_id.trim_start_matches("containerd://").to_string();
+    let mut client = env.ctd.runtime_client().await;
+    let request = gantry_cri::api::ContainerStatusRequest { container_id: id, verbose: false };
+    let status = client.container_status(request).await.unwrap().into_inner().status?;
+    status.user?.linux
+}

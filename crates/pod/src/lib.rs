@@ -20,7 +20,7 @@ pub mod status;
 pub mod sysctl;
 pub mod termination;
 
-pub use observed::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
+pub use observed::{ContainerInfo, ContainerState, LinuxUser, ObservedPod, SandboxInfo};
 
 /// Nanoseconds since the Unix epoch.
 pub type Nanos = i64;

@@ -1,6 +1,7 @@
 //! What the runtime reports about one pod, in the shape the planner needs.
 
 use super::Nanos;
+use super::resources::CgroupValues;
 
 /// Sandboxes and containers the runtime holds for one pod UID.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,6 +47,20 @@ pub struct ContainerInfo {
     pub image_ref: String,
     /// Hash of the container spec this instance was created from.
     pub spec_hash: String,
+    /// The identity of the container's first process, when the runtime reports it (CRI
+    /// `ContainerStatus.user.linux`; containerd 2.0+).
+    pub user: Option<LinuxUser>,
+    /// The cgroup values the runtime reports it applied (CRI `ContainerStatus.resources.linux`);
+    /// zero where it reports nothing.
+    pub applied: CgroupValues,
+}
+
+/// A Linux process identity: uid, primary gid and supplemental groups.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinuxUser {
+    pub uid: i64,
+    pub gid: i64,
+    pub supplemental_groups: Vec<i64>,
 }
 
 #[cfg(test)]
@@ -67,6 +82,8 @@ impl ContainerInfo {
             image: String::new(),
             image_ref: String::new(),
             spec_hash: String::new(),
+            user: None,
+            applied: CgroupValues::default(),
         }
     }
 }

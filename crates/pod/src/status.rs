@@ -36,6 +36,9 @@ pub struct Input<'a> {
     pub now: Nanos,
 }
 
+/// The status of the pod. `observedGeneration`, on the status and on the conditions Gantry owns,
+/// is the generation it was computed from (gate `PodObservedGenerationTracking`, beta and on in
+/// 1.34).
 pub fn compute(input: &Input) -> PodStatus {
     let init_statuses: Vec<ContainerStatus> =
         spec::init_containers(input.pod).iter().map(|c| container_status(input, c, true)).collect();
@@ -65,6 +68,7 @@ pub fn compute(input: &Input) -> PodStatus {
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
         ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
+        observed_generation: input.pod.metadata.generation,
         ..Default::default()
     }
 }
@@ -110,6 +114,9 @@ fn container_status(input: &Input, c: &Container, init: bool) -> ContainerStatus
         started: Some(started),
         state: Some(state),
         last_state: last_state.or_else(|| Some(ApiState::default())),
+        volume_mounts: container_fields::volume_mounts(c),
+        user: latest.and_then(|i| container_fields::user(i.user.as_ref())),
+        resources: latest.filter(|_| is_running).map(|i| container_fields::resources(c, &i.applied)),
         ..Default::default()
     }
 }
@@ -304,6 +311,7 @@ fn condition(input: &Input, type_: &str, c: Cond) -> PodCondition {
         reason: (!c.reason.is_empty()).then_some(c.reason),
         message: (!c.message.is_empty()).then_some(c.message),
         last_transition_time: transition,
+        observed_generation: input.pod.metadata.generation,
         ..Default::default()
     }
 }
@@ -312,6 +320,8 @@ fn condition(input: &Input, type_: &str, c: Cond) -> PodCondition {
 pub fn time(nanos: Nanos) -> Time {
     Time(Timestamp::from_second(nanos / super::SECOND).unwrap_or(Timestamp::UNIX_EPOCH))
 }
+
+mod container_fields;
 
 #[cfg(test)]
 mod tests;

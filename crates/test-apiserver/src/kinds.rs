@@ -76,6 +76,7 @@ pub fn prepare_create(inner: &StoreInner, ctx: &WriteCtx<'_>, obj: &mut Value) -
 pub fn prepare_update(_inner: &StoreInner, ctx: &WriteCtx<'_>, existing: &Value, new: &mut Value) -> ApiResult<()> {
     match (key(ctx.rt), ctx.subresource) {
         (("", "pods"), "") => pods::validate_update(existing, new)?,
+        (("", "pods"), "status") => pods::validate_status(new)?,
         (("", "pods"), "ephemeralcontainers") => pods::add_ephemeral_containers(existing, new)?,
         (("", "secrets"), _) => fold_string_data(new),
         (("", "services"), "") => prepare_service(_inner, new, Some(existing))?,

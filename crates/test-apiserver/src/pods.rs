@@ -78,6 +78,22 @@ fn default_volume(v: &mut Map<String, Value>) {
 
 /// The defaults kube-apiserver's defaulting and admission plugins (ServiceAccount,
 /// DefaultTolerationSeconds, Priority) apply to a new pod, and its initial status.
+/// `SetDefaults_Pod`: a limit without a request makes the request equal to the limit (for
+/// regular and init containers).
+fn default_requests_to_limits(c: &mut Map<String, Value>) {
+    let Some(resources) = c.get_mut("resources").and_then(Value::as_object_mut) else { return };
+    let Some(limits) = resources.get("limits").and_then(Value::as_object).cloned() else { return };
+    let requests = resources.entry("requests").or_insert_with(|| json!({}));
+    if !requests.is_object() {
+        *requests = json!({});
+    }
+    if let Some(requests) = requests.as_object_mut() {
+        for (name, value) in limits {
+            requests.entry(name).or_insert(value);
+        }
+    }
+}
+
 pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiError> {
     let mirror = is_mirror(pod);
     let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
@@ -103,6 +119,9 @@ pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiErro
         for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
             if let Some(c) = c.as_object_mut() {
                 default_container(c);
+                if list != "ephemeralContainers" {
+                    default_requests_to_limits(c);
+                }
             }
         }
     }
@@ -307,6 +326,51 @@ pub fn validate_update(old: &Value, new: &Value) -> Result<(), ApiError> {
             "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
         )],
     ))
+}
+
+/// The checks `ValidatePodStatusUpdate` (1.34) makes on the fields a kubelet reports:
+/// `observedGeneration` (pod and conditions) non-negative, the container `user` ids in the
+/// uid/gid range.
+pub fn validate_status(pod: &Value) -> Result<(), ApiError> {
+    let status = &pod["status"];
+    let mut errs = Vec::new();
+    let mut nonnegative = |field: String, v: Option<&Value>| {
+        if let Some(v) = v.filter(|v| v.as_i64().is_some_and(|n| n < 0)) {
+            errs.push(FieldError::invalid(&field, v, "must be greater than or equal to 0"));
+        }
+    };
+    nonnegative("status.observedGeneration".into(), status.get("observedGeneration"));
+    for (i, c) in status.get("conditions").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        nonnegative(format!("status.conditions[{i}].observedGeneration"), c.get("observedGeneration"));
+    }
+    for list in ["initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"] {
+        for (i, cs) in status.get(list).and_then(Value::as_array).into_iter().flatten().enumerate() {
+            errs.extend(validate_container_user(&cs["user"]["linux"], &format!("status.{list}[{i}].user.linux")));
+        }
+    }
+    if errs.is_empty() {
+        return Ok(());
+    }
+    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+    Err(ApiError::invalid("Pod", "", name, errs))
+}
+
+/// `IsValidUserID`/`IsValidGroupID` on the ids of a reported `LinuxContainerUser`.
+fn validate_container_user(linux: &Value, field: &str) -> Vec<FieldError> {
+    const RANGE: &str = "must be between 0 and 2147483647, inclusive";
+    let out_of_range = |v: &&Value| !v.as_i64().is_some_and(|n| (0..=i64::from(i32::MAX)).contains(&n));
+    let mut errs = Vec::new();
+    for id in ["uid", "gid"] {
+        if let Some(v) = linux.get(id).filter(out_of_range) {
+            errs.push(FieldError::invalid(&format!("{field}.{id}"), v, RANGE));
+        }
+    }
+    for (g, v) in linux.get("supplementalGroups").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        if out_of_range(&v) {
+            errs.push(FieldError::invalid(&format!("{field}.supplementalGroups[{g}]"), v, RANGE));
+        }
+    }
+    errs
 }
 
 /// Fields an ephemeral container may not set (upstream's allow-list, inverted).

@@ -220,6 +220,15 @@ async fn pod_defaults_and_service_account_token() {
     assert!(mounts.iter().any(|m| m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount"));
     assert_eq!(created.status.unwrap().qos_class.as_deref(), Some("BestEffort"));
 
+    // A limit without a request defaults the request (SetDefaults_Pod); a given request stays.
+    let mut p = pod_json("limited", Some("n"));
+    p["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"cpu": "500m", "memory": "64Mi"}, "requests": {"cpu": "100m"}});
+    let created = pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap()).await.unwrap();
+    let requests = created.spec.unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
+    assert_eq!((requests["cpu"].0.as_str(), requests["memory"].0.as_str()), ("100m", "64Mi"));
+    assert_eq!(created.status.unwrap().qos_class.as_deref(), Some("Burstable"));
+
     // A missing service account is refused like the ServiceAccount admission plugin does.
     let mut p = pod_json("nosa", Some("n"));
     p["spec"]["serviceAccountName"] = json!("ghost");
@@ -289,4 +298,64 @@ async fn ephemeral_containers_are_only_added_through_their_subresource() {
     ] {
         assert!(e.message.contains(want), "{want} in {}", e.message);
     }
+}
+
+/// The fields a 1.34 kubelet reports are stored as given; `ValidatePodStatusUpdate` rejects a
+/// negative observedGeneration and user ids outside the uid/gid range; spec changes bump
+/// metadata.generation, which starts at 1.
+#[tokio::test]
+async fn kubelet_status_fields_are_stored_and_validated() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = create_pod(&client, "default", "k", Some("n")).await;
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let reported = json!({"status": {
+        "observedGeneration": 1,
+        "conditions": [{"type": "Ready", "status": "True", "observedGeneration": 1}],
+        "containerStatuses": [{
+            "name": "app", "image": "registry.local/app:1", "imageID": "", "ready": true, "restartCount": 0,
+            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": true, "recursiveReadOnly": "Disabled"}],
+            "user": {"linux": {"uid": 1000, "gid": 3000, "supplementalGroups": [3000, 4000]}},
+            "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}}
+        }]
+    }});
+    let stored = pods.patch_status("k", &PatchParams::default(), &Patch::Merge(reported)).await.unwrap();
+    let status = stored.status.unwrap();
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.conditions.unwrap()[0].observed_generation, Some(1));
+    let cs = &status.container_statuses.unwrap()[0];
+    assert_eq!(cs.volume_mounts.as_ref().unwrap()[0].recursive_read_only.as_deref(), Some("Disabled"));
+    let linux = cs.user.as_ref().unwrap().linux.as_ref().unwrap();
+    assert_eq!((linux.uid, linux.gid, linux.supplemental_groups.clone()), (1000, 3000, Some(vec![3000, 4000])));
+    assert_eq!(cs.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0, "64Mi");
+
+    let bumped = pods
+        .patch("k", &PatchParams::default(), &Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 600}})))
+        .await
+        .unwrap();
+    assert_eq!(bumped.metadata.generation, Some(2));
+
+    let negative = json!({"status": {"observedGeneration": -1}});
+    let err = status_of(pods.patch_status("k", &PatchParams::default(), &Patch::Merge(negative)).await);
+    assert_eq!(err.code, 422);
+    assert!(err.message.contains("status.observedGeneration: Invalid value: -1"), "{}", err.message);
+    let bad_user = json!({"status": {"containerStatuses": [{
+        "name": "app", "image": "registry.local/app:1", "imageID": "", "ready": true, "restartCount": 0,
+        "user": {"linux": {"uid": -5, "gid": 0, "supplementalGroups": [4294967296_i64]}}
+    }]}});
+    let err = status_of(pods.patch_status("k", &PatchParams::default(), &Patch::Merge(bad_user)).await);
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message.contains(
+            "status.containerStatuses[0].user.linux.uid: Invalid value: -5: must be between 0 and 2147483647, inclusive"
+        ),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("user.linux.supplementalGroups[0]"), "{}", err.message);
+}
+
+fn status_of(r: kube::Result<Pod>) -> Box<kube::core::Status> {
+    status(r.unwrap_err())
 }

@@ -564,6 +564,7 @@ impl RuntimeService for Service {
         };
         let id = state.id("container-");
         state.sandbox_of.insert(id.clone(), request.pod_sandbox_id.clone());
+        let (user, resources) = reported_identity_and_resources(&config);
         state.containers.push(ContainerStatus {
             id: id.clone(),
             metadata: Some(metadata),
@@ -576,6 +577,8 @@ impl RuntimeService for Service {
             annotations: config.annotations,
             mounts: config.mounts,
             log_path: config.log_path,
+            user,
+            resources,
             ..Default::default()
         });
         Ok(Response::new(CreateContainerResponse { container_id: id }))
@@ -836,4 +839,24 @@ impl ImageService for Service {
         let _call = self.enter("ImageFsInfo", String::new(), String::new()).await?;
         Ok(Response::new(ImageFsInfoResponse::default()))
     }
+}
+
+/// What containerd 2.x reports for a container it created from `config`: the process identity
+/// (uid, gid, and the groups: the primary one first, then the supplemental ones; the fake's
+/// images define no groups of their own) and the Linux resources it applied.
+fn reported_identity_and_resources(config: &ContainerConfig) -> (Option<ContainerUser>, Option<ContainerResources>) {
+    let linux = config.linux.as_ref();
+    let security = linux.and_then(|l| l.security_context.as_ref());
+    let uid = security.and_then(|s| s.run_as_user.as_ref()).map_or(0, |v| v.value);
+    let gid = security.and_then(|s| s.run_as_group.as_ref()).map_or(0, |v| v.value);
+    let mut groups = vec![gid];
+    for g in security.map(|s| s.supplemental_groups.clone()).unwrap_or_default() {
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    let user = ContainerUser { linux: Some(LinuxContainerUser { uid, gid, supplemental_groups: groups }) };
+    let resources =
+        linux.and_then(|l| l.resources.clone()).map(|r| ContainerResources { linux: Some(r), ..Default::default() });
+    (Some(user), resources)
 }

@@ -141,6 +141,8 @@ impl Worker {
             reason: Some(reason.to_string()),
             message: Some(format!("Pod was rejected: {message}")),
             qos_class: Some(gantry_pod::qos::class(&self.pod).as_str().to_string()),
+            // As every status the kubelet writes (PodObservedGenerationTracking).
+            observed_generation: self.pod.metadata.generation,
             ..Default::default()
         };
         self.shared.statuses.set(&self.pod, status);

@@ -3,7 +3,8 @@
 //! (`gantry_maintenance::hold` decides which).
 //! The input is kept in `<root-dir>/maintenance-holds.json` so that a restarted agent holds
 //! the same pods from its first moment, before the API server answers: a held pod never
-//! starts briefly. A cluster without the CRD only gets one warning; the watch keeps retrying.
+//! starts briefly. A cluster without the CRD (or the RBAC) gets one warning, and another only
+//! when the cause changes; the watch keeps retrying with backoff (up to 5 minutes).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,11 +13,13 @@ use futures::StreamExt;
 use gantry_maintenance::api::{DrainStatus, NodeMaintenance, NodeMaintenanceStatus, NodeStatus, Stage};
 use gantry_maintenance::hold::{self, ThisNode};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use super::retry::WatchRetry;
 
 use gantry_vocab::spec;
 
@@ -133,14 +136,23 @@ pub async fn run(
 ) {
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    // No `default_backoff`: it resets on the `Init` that starts every retry, so a lasting
+    // failure (a 403 without the RBAC) was retried about every second. `WatchRetry` resets
+    // only once the watch works again.
+    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+    let mut retry = WatchRetry::default();
+    let mut resume_at: Option<Instant> = None;
     let mut all: BTreeMap<String, NodeMaintenance> = BTreeMap::new();
     let mut initial: Option<BTreeMap<String, NodeMaintenance>> = None;
-    let (mut listed, mut failing) = (false, false);
+    let mut listed = false;
     let path = holds_file(&root_dir);
     loop {
         tokio::select! {
-            event = stream.next() => {
+            () = sleep_until(resume_at.unwrap_or_else(Instant::now)), if resume_at.is_some() => {
+                resume_at = None;
+                continue;
+            }
+            event = stream.next(), if resume_at.is_none() => {
                 let Some(event) = event else { return };
                 let key = |m: &NodeMaintenance| m.metadata.name.clone().unwrap_or_default();
                 // A retry starts with `Init` before its list can fail again; only a completed
@@ -165,18 +177,19 @@ pub async fn run(
                         all.remove(&key(&m));
                     }
                     Err(e) => {
-                        if !failing {
+                        let failure = retry.failed(&e.to_string());
+                        if failure.log {
                             tracing::warn!(
                                 node = %node, error = %e,
                                 "cannot watch NodeMaintenances (is the maintenance.gantry.dev CRD installed and readable by nodes?); \
-                                 keeping the current static pod holds and retrying"
+                                 keeping the current static pod holds and retrying with backoff (up to 5 minutes)"
                             );
                         }
-                        failing = true;
+                        resume_at = Some(Instant::now() + failure.retry_in);
                         continue;
                     }
                 }
-                if recovered && std::mem::take(&mut failing) {
+                if recovered && retry.recovered() {
                     tracing::info!(node = %node, "watching NodeMaintenances");
                 }
             }

@@ -5,6 +5,7 @@ pub mod maintenance;
 pub mod mirror;
 pub mod objects;
 pub mod pod_source;
+pub mod retry;
 pub mod status_sync;
 pub mod watched;
 

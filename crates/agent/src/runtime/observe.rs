@@ -9,7 +9,8 @@ use std::sync::Mutex;
 
 use gantry_cri::{CriError, RuntimeClient, api};
 
-use gantry_pod::{ContainerInfo, ContainerState, ObservedPod, SandboxInfo};
+use gantry_pod::resources::CgroupValues;
+use gantry_pod::{ContainerInfo, ContainerState, LinuxUser, ObservedPod, SandboxInfo};
 use gantry_vocab::cri_labels as labels;
 
 /// Per-pod observations of everything this node agent owns, plus what the labels say about
@@ -180,5 +181,25 @@ fn container_info(c: &api::Container, status: &api::ContainerStatus) -> Containe
         image: status.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
         image_ref: status.image_ref.clone(),
         spec_hash: c.annotations.get(labels::CONTAINER_HASH).cloned().unwrap_or_default(),
+        user: status.user.as_ref().and_then(|u| u.linux.as_ref()).map(|l| LinuxUser {
+            uid: l.uid,
+            gid: l.gid,
+            supplemental_groups: l.supplemental_groups.clone(),
+        }),
+        applied: applied_resources(status),
+    }
+}
+
+/// The cgroup values the runtime reports for the container; zero where it reports none.
+fn applied_resources(status: &api::ContainerStatus) -> CgroupValues {
+    let Some(linux) = status.resources.as_ref().and_then(|r| r.linux.as_ref()) else {
+        return CgroupValues::default();
+    };
+    CgroupValues {
+        cpu_shares: linux.cpu_shares,
+        cpu_quota: linux.cpu_quota,
+        cpu_period: linux.cpu_period,
+        memory_limit: linux.memory_limit_in_bytes,
+        pids_limit: 0,
     }
 }

@@ -332,3 +332,61 @@ fn ephemeral_containers_are_reported_apart() {
     let state = waiting.ephemeral_container_statuses.unwrap()[0].state.clone().unwrap();
     assert_eq!(state.waiting.unwrap().reason.as_deref(), Some("ContainerCreating"));
 }
+
+#[test]
+fn observed_generation_is_the_pods_generation_on_status_and_owned_conditions() {
+    let mut p = pod(&[], &["a"], "Always");
+    p.metadata.generation = Some(3);
+    let foreign = PodCondition { type_: "DisruptionTarget".into(), status: "True".into(), ..Default::default() };
+    p.status = Some(PodStatus { conditions: Some(vec![foreign]), ..Default::default() });
+    let s = status_of(&p, vec![inst("a", 0, ContainerState::Running, 0)], &HashMap::new());
+    assert_eq!(s.observed_generation, Some(3));
+    for c in s.conditions.as_ref().unwrap() {
+        let expected = if c.type_ == "DisruptionTarget" { None } else { Some(3) };
+        assert_eq!(c.observed_generation, expected, "condition {}", c.type_);
+    }
+}
+
+#[test]
+fn container_status_reports_mounts_user_and_running_resources() {
+    use k8s_openapi::api::core::v1::VolumeMount;
+    let mut p = pod(&[], &["a", "b"], "Always");
+    for c in &mut p.spec.as_mut().unwrap().containers {
+        c.volume_mounts =
+            Some(vec![VolumeMount { name: "data".into(), mount_path: "/data".into(), ..Default::default() }]);
+        c.resources = Some(ResourceRequirements {
+            limits: Some([("memory".to_string(), Quantity("64Mi".into()))].into()),
+            ..Default::default()
+        });
+    }
+    let user = crate::LinuxUser { uid: 1000, gid: 3000, supplemental_groups: vec![4000] };
+    let running = ContainerInfo {
+        user: Some(user.clone()),
+        applied: crate::resources::CgroupValues { memory_limit: 32 << 20, ..Default::default() },
+        ..inst("a", 0, ContainerState::Running, 0)
+    };
+    let exited = ContainerInfo { user: Some(user), ..inst("b", 0, ContainerState::Exited, 1) };
+    let s = status_of(&p, vec![running, exited], &HashMap::new());
+    let statuses = s.container_statuses.unwrap();
+    for cs in &statuses {
+        assert_eq!(cs.volume_mounts.as_ref().unwrap()[0].mount_path, "/data", "{}", cs.name);
+        let linux = cs.user.as_ref().and_then(|u| u.linux.as_ref()).unwrap();
+        assert_eq!((linux.uid, linux.gid, linux.supplemental_groups.clone()), (1000, 3000, Some(vec![4000])));
+    }
+    let limits = statuses[0].resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["memory"], Quantity("32Mi".into()), "the runtime's value");
+    assert_eq!(statuses[1].resources, None, "only running containers report resources");
+    assert!(statuses.iter().all(|cs| cs.allocated_resources.is_none()));
+}
+
+#[test]
+fn waiting_container_reports_mounts_but_no_user() {
+    use k8s_openapi::api::core::v1::VolumeMount;
+    let mut p = pod(&[], &["a"], "Always");
+    p.spec.as_mut().unwrap().containers[0].volume_mounts =
+        Some(vec![VolumeMount { name: "data".into(), mount_path: "/data".into(), ..Default::default() }]);
+    let s = status_of(&p, vec![], &HashMap::new());
+    let cs = &s.container_statuses.unwrap()[0];
+    assert_eq!(cs.volume_mounts.as_ref().unwrap().len(), 1);
+    assert_eq!((cs.user.as_ref(), cs.resources.as_ref()), (None, None));
+}

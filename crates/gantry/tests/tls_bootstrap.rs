@@ -192,6 +192,16 @@ fn bound_pod(node: &str, name: &str) -> Pod {
 }
 
 /// Waits for the agent to exit; returns its log.
+/// Creates a pod bound to `node` and waits until the agent runs it.
+async fn run_pod(gantry: &Gantry, pods: &Api<Pod>, node: &str, name: &str, what: &str) {
+    pods.create(&PostParams::default(), &bound_pod(node, name)).await.unwrap();
+    eventually(what, gantry, || async {
+        let p = pods.get(name).await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+}
+
 async fn wait_exit(gantry: &mut Gantry, log: &Path, what: &str) -> String {
     let read = || std::fs::read_to_string(log).unwrap_or_default();
     poll(
@@ -241,12 +251,7 @@ async fn joins_with_a_bootstrap_token_runs_a_pod_and_restarts_without_a_new_csr(
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let pod = format!("tls-{id}");
-    pods.create(&PostParams::default(), &bound_pod(&env.node, &pod)).await.unwrap();
-    eventually("the API pod Running", &gantry, || async {
-        let p = pods.get(&pod).await.ok()?;
-        (p.status?.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await;
+    run_pod(&gantry, &pods, &env.node, &pod, "the API pod Running").await;
 
     // A restart finds a valid kubelet.conf: no second request.
     gantry.kill();
@@ -407,12 +412,7 @@ async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps
     let mut gantry = node.start(&env);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let first_pod = format!("rot-a-{id}");
-    pods.create(&PostParams::default(), &bound_pod(&env.node, &first_pod)).await.unwrap();
-    eventually("the first pod Running", &gantry, || async {
-        let p = pods.get(&first_pod).await.ok()?;
-        (p.status?.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await;
+    run_pod(&gantry, &pods, &env.node, &first_pod, "the first pod Running").await;
     let current = node.cert_dir().join("kubelet-client-current.pem");
     let first_target = std::fs::read_link(&current).unwrap();
 
@@ -452,12 +452,7 @@ async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps
     })
     .await;
     let second_pod = format!("rot-b-{id}");
-    pods.create(&PostParams::default(), &bound_pod(&env.node, &second_pod)).await.unwrap();
-    eventually("a pod created after the rotations Running", &gantry, || async {
-        let p = pods.get(&second_pod).await.ok()?;
-        (p.status?.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await;
+    run_pod(&gantry, &pods, &env.node, &second_pod, "a pod created after the rotations Running").await;
     assert!(gantry.try_exit().is_none(), "the agent never restarted: {}", tail(&gantry.log(), 30));
     assert!(!gantry.log().contains("stopping the node agent"), "{}", tail(&gantry.log(), 30));
 }

@@ -20,27 +20,13 @@ const VM_TIMEOUT: Duration = Duration::from_secs(900);
 fn vm() -> Option<&'static VmRun> {
     static RUN: OnceLock<Option<VmRun>> = OnceLock::new();
     RUN.get_or_init(|| {
-        gantry_testkit::init_test_tracing();
-        if let Some(reason) = vm::missing_prerequisite() {
-            gantry_testkit::prereq::skip_or_panic(&reason);
-            return None;
-        }
         let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
-        let images = gantry_testkit::images::ensure_images(&gantry_testkit::images::default_cache_dir()).unwrap();
-        let dir = tempfile::Builder::new().prefix("vm_node-").tempdir().unwrap().keep();
-        let mut files = vec![stripped_gantry(&dir), here.join("pods")];
-        files.extend(images.into_iter().map(|i| i.path));
-        let run = vm::run(&here.join("node.sh"), &files, &dir.join("run"), VM_TIMEOUT).unwrap();
-        // Straight to stderr so a normal `cargo test` run shows the figures.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "VM run: {:.1} s in all, guest booted in {:?} s; results in {}",
-            run.elapsed.as_secs_f64(),
-            run.boot_seconds(),
-            run.results().display()
-        );
-        Some(run)
+        vm::boot_for_test(
+            "vm_node",
+            &here.join("node.sh"),
+            |dir| vec![stripped_gantry(dir), here.join("pods")],
+            VM_TIMEOUT,
+        )
     })
     .as_ref()
 }

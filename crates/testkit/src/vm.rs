@@ -102,3 +102,34 @@ pub fn run(guest_script: &Path, files: &[PathBuf], run_dir: &Path, timeout: Dura
     tracing::info!(exit, elapsed_ms = elapsed.as_millis() as u64, dir = %run_dir.display(), "VM run finished");
     Ok(VmRun { dir: run_dir.to_path_buf(), exit, elapsed })
 }
+
+/// One boot for a test file's cases: `None` (SKIPPED, or a failure under `CI=true`) when the
+/// VM cannot run here. Otherwise the guest gets `guest_script`, the test images and the files
+/// `files` makes in a fresh directory named after `test`; the run's figures go to stderr.
+pub fn boot_for_test(
+    test: &str,
+    guest_script: &Path,
+    files: impl FnOnce(&Path) -> Vec<PathBuf>,
+    timeout: Duration,
+) -> Option<VmRun> {
+    crate::init_test_tracing();
+    if let Some(reason) = missing_prerequisite() {
+        crate::prereq::skip_or_panic(&reason);
+        return None;
+    }
+    let images = crate::images::ensure_images(&crate::images::default_cache_dir()).expect("build the test images");
+    let dir = tempfile::Builder::new().prefix(&format!("{test}-")).tempdir().expect("a run directory").keep();
+    let mut shared = files(&dir);
+    shared.extend(images.into_iter().map(|i| i.path));
+    let run = run(guest_script, &shared, &dir.join("run"), timeout).expect("start the VM");
+    // Straight to stderr so a normal `cargo test` run shows the figures.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "VM run: {:.1} s in all, guest booted in {:?} s; results in {}",
+        run.elapsed.as_secs_f64(),
+        run.boot_seconds(),
+        run.results().display()
+    );
+    Some(run)
+}

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use gantry_vocab::quantity;
+use gantry_vocab::quantity::{self, QuantityError};
 
 /// A taint to register the node with (`--register-with-taints`,
 /// `registerWithTaints`).
@@ -91,10 +91,59 @@ pub fn is_kubernetes_label(key: &str) -> bool {
     in_namespace(ns, "kubernetes.io") || in_namespace(ns, "k8s.io")
 }
 
+/// Why a node setting (node IPs, labels, taints, reservations, eviction thresholds) is
+/// invalid, with upstream's messages; the caller adds the flag or field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SettingError {
+    #[error("must contain either a single IP or a dual-stack pair of IPs")]
+    TooManyNodeIps,
+    #[error("dual-stack node IP cannot include '0.0.0.0' or '::'")]
+    UnspecifiedDualStackIp,
+    #[error("malformed pair {pair:?}, expect string{separator}string")]
+    MalformedPair { pair: String, separator: char },
+    #[error(
+        "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [{}]\n--node-labels in the \
+         'kubernetes.io' namespace must begin with an allowed prefix ({}) or be in the specifically allowed set ({})",
+        .0.join(" "),
+        KUBELET_LABEL_NAMESPACES.join(", "),
+        KUBELET_LABELS.join(", ")
+    )]
+    ForbiddenNodeLabels(Vec<String>),
+    /// Each problem is `'key or value' - what is wrong`.
+    #[error("invalid node labels: {}", .0.join("; "))]
+    InvalidNodeLabels(Vec<String>),
+    #[error("invalid taint spec: {0}: the effect is required (NoSchedule, PreferNoSchedule or NoExecute)")]
+    TaintWithoutEffect(Taint),
+    #[error("invalid taint effect: {0}, unsupported taint effect")]
+    UnsupportedTaintEffect(String),
+    #[error("invalid taint spec: {taint}, {}", problems.join("; "))]
+    InvalidTaint { taint: Taint, problems: Vec<String> },
+    #[error("invalid taint spec: {0}")]
+    MalformedTaint(String),
+    #[error("duplicated taints with the same key and effect: {0}")]
+    DuplicateTaint(Taint),
+    #[error("cannot reserve {0:?} resource")]
+    UnreservableResource(String),
+    #[error("failed to parse quantity {value:?} for {resource:?} resource: {source}")]
+    ReservedQuantity { resource: String, value: String, source: QuantityError },
+    #[error("resource quantity for {resource:?} cannot be negative: {value}")]
+    NegativeReservation { resource: String, value: String },
+    #[error("unsupported eviction signal {0}")]
+    UnsupportedEvictionSignal(String),
+    #[error(transparent)]
+    EvictionQuantity(#[from] QuantityError),
+    #[error("eviction percentage threshold {signal} must be >= 0%: {value}")]
+    NegativeEvictionPercentage { signal: String, value: String },
+    #[error("eviction percentage threshold {signal} must be <= 100%: {value}")]
+    EvictionPercentageOver100 { signal: String, value: String },
+    #[error("eviction threshold {signal} must be positive: {value}")]
+    NonPositiveEvictionThreshold { signal: String, value: String },
+}
+
 /// Parses `--node-ip` as upstream's `ParseNodeIPArgument` does: comma
 /// separated, blanks trimmed, at most one address per family. Values that are
 /// not IP addresses are returned separately (upstream logs and ignores them).
-pub fn parse_node_ips(value: &str) -> Result<(Vec<IpAddr>, Vec<String>), String> {
+pub fn parse_node_ips(value: &str) -> Result<(Vec<IpAddr>, Vec<String>), SettingError> {
     let mut ips = Vec::new();
     let mut invalid = Vec::new();
     if !value.is_empty() {
@@ -107,10 +156,10 @@ pub fn parse_node_ips(value: &str) -> Result<(Vec<IpAddr>, Vec<String>), String>
         }
     }
     if ips.len() > 2 || (ips.len() == 2 && ips[0].is_ipv6() == ips[1].is_ipv6()) {
-        return Err("must contain either a single IP or a dual-stack pair of IPs".to_string());
+        return Err(SettingError::TooManyNodeIps);
     }
     if ips.len() == 2 && ips.iter().any(IpAddr::is_unspecified) {
-        return Err("dual-stack node IP cannot include '0.0.0.0' or '::'".to_string());
+        return Err(SettingError::UnspecifiedDualStackIp);
     }
     Ok((ips, invalid))
 }
@@ -136,7 +185,7 @@ fn parse_ip_sloppy(s: &str) -> Option<IpAddr> {
 
 /// `key=value,key2=value2` (upstream `MapStringString`): blanks trimmed,
 /// empty pairs skipped, a later key overrides an earlier one.
-pub fn parse_key_value_list(value: &str, separator: char) -> Result<Vec<(String, String)>, String> {
+pub fn parse_key_value_list(value: &str, separator: char) -> Result<Vec<(String, String)>, SettingError> {
     let mut out = Vec::new();
     for pair in value.split(',') {
         let pair = pair.trim();
@@ -144,7 +193,7 @@ pub fn parse_key_value_list(value: &str, separator: char) -> Result<Vec<(String,
             continue;
         }
         let Some((k, v)) = pair.split_once(separator) else {
-            return Err(format!("malformed pair {pair:?}, expect string{separator}string"));
+            return Err(SettingError::MalformedPair { pair: pair.to_string(), separator });
         };
         out.push((k.trim().to_string(), v.trim().to_string()));
     }
@@ -154,17 +203,11 @@ pub fn parse_key_value_list(value: &str, separator: char) -> Result<Vec<(String,
 /// Upstream's `--node-labels` checks (`ValidateKubeletFlags`): labels in the
 /// kubernetes.io/k8s.io namespaces must be ones the kubelet may set, and
 /// keys and values must be valid label keys and values.
-pub fn validate_node_labels(labels: &BTreeMap<String, String>) -> Result<(), String> {
-    let unknown: Vec<&str> =
-        labels.keys().filter(|k| is_kubernetes_label(k) && !is_kubelet_label(k)).map(String::as_str).collect();
+pub fn validate_node_labels(labels: &BTreeMap<String, String>) -> Result<(), SettingError> {
+    let unknown: Vec<String> =
+        labels.keys().filter(|k| is_kubernetes_label(k) && !is_kubelet_label(k)).cloned().collect();
     if !unknown.is_empty() {
-        return Err(format!(
-            "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [{}]\n--node-labels in the \
-             'kubernetes.io' namespace must begin with an allowed prefix ({}) or be in the specifically allowed set ({})",
-            unknown.join(" "),
-            KUBELET_LABEL_NAMESPACES.join(", "),
-            KUBELET_LABELS.join(", ")
-        ));
+        return Err(SettingError::ForbiddenNodeLabels(unknown));
     }
     let mut problems = Vec::new();
     for (k, v) in labels {
@@ -178,7 +221,7 @@ pub fn validate_node_labels(labels: &BTreeMap<String, String>) -> Result<(), Str
         }
     }
     if !problems.is_empty() {
-        return Err(format!("invalid node labels: {}", problems.join("; ")));
+        return Err(SettingError::InvalidNodeLabels(problems));
     }
     Ok(())
 }
@@ -265,30 +308,25 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
 }
 
 /// Checks one taint's key, value and effect.
-pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<Taint, String> {
+pub fn check_taint(key: &str, value: &str, effect: &str) -> Result<Taint, SettingError> {
     let spec = Taint { key: key.to_string(), value: value.to_string(), effect: effect.to_string() };
     if effect.is_empty() {
-        return Err(format!(
-            "invalid taint spec: {spec}: the effect is required (NoSchedule, PreferNoSchedule or NoExecute)"
-        ));
+        return Err(SettingError::TaintWithoutEffect(spec));
     }
     if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-        return Err(format!("invalid taint effect: {effect}, unsupported taint effect"));
+        return Err(SettingError::UnsupportedTaintEffect(effect.to_string()));
     }
-    let errs = qualified_name_errors(key);
-    if !errs.is_empty() {
-        return Err(format!("invalid taint spec: {spec}, {}", errs.join("; ")));
-    }
-    let errs = label_value_errors(value);
-    if !errs.is_empty() {
-        return Err(format!("invalid taint spec: {spec}, {}", errs.join("; ")));
+    for problems in [qualified_name_errors(key), label_value_errors(value)] {
+        if !problems.is_empty() {
+            return Err(SettingError::InvalidTaint { taint: spec, problems });
+        }
     }
     Ok(spec)
 }
 
 /// `--register-with-taints`: `key=value:Effect` or `key:Effect`, comma
 /// separated (upstream `ParseTaints`; removals `key-` are ignored).
-pub fn parse_taints(value: &str) -> Result<Vec<Taint>, String> {
+pub fn parse_taints(value: &str) -> Result<Vec<Taint>, SettingError> {
     let mut out: Vec<Taint> = Vec::new();
     if value.trim().is_empty() {
         return Ok(out);
@@ -300,19 +338,19 @@ pub fn parse_taints(value: &str) -> Result<Vec<Taint>, String> {
         let (kv, effect) = match spec.split(':').collect::<Vec<_>>().as_slice() {
             [kv] => (*kv, ""),
             [kv, effect] => (*kv, *effect),
-            _ => return Err(format!("invalid taint spec: {spec}")),
+            _ => return Err(SettingError::MalformedTaint(spec.to_string())),
         };
         let (key, val) = match kv.split('=').collect::<Vec<_>>().as_slice() {
             [key] => (*key, ""),
             [key, val] => (*key, *val),
-            _ => return Err(format!("invalid taint spec: {spec}")),
+            _ => return Err(SettingError::MalformedTaint(spec.to_string())),
         };
         if effect.is_empty() {
-            return Err(format!("invalid taint spec: {spec}"));
+            return Err(SettingError::MalformedTaint(spec.to_string()));
         }
         let taint = check_taint(key, val, effect)?;
         if out.iter().any(|t| t.key == taint.key && t.effect == taint.effect) {
-            return Err(format!("duplicated taints with the same key and effect: {taint}"));
+            return Err(SettingError::DuplicateTaint(taint));
         }
         out.push(taint);
     }
@@ -321,15 +359,18 @@ pub fn parse_taints(value: &str) -> Result<Vec<Taint>, String> {
 
 /// `kubeReserved` / `systemReserved`: cpu, memory, ephemeral-storage and pid
 /// with non-negative quantities (upstream `parseResourceList`).
-pub fn check_reserved(map: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn check_reserved(map: &BTreeMap<String, String>) -> Result<(), SettingError> {
     for (k, v) in map {
         if !RESERVABLE.contains(&k.as_str()) {
-            return Err(format!("cannot reserve {k:?} resource"));
+            return Err(SettingError::UnreservableResource(k.clone()));
         }
-        let q =
-            quantity::parse_milli(v).map_err(|e| format!("failed to parse quantity {v:?} for {k:?} resource: {e}"))?;
+        let q = quantity::parse_milli(v).map_err(|source| SettingError::ReservedQuantity {
+            resource: k.clone(),
+            value: v.clone(),
+            source,
+        })?;
         if q < 0 {
-            return Err(format!("resource quantity for {k:?} cannot be negative: {v}"));
+            return Err(SettingError::NegativeReservation { resource: k.clone(), value: v.clone() });
         }
     }
     Ok(())
@@ -337,24 +378,24 @@ pub fn check_reserved(map: &BTreeMap<String, String>) -> Result<(), String> {
 
 /// Hard eviction thresholds (`evictionHard`): known signals with a positive
 /// quantity or a percentage (upstream `parseThresholdStatement`).
-pub fn check_eviction(map: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn check_eviction(map: &BTreeMap<String, String>) -> Result<(), SettingError> {
     for (signal, v) in map {
         if !EVICTION_SIGNALS.contains(&signal.as_str()) {
-            return Err(format!("unsupported eviction signal {signal}"));
+            return Err(SettingError::UnsupportedEvictionSignal(signal.clone()));
         }
         if v.ends_with('%') {
             let p = quantity::parse_percentage(v)?;
             if p < 0.0 {
-                return Err(format!("eviction percentage threshold {signal} must be >= 0%: {v}"));
+                return Err(SettingError::NegativeEvictionPercentage { signal: signal.clone(), value: v.clone() });
             }
             if p > 1.0 {
-                return Err(format!("eviction percentage threshold {signal} must be <= 100%: {v}"));
+                return Err(SettingError::EvictionPercentageOver100 { signal: signal.clone(), value: v.clone() });
             }
             continue;
         }
         let q = quantity::parse_milli(v)?;
         if q <= 0 {
-            return Err(format!("eviction threshold {signal} must be positive: {v}"));
+            return Err(SettingError::NonPositiveEvictionThreshold { signal: signal.clone(), value: v.clone() });
         }
     }
     Ok(())
@@ -376,12 +417,12 @@ mod tests {
         assert_eq!(bad, vec!["nonsense"]);
         assert_eq!(parse_node_ips("010.000.000.001").unwrap().0, vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(
-            parse_node_ips("10.0.0.1,10.0.0.2").unwrap_err(),
+            parse_node_ips("10.0.0.1,10.0.0.2").unwrap_err().to_string(),
             "must contain either a single IP or a dual-stack pair of IPs"
         );
         assert!(parse_node_ips("1.1.1.1,::1,2.2.2.2").is_err());
         assert_eq!(
-            parse_node_ips("0.0.0.0,fd00::1").unwrap_err(),
+            parse_node_ips("0.0.0.0,fd00::1").unwrap_err().to_string(),
             "dual-stack node IP cannot include '0.0.0.0' or '::'"
         );
         assert!(parse_node_ips("").unwrap().0.is_empty());
@@ -406,8 +447,9 @@ mod tests {
         ] {
             validate_node_labels(&labels(&[(ok, "v")])).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
-        let e =
-            validate_node_labels(&labels(&[("node-role.kubernetes.io/worker", ""), ("k8s.io/x", "1")])).unwrap_err();
+        let e = validate_node_labels(&labels(&[("node-role.kubernetes.io/worker", ""), ("k8s.io/x", "1")]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with(
                 "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [k8s.io/x node-role.kubernetes.io/worker]"
@@ -420,11 +462,11 @@ mod tests {
 
     #[test]
     fn node_label_syntax() {
-        let e = validate_node_labels(&labels(&[("bad key", "v")])).unwrap_err();
+        let e = validate_node_labels(&labels(&[("bad key", "v")])).unwrap_err().to_string();
         assert!(e.starts_with("invalid node labels: 'bad key' - name part must consist"), "{e}");
-        let e = validate_node_labels(&labels(&[("k", "-v")])).unwrap_err();
+        let e = validate_node_labels(&labels(&[("k", "-v")])).unwrap_err().to_string();
         assert!(e.contains("'-v' - a valid label"), "{e}");
-        let e = validate_node_labels(&labels(&[("Example.com/k", "v")])).unwrap_err();
+        let e = validate_node_labels(&labels(&[("Example.com/k", "v")])).unwrap_err().to_string();
         assert!(e.contains("prefix part"), "{e}");
         let long = "a".repeat(64);
         assert!(validate_node_labels(&labels(&[("k", &long)])).is_err());
@@ -439,7 +481,7 @@ mod tests {
             parse_key_value_list(" a = 1 ,b=2,,c=x=y", '=').unwrap(),
             vec![("a".into(), "1".into()), ("b".into(), "2".into()), ("c".into(), "x=y".into())]
         );
-        assert!(parse_key_value_list("novalue", '=').unwrap_err().contains("malformed pair"));
+        assert!(parse_key_value_list("novalue", '=').unwrap_err().to_string().contains("malformed pair"));
         assert_eq!(
             parse_key_value_list("memory.available<1Gi,nodefs.available<5%", '<').unwrap(),
             vec![("memory.available".into(), "1Gi".into()), ("nodefs.available".into(), "5%".into())]
@@ -459,15 +501,15 @@ mod tests {
         assert_eq!(t[0].to_string(), "dedicated=gpu:NoSchedule");
         assert_eq!(parse_taints("").unwrap(), vec![]);
         assert_eq!(parse_taints("a:NoSchedule,b-").unwrap().len(), 1);
-        assert_eq!(parse_taints("a=b").unwrap_err(), "invalid taint spec: a=b");
+        assert_eq!(parse_taints("a=b").unwrap_err(), SettingError::MalformedTaint("a=b".into()));
         assert_eq!(
-            parse_taints("a=b:Sometimes").unwrap_err(),
+            parse_taints("a=b:Sometimes").unwrap_err().to_string(),
             "invalid taint effect: Sometimes, unsupported taint effect"
         );
-        assert!(parse_taints("a=b=c:NoSchedule").unwrap_err().starts_with("invalid taint spec"));
+        assert!(parse_taints("a=b=c:NoSchedule").unwrap_err().to_string().starts_with("invalid taint spec"));
         assert!(parse_taints("a:b:NoSchedule").is_err());
-        assert!(parse_taints("bad key:NoSchedule").unwrap_err().contains("name part"));
-        assert!(parse_taints("a=b:NoSchedule,a=c:NoSchedule").unwrap_err().contains("duplicated taints"));
+        assert!(parse_taints("bad key:NoSchedule").unwrap_err().to_string().contains("name part"));
+        assert!(parse_taints("a=b:NoSchedule,a=c:NoSchedule").unwrap_err().to_string().contains("duplicated taints"));
         assert_eq!(parse_taints("a=b:NoSchedule,a=c:NoExecute").unwrap().len(), 2);
     }
 
@@ -475,14 +517,29 @@ mod tests {
     fn reserved_and_eviction() {
         check_reserved(&labels(&[("cpu", "100m"), ("memory", "1Gi"), ("ephemeral-storage", "1G"), ("pid", "100")]))
             .unwrap();
-        assert_eq!(check_reserved(&labels(&[("gpu", "1")])).unwrap_err(), "cannot reserve \"gpu\" resource");
-        assert!(check_reserved(&labels(&[("memory", "-1Gi")])).unwrap_err().contains("cannot be negative"));
-        assert!(check_reserved(&labels(&[("memory", "lots")])).unwrap_err().contains("failed to parse quantity"));
+        assert_eq!(
+            check_reserved(&labels(&[("gpu", "1")])).unwrap_err().to_string(),
+            "cannot reserve \"gpu\" resource"
+        );
+        assert!(check_reserved(&labels(&[("memory", "-1Gi")])).unwrap_err().to_string().contains("cannot be negative"));
+        assert!(
+            check_reserved(&labels(&[("memory", "lots")]))
+                .unwrap_err()
+                .to_string()
+                .contains("failed to parse quantity")
+        );
 
         check_eviction(&labels(&[("memory.available", "100Mi"), ("nodefs.available", "10%")])).unwrap();
-        assert!(check_eviction(&labels(&[("memory.free", "1")])).unwrap_err().contains("unsupported eviction signal"));
-        assert!(check_eviction(&labels(&[("memory.available", "0")])).unwrap_err().contains("must be positive"));
-        assert!(check_eviction(&labels(&[("nodefs.available", "101%")])).unwrap_err().contains("<= 100%"));
-        assert!(check_eviction(&labels(&[("nodefs.available", "-1%")])).unwrap_err().contains(">= 0%"));
+        assert!(
+            check_eviction(&labels(&[("memory.free", "1")]))
+                .unwrap_err()
+                .to_string()
+                .contains("unsupported eviction signal")
+        );
+        assert!(
+            check_eviction(&labels(&[("memory.available", "0")])).unwrap_err().to_string().contains("must be positive")
+        );
+        assert!(check_eviction(&labels(&[("nodefs.available", "101%")])).unwrap_err().to_string().contains("<= 100%"));
+        assert!(check_eviction(&labels(&[("nodefs.available", "-1%")])).unwrap_err().to_string().contains(">= 0%"));
     }
 }

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, CommandFactory, FromArgMatches, Parser};
 
-use super::duration::GoDuration;
+use super::duration::{DurationError, GoDuration};
 use super::error::ConfigError;
 use super::gates::parse_go_bool;
 
@@ -319,16 +319,27 @@ fn any_path(s: &str) -> Result<PathBuf, std::convert::Infallible> {
     Ok(PathBuf::from(s))
 }
 
-fn go_bool(s: &str) -> Result<bool, String> {
-    parse_go_bool(s).ok_or_else(|| "expected true or false (also accepted: 1, 0, t, f, TRUE, FALSE)".to_string())
+/// Why a flag's value has the wrong form; the flag and value are added by clap.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagValueError {
+    #[error("expected true or false (also accepted: 1, 0, t, f, TRUE, FALSE)")]
+    NotBool,
+    #[error("expected a whole number (32-bit)")]
+    NotInt32,
+    #[error("malformed header {0:?}: expected name:value")]
+    MalformedHeader(String),
 }
 
-fn go_int32(s: &str) -> Result<i32, String> {
-    s.parse::<i32>().map_err(|_| "expected a whole number (32-bit)".to_string())
+fn go_bool(s: &str) -> Result<bool, FlagValueError> {
+    parse_go_bool(s).ok_or(FlagValueError::NotBool)
 }
 
-fn go_duration(s: &str) -> Result<GoDuration, String> {
-    GoDuration::parse(s).map_err(|e| e.to_string())
+fn go_int32(s: &str) -> Result<i32, FlagValueError> {
+    s.parse::<i32>().map_err(|_| FlagValueError::NotInt32)
+}
+
+fn go_duration(s: &str) -> Result<GoDuration, DurationError> {
+    GoDuration::parse(s)
 }
 
 impl Flags {
@@ -674,14 +685,14 @@ fn first_line(err: &clap::Error) -> String {
 /// way upstream's `ColonSeparatedMultimapStringString` does: pairs split on
 /// commas, each on its first colon, blanks around names and values trimmed,
 /// empty pairs skipped.
-pub fn parse_header_list(value: &str) -> Result<Vec<(String, String)>, String> {
+pub fn parse_header_list(value: &str) -> Result<Vec<(String, String)>, FlagValueError> {
     let mut out = Vec::new();
     for pair in value.split(',') {
         if pair.is_empty() {
             continue;
         }
         let Some((k, v)) = pair.split_once(':') else {
-            return Err(format!("malformed header {pair:?}: expected name:value"));
+            return Err(FlagValueError::MalformedHeader(pair.to_string()));
         };
         out.push((k.trim().to_string(), v.trim().to_string()));
     }
@@ -1001,7 +1012,7 @@ mod tests {
                 ("d".into(), "x:y".into())
             ]
         );
-        assert!(parse_header_list("novalue").unwrap_err().contains("name:value"));
+        assert!(parse_header_list("novalue").unwrap_err().to_string().contains("name:value"));
         assert_eq!(parse_header_list("").unwrap(), vec![]);
     }
 }

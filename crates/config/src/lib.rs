@@ -507,7 +507,7 @@ fn apply_file(
     if let Some(h) = &c.static_pod_url_header {
         let pairs = h.pairs();
         for (name, value) in &pairs {
-            check_header(name, value).map_err(|reason| invalid(&format!("staticPodURLHeader.{name}"), reason))?;
+            check_header(name, value).map_err(|e| invalid(&format!("staticPodURLHeader.{name}"), e.to_string()))?;
         }
         s.static_pod_url_header = pairs;
     }
@@ -538,15 +538,15 @@ fn apply_file(
         })?;
     }
     if let Some(e) = c.container_runtime_endpoint.as_deref().filter(|e| !e.is_empty()) {
-        check_endpoint(e).map_err(|reason| invalid("containerRuntimeEndpoint", reason))?;
+        check_endpoint(e).map_err(|e| invalid("containerRuntimeEndpoint", e.to_string()))?;
         s.container_runtime_endpoint = e.to_string();
     }
     if let Some(e) = c.image_service_endpoint.as_deref().filter(|e| !e.is_empty()) {
-        check_endpoint(e).map_err(|reason| invalid("imageServiceEndpoint", reason))?;
+        check_endpoint(e).map_err(|e| invalid("imageServiceEndpoint", e.to_string()))?;
         s.image_service_endpoint = Some(e.to_string());
     }
     if let Some(dir) = c.pod_logs_dir.as_deref().filter(|d| !d.is_empty()) {
-        check_pod_logs_dir(dir).map_err(|reason| invalid("podLogsDir", reason))?;
+        check_pod_logs_dir(dir).map_err(|e| invalid("podLogsDir", e.to_string()))?;
         s.pod_logs_dir = PathBuf::from(dir);
     }
     if let Some(gates) = &c.feature_gates {
@@ -608,7 +608,7 @@ fn apply_file_cluster(
                 t.value.as_deref().unwrap_or_default(),
                 t.effect.as_deref().unwrap_or_default(),
             )
-            .map_err(|reason| invalid(&format!("registerWithTaints[{i}]"), reason))?;
+            .map_err(|e| invalid(&format!("registerWithTaints[{i}]"), e.to_string()))?;
             out.push(taint);
         }
         s.register_with_taints = out;
@@ -661,7 +661,7 @@ fn apply_file_cluster(
         ("systemReserved", &c.system_reserved, &mut s.system_reserved),
     ] {
         if let Some(map) = value {
-            cluster::check_reserved(map).map_err(|reason| invalid(field, reason))?;
+            cluster::check_reserved(map).map_err(|e| invalid(field, e.to_string()))?;
             *target = map.clone();
         }
     }
@@ -669,12 +669,12 @@ fn apply_file_cluster(
         s.enforce_pods_allocatable = enforce_pods("enforceNodeAllocatable", list, &invalid)?;
     }
     if let Some(map) = &c.eviction_hard {
-        cluster::check_eviction(map).map_err(|reason| invalid("evictionHard", reason))?;
+        cluster::check_eviction(map).map_err(|e| invalid("evictionHard", e.to_string()))?;
         s.eviction_hard = map.clone();
     }
     match c.port {
         Some(0) | None => {}
-        Some(p) => s.port = check_port(p).map_err(|reason| invalid("port", reason))?,
+        Some(p) => s.port = check_port(p).map_err(|e| invalid("port", e.to_string()))?,
     }
     match c.pods_per_core {
         Some(n) if n < 0 => {
@@ -689,11 +689,34 @@ fn apply_file_cluster(
     Ok(())
 }
 
-fn check_port(p: i32) -> Result<u16, String> {
-    u16::try_from(p)
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| format!("invalid configuration: port (--port) {p} must be between 1 and 65535, inclusive"))
+/// Why a single setting's value is invalid (ports, headers, endpoints, paths); the caller
+/// names the flag or field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("invalid configuration: port (--port) {0} must be between 1 and 65535, inclusive")]
+    Port(i32),
+    #[error("a header name must not be empty")]
+    EmptyHeaderName,
+    #[error("header name {name:?} contains {bad:?}, which is not allowed in an HTTP header name")]
+    HeaderNameChar { name: String, bad: char },
+    #[error("the value of header {0:?} contains a line break or NUL")]
+    HeaderValueBreak(String),
+    #[error(
+        "{0:?} is not a valid unix socket endpoint; use an absolute path, e.g. {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}"
+    )]
+    RelativeUnixEndpoint(String),
+    #[error("{0:?} is not a CRI endpoint; use unix:///path/to/runtime.sock, e.g. {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}")]
+    NotAnEndpoint(String),
+    #[error("{0:?} must contain ASCII characters only")]
+    NotAscii(String),
+    #[error("{0:?} must be an absolute path")]
+    NotAbsolute(String),
+    #[error("{dir:?} must be a normalized path (did you mean {clean:?}?)")]
+    NotNormalized { dir: String, clean: String },
+}
+
+fn check_port(p: i32) -> Result<u16, ValueError> {
+    u16::try_from(p).ok().filter(|p| *p > 0).ok_or(ValueError::Port(p))
 }
 
 fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>) -> Result<(), ConfigError> {
@@ -714,10 +737,10 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
         // Given on the command line, the headers replace the file's.
         let mut pairs = Vec::new();
         for value in &f.manifest_url_header {
-            pairs.extend(parse_header_list(value).map_err(|reason| invalid("--manifest-url-header", reason))?);
+            pairs.extend(parse_header_list(value).map_err(|e| invalid("--manifest-url-header", e.to_string()))?);
         }
         for (name, value) in &pairs {
-            check_header(name, value).map_err(|reason| invalid("--manifest-url-header", reason))?;
+            check_header(name, value).map_err(|e| invalid("--manifest-url-header", e.to_string()))?;
         }
         s.static_pod_url_header = group_by_name(pairs);
     }
@@ -744,14 +767,14 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
                 format!("the endpoint must not be empty (the default is {DEFAULT_CONTAINER_RUNTIME_ENDPOINT})"),
             ));
         }
-        check_endpoint(e).map_err(|reason| invalid("--container-runtime-endpoint", reason))?;
+        check_endpoint(e).map_err(|e| invalid("--container-runtime-endpoint", e.to_string()))?;
         s.container_runtime_endpoint = e.clone();
     }
     if let Some(e) = &f.image_service_endpoint {
         if e.is_empty() {
             s.image_service_endpoint = None;
         } else {
-            check_endpoint(e).map_err(|reason| invalid("--image-service-endpoint", reason))?;
+            check_endpoint(e).map_err(|e| invalid("--image-service-endpoint", e.to_string()))?;
             s.image_service_endpoint = Some(e.clone());
         }
     }
@@ -827,10 +850,11 @@ fn apply_flags_cluster(
     if !f.node_labels.is_empty() {
         let mut labels = BTreeMap::new();
         for value in &f.node_labels {
-            labels
-                .extend(cluster::parse_key_value_list(value, '=').map_err(|reason| invalid("--node-labels", reason))?);
+            labels.extend(
+                cluster::parse_key_value_list(value, '=').map_err(|e| invalid("--node-labels", e.to_string()))?,
+            );
         }
-        cluster::validate_node_labels(&labels).map_err(|reason| invalid("--node-labels", reason))?;
+        cluster::validate_node_labels(&labels).map_err(|e| invalid("--node-labels", e.to_string()))?;
         s.node_labels = labels;
     }
     if let Some(rotate) = f.rotate_certificates {
@@ -842,7 +866,7 @@ fn apply_flags_cluster(
     // Each --register-with-taints replaces the list, as upstream.
     if let Some(value) = f.register_with_taints.last() {
         s.register_with_taints =
-            cluster::parse_taints(value).map_err(|reason| invalid("--register-with-taints", reason))?;
+            cluster::parse_taints(value).map_err(|e| invalid("--register-with-taints", e.to_string()))?;
     }
     if let Some(qps) = f.kube_api_qps {
         if qps < 0 {
@@ -879,22 +903,24 @@ fn apply_flags_cluster(
         if !values.is_empty() {
             let mut map = BTreeMap::new();
             for value in values {
-                map.extend(cluster::parse_key_value_list(value, '=').map_err(|reason| invalid(flag, reason))?);
+                map.extend(cluster::parse_key_value_list(value, '=').map_err(|e| invalid(flag, e.to_string()))?);
             }
-            cluster::check_reserved(&map).map_err(|reason| invalid(flag, reason))?;
+            cluster::check_reserved(&map).map_err(|e| invalid(flag, e.to_string()))?;
             *target = map;
         }
     }
     if !f.eviction_hard.is_empty() {
         let mut map = BTreeMap::new();
         for value in &f.eviction_hard {
-            map.extend(cluster::parse_key_value_list(value, '<').map_err(|reason| invalid("--eviction-hard", reason))?);
+            map.extend(
+                cluster::parse_key_value_list(value, '<').map_err(|e| invalid("--eviction-hard", e.to_string()))?,
+            );
         }
-        cluster::check_eviction(&map).map_err(|reason| invalid("--eviction-hard", reason))?;
+        cluster::check_eviction(&map).map_err(|e| invalid("--eviction-hard", e.to_string()))?;
         s.eviction_hard = map;
     }
     if let Some(p) = f.port {
-        s.port = check_port(p).map_err(|reason| invalid("--port", reason))?;
+        s.port = check_port(p).map_err(|e| invalid("--port", e.to_string()))?;
     }
     if let Some(n) = f.pods_per_core {
         s.pods_per_core = u32::try_from(n).map_err(|_| {
@@ -920,50 +946,46 @@ fn group_by_name(pairs: Vec<(String, String)>) -> Vec<(String, String)> {
 }
 
 /// An HTTP header name must be a token; a value must not break the request.
-fn check_header(name: &str, value: &str) -> Result<(), String> {
+fn check_header(name: &str, value: &str) -> Result<(), ValueError> {
     const TOKEN_SPECIALS: &str = "!#$%&'*+-.^_`|~";
     if name.is_empty() {
-        return Err("a header name must not be empty".to_string());
+        return Err(ValueError::EmptyHeaderName);
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || TOKEN_SPECIALS.contains(*c))) {
-        return Err(format!("header name {name:?} contains {c:?}, which is not allowed in an HTTP header name"));
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || TOKEN_SPECIALS.contains(*c))) {
+        return Err(ValueError::HeaderNameChar { name: name.to_string(), bad });
     }
     if value.chars().any(|c| c == '\r' || c == '\n' || c == '\0') {
-        return Err(format!("the value of header {name:?} contains a line break or NUL"));
+        return Err(ValueError::HeaderValueBreak(name.to_string()));
     }
     Ok(())
 }
 
 /// A CRI endpoint: `unix://` with an absolute path, a plain absolute socket
 /// path (upstream treats it as unix://), or `tcp://`/`npipe://` (Windows).
-fn check_endpoint(e: &str) -> Result<(), String> {
+fn check_endpoint(e: &str) -> Result<(), ValueError> {
     if let Some(path) = e.strip_prefix("unix://") {
         if !path.starts_with('/') {
-            return Err(format!(
-                "{e:?} is not a valid unix socket endpoint; use an absolute path, e.g. {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}"
-            ));
+            return Err(ValueError::RelativeUnixEndpoint(e.to_string()));
         }
         return Ok(());
     }
     if e.starts_with('/') || e.starts_with("tcp://") || e.starts_with("npipe://") {
         return Ok(());
     }
-    Err(format!(
-        "{e:?} is not a CRI endpoint; use unix:///path/to/runtime.sock, e.g. {DEFAULT_CONTAINER_RUNTIME_ENDPOINT}"
-    ))
+    Err(ValueError::NotAnEndpoint(e.to_string()))
 }
 
 /// Upstream: absolute, normalised (as Go's filepath.Clean), ASCII only.
-fn check_pod_logs_dir(dir: &str) -> Result<(), String> {
+fn check_pod_logs_dir(dir: &str) -> Result<(), ValueError> {
     if !dir.is_ascii() {
-        return Err(format!("{dir:?} must contain ASCII characters only"));
+        return Err(ValueError::NotAscii(dir.to_string()));
     }
     if !dir.starts_with('/') {
-        return Err(format!("{dir:?} must be an absolute path"));
+        return Err(ValueError::NotAbsolute(dir.to_string()));
     }
     let clean = clean_path(dir);
     if clean != dir {
-        return Err(format!("{dir:?} must be a normalized path (did you mean {clean:?}?)"));
+        return Err(ValueError::NotNormalized { dir: dir.to_string(), clean });
     }
     Ok(())
 }

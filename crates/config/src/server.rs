@@ -29,12 +29,21 @@ pub enum AuthorizationMode {
     Webhook,
 }
 
+/// A name that is not one of the enum's values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownName {
+    #[error("authorization mode {0:?} is not supported; use AlwaysAllow or Webhook")]
+    AuthorizationMode(String),
+    #[error("unknown tls version {0:?}")]
+    TlsVersion(String),
+}
+
 impl AuthorizationMode {
-    fn parse(s: &str) -> Result<Self, String> {
+    fn parse(s: &str) -> Result<Self, UnknownName> {
         match s {
             "AlwaysAllow" => Ok(AuthorizationMode::AlwaysAllow),
             "Webhook" => Ok(AuthorizationMode::Webhook),
-            other => Err(format!("authorization mode {other:?} is not supported; use AlwaysAllow or Webhook")),
+            other => Err(UnknownName::AuthorizationMode(other.to_string())),
         }
     }
 }
@@ -119,13 +128,13 @@ pub enum TlsVersion {
 }
 
 impl TlsVersion {
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self, UnknownName> {
         match name {
             "VersionTLS10" => Ok(TlsVersion::Tls10),
             "VersionTLS11" => Ok(TlsVersion::Tls11),
             "VersionTLS12" => Ok(TlsVersion::Tls12),
             "VersionTLS13" => Ok(TlsVersion::Tls13),
-            other => Err(format!("unknown tls version {other:?}")),
+            other => Err(UnknownName::TlsVersion(other.to_string())),
         }
     }
 }
@@ -261,7 +270,7 @@ impl ServerSettings {
             self.tls_private_key_file = path(f);
         }
         if let Some(v) = c.tls_min_version.as_deref().filter(|v| !v.is_empty()) {
-            self.tls_min_version = TlsVersion::parse(v).map_err(|reason| invalid("tlsMinVersion", reason))?;
+            self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("tlsMinVersion", e.to_string()))?;
         }
         if let Some(names) = &c.tls_cipher_suites {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -286,7 +295,7 @@ impl ServerSettings {
         if let Some(authz) = &c.authorization {
             if let Some(m) = authz.mode.as_deref().filter(|m| !m.is_empty()) {
                 self.authorization_mode =
-                    AuthorizationMode::parse(m).map_err(|reason| invalid("authorization.mode", reason))?;
+                    AuthorizationMode::parse(m).map_err(|e| invalid("authorization.mode", e.to_string()))?;
             }
             if let Some(w) = &authz.webhook {
                 if let Some(d) = w.cache_authorized_ttl.filter(|d| !d.is_zero()) {
@@ -327,7 +336,7 @@ impl ServerSettings {
             self.tls_private_key_file = path(f);
         }
         if let Some(v) = &s.tls_min_version {
-            self.tls_min_version = TlsVersion::parse(v).map_err(|reason| invalid("--tls-min-version", reason))?;
+            self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("--tls-min-version", e.to_string()))?;
         }
         if !s.tls_cipher_suites.is_empty() {
             let names: Vec<&str> = s.tls_cipher_suites.iter().flat_map(|v| v.split(',')).collect();
@@ -350,7 +359,7 @@ impl ServerSettings {
         }
         if let Some(m) = &s.authorization_mode {
             self.authorization_mode =
-                AuthorizationMode::parse(m).map_err(|reason| invalid("--authorization-mode", reason))?;
+                AuthorizationMode::parse(m).map_err(|e| invalid("--authorization-mode", e.to_string()))?;
         }
         if let Some(d) = s.authorization_webhook_cache_authorized_ttl {
             self.cache_authorized_ttl = ttl("--authorization-webhook-cache-authorized-ttl", d, invalid)?;

@@ -280,3 +280,102 @@ fn implemented_config_fields_are_read_by_their_consumers() {
     }
     assert!(unread.is_empty(), "fields claimed as implemented but not read:\n{}", unread.join("\n"));
 }
+
+/// The non-test code of every crate's `src/` (harness crates included): each file up to its
+/// first `#[cfg(test)]`, unit-test files (`tests.rs`, `tests/`) left out.
+fn library_code() -> Vec<(String, String)> {
+    let root = crates_dir().parent().unwrap().to_path_buf();
+    let mut out = Vec::new();
+    for entry in fs::read_dir(crates_dir()).unwrap() {
+        let src = entry.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        for file in rust_files(&src) {
+            let rel = file.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+            if rel.ends_with("/tests.rs") || rel.contains("/tests/") {
+                continue;
+            }
+            let text = fs::read_to_string(&file).unwrap();
+            out.push((rel, text.split("#[cfg(test)]").next().unwrap_or_default().to_string()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// How many `Result<…, String>` types the code names (generic arguments matched by brackets,
+/// so `Result<Vec<(String, String)>, String>` counts and `Result<String, E>` does not).
+fn string_error_results(code: &str) -> usize {
+    let flat: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut count = 0;
+    for (i, _) in flat.match_indices("Result<") {
+        if flat[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let args = &flat[i + "Result<".len()..];
+        let (mut depth, mut commas, mut end) = (0i32, Vec::new(), None);
+        for (j, c) in args.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' if depth == 0 => {
+                    end = Some(j);
+                    break;
+                }
+                '>' | ')' | ']' => depth -= 1,
+                ',' if depth == 0 => commas.push(j),
+                _ => {}
+            }
+        }
+        // A trailing comma (`Result<T, String,>` after rustfmt) ends the list, not an argument.
+        let Some(end) = end else { continue };
+        let list = args[..end].trim_end().trim_end_matches(',');
+        if let Some(comma) = commas.into_iter().rfind(|c| *c < list.len())
+            && list[comma + 1..].trim() == "String"
+        {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Library errors are typed (`thiserror` enums), never `Result<_, String>`: a caller can match
+/// on an outcome instead of parsing a message. Files not yet converted, with their count; the
+/// list only shrinks (a file with fewer than listed fails too, so the list stays exact).
+const STRING_ERRORS_LEFT: &[(&str, usize)] = &[
+    ("crates/agent/src/api/bootstrap.rs", 4),
+    ("crates/agent/src/api/mod.rs", 1),
+    ("crates/agent/src/api/rotation.rs", 2),
+    ("crates/agent/src/status_store.rs", 1),
+    ("crates/maintenance-controller/src/serve.rs", 1),
+    ("crates/maintenance/src/cli/selector.rs", 5),
+    ("crates/server/src/authn.rs", 3),
+    ("crates/server/src/authz.rs", 2),
+    ("crates/test-apiserver/src/auth.rs", 2),
+    ("crates/test-apiserver/src/bootstrap_tokens.rs", 2),
+    ("crates/test-apiserver/src/csr.rs", 4),
+    ("crates/test-apiserver/src/pdb.rs", 4),
+    ("crates/test-apiserver/src/selectors.rs", 10),
+];
+
+#[test]
+fn library_errors_are_typed_not_strings() {
+    let left: BTreeMap<&str, usize> = STRING_ERRORS_LEFT.iter().copied().collect();
+    let mut wrong = Vec::new();
+    for (file, code) in library_code() {
+        let found = string_error_results(&code);
+        let allowed = left.get(file.as_str()).copied().unwrap_or(0);
+        if found != allowed {
+            wrong.push(format!("{file}: {found} Result<_, String> (listed: {allowed})"));
+        }
+    }
+    assert!(wrong.is_empty(), "use a thiserror enum, not Result<_, String>:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_string_error_check_sees_them() {
+    assert_eq!(string_error_results("fn f() -> Result<(), String> {}"), 1);
+    assert_eq!(string_error_results("fn f() -> Result<Vec<(String, String)>,\n    String,\n> {}"), 1);
+    assert_eq!(string_error_results("fn f() -> Result<String, Error> {} fn g() -> io::Result<String> {}"), 0);
+    assert_eq!(string_error_results("fn f() -> anyhow::Result<String> {} type MyResult<T> = T;"), 0);
+}

@@ -44,15 +44,30 @@ pub fn memory(c: &Container) -> Memory {
     Memory { request: bytes(request), limit: bytes(limit) }
 }
 
+/// A request or limit that is not a valid quantity, naming the container and field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("container {container:?}: resources.{list}.{resource}: {source}")]
+pub struct BadQuantity {
+    pub container: String,
+    /// `requests` or `limits`.
+    pub list: &'static str,
+    pub resource: String,
+    pub source: quantity::QuantityError,
+}
+
 /// Every request and limit of the container is a valid quantity.
-pub fn check(c: &Container) -> Result<(), String> {
+pub fn check(c: &Container) -> Result<(), BadQuantity> {
     let r = c.resources.as_ref();
     for (field, list) in
         [("requests", r.and_then(|r| r.requests.as_ref())), ("limits", r.and_then(|r| r.limits.as_ref()))]
     {
         for (name, q) in list.into_iter().flatten() {
-            quantity::parse_milli(&q.0)
-                .map_err(|e| format!("container {:?}: resources.{field}.{name}: {e}", c.name))?;
+            quantity::parse_milli(&q.0).map_err(|source| BadQuantity {
+                container: c.name.clone(),
+                list: field,
+                resource: name.clone(),
+                source,
+            })?;
         }
     }
     Ok(())
@@ -86,6 +101,7 @@ pub(crate) mod tests {
     #[test]
     fn bad_quantities_name_the_field() {
         let e = check(&container(&[("memory", "lots")], &[])).unwrap_err();
-        assert!(e.contains("resources.requests.memory"), "{e}");
+        assert!(e.to_string().contains("resources.requests.memory"), "{e}");
+        assert_eq!((e.list, e.resource.as_str()), ("requests", "memory"));
     }
 }

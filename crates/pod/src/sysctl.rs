@@ -68,22 +68,41 @@ fn allowed(name: &str, unsafe_allowed: &[String]) -> bool {
         })
 }
 
-/// `Err(message)` when the pod must be rejected, with upstream's message (the pod status shows
-/// it prefixed with "Pod was rejected: ").
-pub fn admit(pod: &Pod, unsafe_allowed: &[String]) -> Result<(), String> {
+/// Why a pod's sysctl is refused, with upstream's wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Forbidden {
+    #[error("not allowed with host net enabled")]
+    HostNet,
+    #[error("not allowed with host ipc enabled")]
+    HostIpc,
+    #[error("not allowlisted")]
+    NotAllowlisted,
+}
+
+/// A sysctl that makes the node reject the pod (the pod status shows the message prefixed
+/// with "Pod was rejected: ").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("forbidden sysctl: {name:?} {why}")]
+pub struct ForbiddenSysctl {
+    pub name: String,
+    pub why: Forbidden,
+}
+
+/// The first sysctl of the pod this node refuses, if any.
+pub fn admit(pod: &Pod, unsafe_allowed: &[String]) -> Result<(), ForbiddenSysctl> {
     let spec = pod.spec.as_ref();
     let sysctls = spec.and_then(|s| s.security_context.as_ref()).and_then(|s| s.sysctls.as_deref()).unwrap_or_default();
     let host_net = spec.and_then(|s| s.host_network).unwrap_or(false);
     let host_ipc = spec.and_then(|s| s.host_ipc).unwrap_or(false);
     for s in sysctls {
         let name = normalize(&s.name);
-        let reason = match namespace_of(&name) {
-            Some(Namespace::Net) if host_net => format!("{:?} not allowed with host net enabled", s.name),
-            Some(Namespace::Ipc) if host_ipc => format!("{:?} not allowed with host ipc enabled", s.name),
-            _ if !allowed(&name, unsafe_allowed) => format!("{:?} not allowlisted", s.name),
+        let why = match namespace_of(&name) {
+            Some(Namespace::Net) if host_net => Forbidden::HostNet,
+            Some(Namespace::Ipc) if host_ipc => Forbidden::HostIpc,
+            _ if !allowed(&name, unsafe_allowed) => Forbidden::NotAllowlisted,
             _ => continue,
         };
-        return Err(format!("forbidden sysctl: {reason}"));
+        return Err(ForbiddenSysctl { name: s.name.clone(), why });
     }
     Ok(())
 }
@@ -115,7 +134,7 @@ mod tests {
     #[test]
     fn unsafe_sysctls_need_the_allow_list() {
         let p = pod(&["net.core.somaxconn"], false);
-        assert_eq!(admit(&p, &[]).unwrap_err(), "forbidden sysctl: \"net.core.somaxconn\" not allowlisted");
+        assert_eq!(admit(&p, &[]).unwrap_err().to_string(), "forbidden sysctl: \"net.core.somaxconn\" not allowlisted");
         assert!(admit(&p, &["net.core.*".to_string()]).is_ok());
         assert!(admit(&p, &["net.core.somaxconn".to_string()]).is_ok());
         assert!(admit(&p, &["net.core.other".to_string()]).is_err());
@@ -124,9 +143,9 @@ mod tests {
     #[test]
     fn namespaced_sysctls_clash_with_host_namespaces() {
         let e = admit(&pod(&["net.ipv4.tcp_syncookies"], true), &[]).unwrap_err();
-        assert!(e.ends_with("\"net.ipv4.tcp_syncookies\" not allowed with host net enabled"), "{e}");
+        assert!(e.to_string().ends_with("\"net.ipv4.tcp_syncookies\" not allowed with host net enabled"), "{e}");
         let mut p = pod(&["kernel.shm_rmid_forced"], false);
         p.spec.as_mut().unwrap().host_ipc = Some(true);
-        assert!(admit(&p, &[]).unwrap_err().contains("host ipc"));
+        assert_eq!(admit(&p, &[]).unwrap_err().why, Forbidden::HostIpc);
     }
 }

@@ -5,11 +5,24 @@
 //! Values are kept in milli-units (`i128`), rounded up as upstream's
 //! `MilliValue` does, which is exact for everything a node reports.
 
+/// Why a quantity or percentage did not parse; each names the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    #[error("{0:?} is not a valid quantity (expected a number with an optional suffix, e.g. 500m, 100Mi, 1Gi, 2)")]
+    Invalid(String),
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+    #[error("{0:?} is out of range")]
+    OutOfRange(String),
+    #[error("{0:?} is not a percentage")]
+    NotPercentage(String),
+    #[error("{0:?} is not a valid percentage")]
+    InvalidPercentage(String),
+}
+
 /// Parses a quantity into milli-units.
-pub fn parse_milli(s: &str) -> Result<i128, String> {
-    let bad = || {
-        format!("{s:?} is not a valid quantity (expected a number with an optional suffix, e.g. 500m, 100Mi, 1Gi, 2)")
-    };
+pub fn parse_milli(s: &str) -> Result<i128, QuantityError> {
+    let bad = || QuantityError::Invalid(s.to_string());
     let t = s.trim();
     if t.is_empty() || t != s {
         return Err(bad());
@@ -26,7 +39,7 @@ pub fn parse_milli(s: &str) -> Result<i128, String> {
         return Err(bad());
     }
     if int_part.len() + frac_part.len() > 30 {
-        return Err(format!("{s:?} is too large"));
+        return Err(QuantityError::TooLarge(s.to_string()));
     }
     let digits = format!("{int_part}{frac_part}");
     let mantissa: i128 = digits.parse().map_err(|_| bad())?;
@@ -49,7 +62,7 @@ pub fn parse_milli(s: &str) -> Result<i128, String> {
         e if e.starts_with(['e', 'E']) => {
             let exp: i32 = e[1..].parse().map_err(|_| bad())?;
             if !(-30..=30).contains(&exp) {
-                return Err(format!("{s:?} is out of range"));
+                return Err(QuantityError::OutOfRange(s.to_string()));
             }
             (1, exp)
         }
@@ -57,7 +70,7 @@ pub fn parse_milli(s: &str) -> Result<i128, String> {
     };
     exp10 += 3; // milli
     exp10 -= frac_part.len() as i32;
-    let too_large = || format!("{s:?} is too large");
+    let too_large = || QuantityError::TooLarge(s.to_string());
     let mut value = mantissa.checked_mul(numerator_mult).ok_or_else(too_large)?;
     if exp10 >= 0 {
         let scale = 10i128.checked_pow(exp10 as u32).ok_or_else(too_large)?;
@@ -74,7 +87,7 @@ pub fn parse_milli(s: &str) -> Result<i128, String> {
 }
 
 /// Parses a quantity into whole units, rounded up (memory, storage, pods).
-pub fn parse_units(s: &str) -> Result<i128, String> {
+pub fn parse_units(s: &str) -> Result<i128, QuantityError> {
     let milli = parse_milli(s)?;
     Ok(ceil_div(milli, 1000))
 }
@@ -133,11 +146,12 @@ pub fn format_binary_bytes(bytes: i128) -> String {
 
 /// A percentage as upstream's eviction thresholds parse it: a float32
 /// fraction (`"10%"` → 0.1f32).
-pub fn parse_percentage(s: &str) -> Result<f32, String> {
-    let number = s.strip_suffix('%').ok_or_else(|| format!("{s:?} is not a percentage"))?;
-    let value: f32 = number.trim().parse().map_err(|_| format!("{s:?} is not a valid percentage"))?;
+pub fn parse_percentage(s: &str) -> Result<f32, QuantityError> {
+    let number = s.strip_suffix('%').ok_or_else(|| QuantityError::NotPercentage(s.to_string()))?;
+    let invalid = || QuantityError::InvalidPercentage(s.to_string());
+    let value: f32 = number.trim().parse().map_err(|_| invalid())?;
     if !value.is_finite() {
-        return Err(format!("{s:?} is not a valid percentage"));
+        return Err(invalid());
     }
     Ok(value / 100.0)
 }

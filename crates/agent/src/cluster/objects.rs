@@ -118,6 +118,20 @@ fn secret_immutable(s: &Secret) -> bool {
     s.immutable == Some(true)
 }
 
+/// Why an object a pod refers to could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    /// The API server's answer to a read, in its own words.
+    #[error("{0}")]
+    Read(#[source] kube::Error),
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotRead,
+    #[error("failed to fetch token: {0}")]
+    Token(#[source] kube::Error),
+    #[error("failed to fetch token: the TokenRequest has no status")]
+    TokenWithoutStatus,
+}
+
 impl ObjectSource {
     /// The source, and the task that runs its watches (for the node's supervisor).
     /// `node_ttl`: the node's `node.alpha.kubernetes.io/ttl`, for the `Cache` strategy.
@@ -143,12 +157,12 @@ impl ObjectSource {
 
     /// A ConfigMap in the pod's namespace; `None` when it does not exist; other errors use
     /// the API server's message.
-    pub async fn config_map(&self, pod: &Pod, name: &str) -> Result<Option<ConfigMap>, String> {
+    pub async fn config_map(&self, pod: &Pod, name: &str) -> Result<Option<ConfigMap>, ObjectError> {
         let i = &self.inner;
         self.lookup(&i.config_maps, &i.cached_config_maps, pod, name).await
     }
 
-    pub async fn secret(&self, pod: &Pod, name: &str) -> Result<Option<Secret>, String> {
+    pub async fn secret(&self, pod: &Pod, name: &str) -> Result<Option<Secret>, ObjectError> {
         let i = &self.inner;
         self.lookup(&i.secrets, &i.cached_secrets, pod, name).await
     }
@@ -159,7 +173,7 @@ impl ObjectSource {
         cache: &Mutex<TtlCache<K>>,
         pod: &Pod,
         name: &str,
-    ) -> Result<Option<K>, String>
+    ) -> Result<Option<K>, ObjectError>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -192,17 +206,17 @@ impl ObjectSource {
         }
     }
 
-    async fn read<K>(&self, ns: &str, name: &str) -> Result<Option<K>, String>
+    async fn read<K>(&self, ns: &str, name: &str) -> Result<Option<K>, ObjectError>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
     {
-        Api::<K>::namespaced(self.inner.client.clone(), ns).get_opt(name).await.map_err(|e| e.to_string())
+        Api::<K>::namespaced(self.inner.client.clone(), ns).get_opt(name).await.map_err(ObjectError::Read)
     }
 
     /// The services whose variables the pod may get: those of its namespace (when it wants
     /// service links) and the API server's own `default/kubernetes`, from watches the pod
     /// holds from now on.
-    pub async fn services(&self, pod: &Pod) -> Result<Vec<Service>, String> {
+    pub async fn services(&self, pod: &Pod) -> Result<Vec<Service>, ObjectError> {
         let (uid, ns) = (spec::uid(pod), spec::namespace(pod));
         let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
         let mut scopes = Vec::new();
@@ -216,7 +230,7 @@ impl ObjectSource {
         let mut services = Vec::new();
         for scope in scopes {
             let Some(view) = self.inner.services.get(uid, &scope).await else {
-                return Err("services have not yet been read at least once, cannot construct envvars".into());
+                return Err(ObjectError::ServicesNotRead);
             };
             services.extend(view.values().cloned());
         }
@@ -224,7 +238,7 @@ impl ObjectSource {
     }
 
     /// A token for the pod's service account, bound to the pod.
-    pub async fn token(&self, pod: &Pod, key: &TokenKey) -> Result<String, String> {
+    pub async fn token(&self, pod: &Pod, key: &TokenKey) -> Result<String, ObjectError> {
         let cache_key = (spec::uid(pod).to_string(), key.clone());
         let now = jiff::Timestamp::now().as_second();
         if let Some((token, issued, expires)) =
@@ -248,11 +262,9 @@ impl ObjectSource {
             ..Default::default()
         };
         let api = Api::<ServiceAccount>::namespaced(self.inner.client.clone(), spec::namespace(pod));
-        let response = api
-            .create_token_request(&sa, &PostParams::default(), &request)
-            .await
-            .map_err(|e| format!("failed to fetch token: {e}"))?;
-        let status = response.status.ok_or("failed to fetch token: the TokenRequest has no status")?;
+        let response =
+            api.create_token_request(&sa, &PostParams::default(), &request).await.map_err(ObjectError::Token)?;
+        let status = response.status.ok_or(ObjectError::TokenWithoutStatus)?;
         let expires = status.expiration_timestamp.0.as_second();
         self.inner
             .tokens

@@ -53,28 +53,59 @@ struct Entry {
     registrytoken: String,
 }
 
+/// Why a pull secret cannot be used, naming the key and entry.
+#[derive(Debug, thiserror::Error)]
+pub enum PullSecretError {
+    #[error("type {0} is neither {DOCKER_CONFIG_JSON_TYPE} nor {DOCKERCFG_TYPE}")]
+    WrongType(String),
+    #[error("missing key {0}")]
+    MissingKey(&'static str),
+    #[error("{key}: invalid JSON: {source}")]
+    InvalidJson { key: &'static str, source: serde_json::Error },
+    #[error("{key}: entry {location:?}: {source}")]
+    Entry { key: &'static str, location: String, source: EntryError },
+}
+
+/// Why one registry entry of a docker config has no usable credential.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    #[error("auth is not valid base64: {0}")]
+    Base64(#[from] base64::DecodeError),
+    #[error("unable to parse auth field, must be formatted as base64(username:password)")]
+    NoColon,
+}
+
+/// An image name that is not a valid reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid image reference {0:?}")]
+pub struct InvalidReference(pub String);
+
 /// The docker config in a pull secret, or why it cannot be used (naming the key and entry).
-pub fn parse_secret(secret: &Secret) -> Result<DockerConfig, String> {
+pub fn parse_secret(secret: &Secret) -> Result<DockerConfig, PullSecretError> {
     let kind = secret.type_.as_deref().unwrap_or("Opaque");
     let key = match kind {
         DOCKER_CONFIG_JSON_TYPE => DOCKER_CONFIG_JSON_KEY,
         DOCKERCFG_TYPE => DOCKERCFG_KEY,
-        other => return Err(format!("type {other} is neither {DOCKER_CONFIG_JSON_TYPE} nor {DOCKERCFG_TYPE}")),
+        other => return Err(PullSecretError::WrongType(other.to_string())),
     };
     let data = secret.data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.as_slice()).unwrap_or_default();
     if data.is_empty() {
-        return Err(format!("missing key {key}"));
+        return Err(PullSecretError::MissingKey(key));
     }
     let entries = if key == DOCKER_CONFIG_JSON_KEY {
         serde_json::from_slice::<DockerConfigJson>(data).map(|c| c.auths)
     } else {
         serde_json::from_slice::<BTreeMap<String, Entry>>(data)
     }
-    .map_err(|e| format!("{key}: invalid JSON: {e}"))?;
+    .map_err(|source| PullSecretError::InvalidJson { key, source })?;
     entries
         .into_iter()
         .map(|(location, entry)| {
-            let credential = entry.credential().map_err(|e| format!("{key}: entry {location:?}: {e}"))?;
+            let credential = entry.credential().map_err(|source| PullSecretError::Entry {
+                key,
+                location: location.clone(),
+                source,
+            })?;
             Ok((location, credential))
         })
         .collect()
@@ -82,17 +113,13 @@ pub fn parse_secret(secret: &Secret) -> Result<DockerConfig, String> {
 
 impl Entry {
     /// A non-empty `auth` (base64 of `user:password`) takes precedence, as in docker.
-    fn credential(self) -> Result<Credential, String> {
+    fn credential(self) -> Result<Credential, EntryError> {
         let (username, password) = if self.auth.is_empty() {
             (self.username, self.password)
         } else {
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(self.auth.trim())
-                .map_err(|e| format!("auth is not valid base64: {e}"))?;
+            let decoded = base64::engine::general_purpose::STANDARD.decode(self.auth.trim())?;
             let text = String::from_utf8_lossy(&decoded);
-            let (user, pass) = text
-                .split_once(':')
-                .ok_or("unable to parse auth field, must be formatted as base64(username:password)")?;
+            let (user, pass) = text.split_once(':').ok_or(EntryError::NoColon)?;
             (user.to_string(), pass.to_string())
         };
         Ok(Credential { username, password, identity_token: self.identitytoken, registry_token: self.registrytoken })
@@ -191,14 +218,14 @@ fn is_default_registry(repository: &str) -> bool {
 /// The image's repository with its registry made explicit and tag and digest dropped, as
 /// docker's reference normalization does: `busybox:1` → `docker.io/library/busybox`,
 /// `index.docker.io/x/y` → `docker.io/x/y`, `127.0.0.1:5000/a:1` → `127.0.0.1:5000/a`.
-pub fn repository(image: &str) -> Result<String, String> {
+pub fn repository(image: &str) -> Result<String, InvalidReference> {
     let name = image.split('@').next().unwrap_or_default();
     let name = match name.rfind(':') {
         Some(i) if !name[i..].contains('/') => &name[..i],
         _ => name,
     };
     if name.is_empty() {
-        return Err(format!("invalid image reference {image:?}"));
+        return Err(InvalidReference(image.to_string()));
     }
     let (domain, rest) = match name.split_once('/') {
         Some((first, rest)) if first.contains(['.', ':']) || first == "localhost" => (first, rest),

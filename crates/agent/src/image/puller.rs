@@ -14,11 +14,32 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use super::credentials::{self, Credential, DockerConfig, Keyring};
 use super::limiter::PullLimiter;
 use super::pull_backoff::{self, PullBackoff};
-use crate::cluster::objects::ObjectSource;
+use crate::cluster::objects::{ObjectError, ObjectSource};
 use crate::events::{EventType, Recorder};
 use gantry_config::format_std;
 use gantry_pod::Nanos;
 use gantry_vocab::spec::{self, PullPolicy};
+
+/// Every pull attempt failed (one per matching credential); shown as the runtime's message,
+/// or a bracketed list of them, as upstream.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", match attempts.as_slice() { [one] => one.clone(), many => format!("[{}]", many.join(", ")) })]
+struct PullError {
+    attempts: Vec<String>,
+}
+
+/// Why an image pull secret cannot be used.
+#[derive(Debug, thiserror::Error)]
+enum SecretError {
+    #[error("no API server to read it from")]
+    NoApiServer,
+    #[error(transparent)]
+    Read(#[from] ObjectError),
+    #[error("not found")]
+    NotFound,
+    #[error(transparent)]
+    Parse(#[from] credentials::PullSecretError),
+}
 
 /// Why the image is not there, with the upstream waiting reason for the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +145,7 @@ impl ImagePuller {
                 Ok(true)
             }
             Err(error) => {
+                let error = error.to_string();
                 event(EventType::Warning, "Failed", &format!("Failed to pull image {image:?}: {error}"));
                 let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
                 backoff.collect(now());
@@ -151,7 +173,7 @@ impl ImagePuller {
 
     /// Pulls with each matching credential in turn until one works (anonymously when none
     /// matches), as upstream; the error lists every attempt's failure.
-    async fn pull(&self, image: &str, credentials: Vec<Credential>) -> Result<String, String> {
+    async fn pull(&self, image: &str, credentials: Vec<Credential>) -> Result<String, PullError> {
         let auths: Vec<Option<api::AuthConfig>> = if credentials.is_empty() {
             vec![None]
         } else {
@@ -166,10 +188,7 @@ impl ImagePuller {
                 Err(e) => errors.push(e.grpc_message()),
             }
         }
-        Err(match errors.as_slice() {
-            [one] => one.clone(),
-            many => format!("[{}]", many.join(", ")),
-        })
+        Err(PullError { attempts: errors })
     }
 
     /// The docker configs of the pod's usable pull secrets. Secrets that are missing,
@@ -199,11 +218,11 @@ impl ImagePuller {
         configs
     }
 
-    async fn secret(&self, pod: &Pod, name: &str) -> Result<DockerConfig, String> {
-        let Some(source) = &self.secrets else { return Err("no API server to read it from".into()) };
+    async fn secret(&self, pod: &Pod, name: &str) -> Result<DockerConfig, SecretError> {
+        let Some(source) = &self.secrets else { return Err(SecretError::NoApiServer) };
         match source.secret(pod, name).await? {
-            Some(secret) => credentials::parse_secret(&secret),
-            None => Err("not found".into()),
+            Some(secret) => Ok(credentials::parse_secret(&secret)?),
+            None => Err(SecretError::NotFound),
         }
     }
 }

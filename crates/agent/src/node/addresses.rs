@@ -40,30 +40,66 @@ pub fn is_global_unicast(ip: &IpAddr) -> bool {
         || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast()))
 }
 
+/// Why an address cannot be the node's IP (upstream `validateNodeIP`'s messages).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeIpError {
+    #[error("nodeIP can't be loopback address")]
+    Loopback,
+    #[error("nodeIP can't be a multicast address")]
+    Multicast,
+    #[error("nodeIP can't be a link-local unicast address")]
+    LinkLocal,
+    #[error("nodeIP can't be an all zeros address")]
+    Unspecified,
+    #[error("node IP: {:?} not found in the host's network interfaces", .0.to_string())]
+    NotLocal(IpAddr),
+}
+
+/// Why the node has no address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// `which` is `nodeIP` or `secondaryNodeIP`, as upstream names them.
+    #[error("failed to validate {which}: {source}")]
+    Given { which: &'static str, source: NodeIpError },
+    #[error("can't get ip address of node {node}. error: {why}")]
+    NoneFound { node: String, why: NoneFound },
+}
+
+/// The last reason an address was passed over.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoneFound {
+    #[error("")]
+    NoCandidate,
+    #[error(transparent)]
+    Invalid(#[from] NodeIpError),
+    #[error("no default route and no global unicast address on any interface")]
+    NoRoute,
+}
+
 /// Upstream `validateNodeIP`.
-pub fn validate_node_ip(ip: &IpAddr, local_ips: &[IpAddr]) -> Result<(), String> {
+pub fn validate_node_ip(ip: &IpAddr, local_ips: &[IpAddr]) -> Result<(), NodeIpError> {
     if ip.is_loopback() {
-        return Err("nodeIP can't be loopback address".to_string());
+        return Err(NodeIpError::Loopback);
     }
     if ip.is_multicast() {
-        return Err("nodeIP can't be a multicast address".to_string());
+        return Err(NodeIpError::Multicast);
     }
     if is_link_local(ip) {
-        return Err("nodeIP can't be a link-local unicast address".to_string());
+        return Err(NodeIpError::LinkLocal);
     }
     if ip.is_unspecified() {
-        return Err("nodeIP can't be an all zeros address".to_string());
+        return Err(NodeIpError::Unspecified);
     }
     if local_ips.contains(ip) {
         return Ok(());
     }
-    Err(format!("node IP: {:?} not found in the host's network interfaces", ip.to_string()))
+    Err(NodeIpError::NotLocal(*ip))
 }
 
 /// `--node-ip` as given: unlike upstream, a loopback address is accepted (with a warning) so
 /// that a single-machine cluster, whose API server reaches the node API on 127.0.0.1, works.
 /// Loopback answers from DNS are still skipped.
-fn validate_given_node_ip(ip: &IpAddr, local_ips: &[IpAddr]) -> Result<(), String> {
+fn validate_given_node_ip(ip: &IpAddr, local_ips: &[IpAddr]) -> Result<(), NodeIpError> {
     if ip.is_loopback() {
         tracing::warn!(node_ip = %ip, "--node-ip is a loopback address: only processes on this machine can reach the node");
         return Ok(());
@@ -80,7 +116,7 @@ pub fn choose(
     hostname: &str,
     dns: &[IpAddr],
     net: &HostNetwork,
-) -> Result<Vec<NodeAddress>, String> {
+) -> Result<Vec<NodeAddress>, AddressError> {
     let primary = node_ips.first().filter(|ip| !ip.is_unspecified());
     let secondary = node_ips.get(1).filter(|ip| !ip.is_unspecified());
     // IPv4 is preferred unless --node-ip is an IPv6 address (such as "::").
@@ -88,13 +124,14 @@ pub fn choose(
     let preferred = |ip: &IpAddr| ip.is_ipv6() == prefer_v6;
 
     if let Some(ip) = primary {
-        validate_given_node_ip(ip, &net.local_ips).map_err(|e| format!("failed to validate nodeIP: {e}"))?;
+        validate_given_node_ip(ip, &net.local_ips).map_err(|source| AddressError::Given { which: "nodeIP", source })?;
     }
     if let Some(ip) = secondary {
-        validate_given_node_ip(ip, &net.local_ips).map_err(|e| format!("failed to validate secondaryNodeIP: {e}"))?;
+        validate_given_node_ip(ip, &net.local_ips)
+            .map_err(|source| AddressError::Given { which: "secondaryNodeIP", source })?;
     }
 
-    let mut last_error = String::new();
+    let mut last_error = NoneFound::NoCandidate;
     let chosen = if let Some(ip) = primary {
         Some(*ip)
     } else if let Ok(ip) = hostname.parse::<IpAddr>() {
@@ -110,7 +147,7 @@ pub fn choose(
                 Ok(()) => {
                     pick = pick.or(Some(*ip));
                 }
-                Err(e) => last_error = e,
+                Err(e) => last_error = e.into(),
             }
         }
         pick.or_else(|| {
@@ -119,13 +156,13 @@ pub fn choose(
             let other = net.other_ips.iter().find(|ip| preferred(ip)).or(net.other_ips.first());
             let found = from_route.or(any_route).or(other).copied();
             if found.is_none() {
-                last_error = "no default route and no global unicast address on any interface".to_string();
+                last_error = NoneFound::NoRoute;
             }
             found
         })
     };
     let Some(ip) = chosen else {
-        return Err(format!("can't get ip address of node {node_name}. error: {last_error}"));
+        return Err(AddressError::NoneFound { node: node_name.to_string(), why: last_error });
     };
     let mut out = vec![NodeAddress { type_: "InternalIP".into(), address: ip.to_string() }];
     if let Some(ip2) = secondary {
@@ -151,7 +188,7 @@ impl AddressDetector {
         node_ips: &[IpAddr],
         node_name: &str,
         hostname: &str,
-    ) -> Result<Vec<NodeAddress>, String> {
+    ) -> Result<Vec<NodeAddress>, AddressError> {
         let net = read_host_network();
         let need_dns = node_ips.first().is_none_or(IpAddr::is_unspecified) && hostname.parse::<IpAddr>().is_err();
         let dns = if need_dns { self.lookup(node_name).await } else { Vec::new() };
@@ -289,17 +326,18 @@ mod tests {
         let a = choose(&[ip("127.0.0.1")], "n1", "n1", &[], &net()).unwrap();
         assert_eq!(addrs(&a), vec!["InternalIP=127.0.0.1", "Hostname=n1"]);
         assert_eq!(
-            validate_node_ip(&ip("127.0.0.1"), &net().local_ips).unwrap_err(),
+            validate_node_ip(&ip("127.0.0.1"), &net().local_ips).unwrap_err().to_string(),
             "nodeIP can't be loopback address"
         );
         assert_eq!(
-            choose(&[ip("10.9.9.9")], "n1", "n1", &[], &net()).unwrap_err(),
+            choose(&[ip("10.9.9.9")], "n1", "n1", &[], &net()).unwrap_err().to_string(),
             "failed to validate nodeIP: node IP: \"10.9.9.9\" not found in the host's network interfaces"
         );
-        assert!(choose(&[ip("fe80::1")], "n1", "n1", &[], &net()).unwrap_err().contains("link-local"));
+        assert!(choose(&[ip("fe80::1")], "n1", "n1", &[], &net()).unwrap_err().to_string().contains("link-local"));
         assert!(
             choose(&[ip("10.1.0.5"), ip("fd00::9")], "n1", "n1", &[], &net())
                 .unwrap_err()
+                .to_string()
                 .starts_with("failed to validate secondaryNodeIP")
         );
     }
@@ -328,7 +366,9 @@ mod tests {
         let a = choose(&[], "n1", "n1", &[], &n).unwrap();
         assert_eq!(addrs(&a), vec!["InternalIP=192.0.2.2", "Hostname=n1"]);
         let n = HostNetwork { local_ips: vec![ip("127.0.0.1")], ..Default::default() };
-        assert!(choose(&[], "n1", "n1", &[], &n).unwrap_err().starts_with("can't get ip address of node n1"));
+        assert!(
+            choose(&[], "n1", "n1", &[], &n).unwrap_err().to_string().starts_with("can't get ip address of node n1")
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
-use super::addresses::AddressDetector;
+use super::addresses::{AddressDetector, AddressError};
 use super::lease::{LEASE_NAMESPACE, renewed_lease};
 use super::machine::{self, MachineFacts};
 use super::pressure::{self, PressureTracker};
@@ -55,11 +55,21 @@ pub struct NodeRegistration {
     pub host_ips: Vec<String>,
 }
 
-fn internal_ips(addresses: &Result<Vec<NodeAddress>, String>) -> Vec<String> {
+fn internal_ips(addresses: &Result<Vec<NodeAddress>, AddressError>) -> Vec<String> {
     addresses
         .as_ref()
         .map(|a| a.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect())
         .unwrap_or_default()
+}
+
+/// Why the lease was not renewed.
+#[derive(Debug, thiserror::Error)]
+enum LeaseError {
+    /// A conflict, and the lease could not be read back to retry on.
+    #[error("{0}")]
+    Conflict(#[source] kube::Error),
+    #[error("failed {MAX_LEASE_UPDATE_RETRIES} attempts to update lease: {0}")]
+    Retries(#[source] kube::Error),
 }
 
 /// Why the node side cannot start.
@@ -97,7 +107,7 @@ struct Observed {
     runtime_version: Option<String>,
     runtime_errors: Vec<String>,
     pressure: Pressure,
-    addresses: Result<Vec<NodeAddress>, String>,
+    addresses: Result<Vec<NodeAddress>, AddressError>,
     images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     now: Timestamp,
 }
@@ -107,7 +117,7 @@ struct Observed {
 struct ReportState {
     /// When the status was last written; `None` forces the next write.
     last_report: Option<Timestamp>,
-    last_address_error: Option<String>,
+    last_address_error: Option<AddressError>,
 }
 
 fn timeout_error(op: &str, after: Duration) -> kube::Error {
@@ -468,9 +478,9 @@ impl NodeController {
         }
     }
 
-    async fn retry_update_lease(&self, mut base: Lease, latest: &mut Option<Lease>) -> Result<(), String> {
+    async fn retry_update_lease(&self, mut base: Lease, latest: &mut Option<Lease>) -> Result<(), LeaseError> {
         let name = self.node_name().to_string();
-        let mut last_error = String::new();
+        let mut last_error = None;
         for _ in 0..MAX_LEASE_UPDATE_RETRIES {
             let uid = self.uid.borrow().clone();
             let lease = renewed_lease(
@@ -487,17 +497,17 @@ impl NodeController {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "failed to update lease");
-                    last_error = e.to_string();
                     if code(&e) == Some(409) {
                         match self.backoff_ensure_lease().await {
                             (Some(fresh), _) => base = fresh,
-                            (None, _) => return Err(last_error),
+                            (None, _) => return Err(LeaseError::Conflict(e)),
                         }
                     }
+                    last_error = Some(e);
                 }
             }
         }
-        Err(format!("failed {MAX_LEASE_UPDATE_RETRIES} attempts to update lease: {last_error}"))
+        Err(LeaseError::Retries(last_error.expect("MAX_LEASE_UPDATE_RETRIES > 0")))
     }
 
     /// Gets the lease, creating it when missing; retries with backoff until

@@ -82,7 +82,7 @@ pub struct NodeInputs<'a> {
     pub pressure: Pressure,
     /// The addresses, or why they could not be determined (then the previous
     /// ones are kept).
-    pub addresses: Result<Vec<NodeAddress>, String>,
+    pub addresses: Result<Vec<NodeAddress>, super::addresses::AddressError>,
     /// `status.images`; `None` when the images could not be listed (the previous ones are kept).
     pub images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     pub now: Timestamp,

@@ -152,7 +152,22 @@ pub struct ContainerContext<'a> {
     pub target_id: Option<&'a str>,
 }
 
-pub fn container_config(pod: &Pod, c: &Container, ctx: ContainerContext) -> Result<api::ContainerConfig, String> {
+/// Why a container's CRI config cannot be built (upstream's `CreateContainerConfigError`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContainerConfigError {
+    #[error(transparent)]
+    Env(#[from] env::EnvError),
+    #[error(transparent)]
+    Resources(#[from] requests::BadQuantity),
+    #[error(transparent)]
+    Security(#[from] security::SecurityError),
+}
+
+pub fn container_config(
+    pod: &Pod,
+    c: &Container,
+    ctx: ContainerContext,
+) -> Result<api::ContainerConfig, ContainerConfigError> {
     let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
     let annotations = HashMap::from([
         (labels::CONTAINER_HASH.to_string(), spec::container_hash(c)),

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod, ResourceFieldSelector};
 
-use gantry_vocab::quantity;
+use gantry_vocab::quantity::{self, QuantityError};
 use gantry_vocab::spec;
 
 /// Values that are not in the pod object itself.
@@ -17,8 +17,25 @@ pub struct Fields {
     pub node_memory_bytes: i128,
 }
 
+/// Why a `fieldRef` or `resourceFieldRef` has no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DownwardError {
+    #[error("fieldRef {0:?} is not supported")]
+    UnsupportedField(String),
+    #[error("resourceFieldRef: container {0:?} not found in the pod")]
+    ContainerNotFound(String),
+    #[error("resourceFieldRef: containerName is required")]
+    ContainerNameRequired,
+    #[error(transparent)]
+    Quantity(#[from] QuantityError),
+    #[error("resourceFieldRef: divisor {0:?} must be positive")]
+    NonPositiveDivisor(String),
+    #[error("resourceFieldRef: unsupported resource {0:?}")]
+    UnsupportedResource(String),
+}
+
 /// A `fieldRef` path's value.
-pub fn field(pod: &Pod, path: &str, f: &Fields) -> Result<String, String> {
+pub fn field(pod: &Pod, path: &str, f: &Fields) -> Result<String, DownwardError> {
     let meta = &pod.metadata;
     let subscript = |prefix: &str| path.strip_prefix(prefix)?.strip_suffix("']").map(str::to_string);
     if let Some(key) = subscript("metadata.labels['") {
@@ -38,7 +55,7 @@ pub fn field(pod: &Pod, path: &str, f: &Fields) -> Result<String, String> {
         "spec.serviceAccountName" => s.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
         "status.podIP" | "status.podIPs" => f.pod_ip.clone().unwrap_or_default(),
         "status.hostIP" | "status.hostIPs" => f.host_ip.clone().unwrap_or_default(),
-        other => return Err(format!("fieldRef {other:?} is not supported")),
+        other => return Err(DownwardError::UnsupportedField(other.to_string())),
     })
 }
 
@@ -52,15 +69,20 @@ fn format_map<'a>(m: impl Iterator<Item = (&'a String, &'a String)>) -> String {
 /// A `resourceFieldRef`'s value, rounded up to whole divisors; a missing limit is the node's
 /// allocatable. `c` is the container it is evaluated in (env) or `None` (volume files, which
 /// must name the container).
-pub fn resource(pod: &Pod, c: Option<&Container>, r: &ResourceFieldSelector, f: &Fields) -> Result<String, String> {
+pub fn resource(
+    pod: &Pod,
+    c: Option<&Container>,
+    r: &ResourceFieldSelector,
+    f: &Fields,
+) -> Result<String, DownwardError> {
     let c = match (r.container_name.as_deref().filter(|n| !n.is_empty()), c) {
         (Some(name), _) => spec::containers(pod)
             .iter()
             .chain(spec::init_containers(pod))
             .find(|c| c.name == name)
-            .ok_or_else(|| format!("resourceFieldRef: container {name:?} not found in the pod"))?,
+            .ok_or_else(|| DownwardError::ContainerNotFound(name.to_string()))?,
         (None, Some(c)) => c,
-        (None, None) => return Err("resourceFieldRef: containerName is required".into()),
+        (None, None) => return Err(DownwardError::ContainerNameRequired),
     };
     let res = c.resources.as_ref();
     let get = |limits: bool, name: &str| {
@@ -69,7 +91,7 @@ pub fn resource(pod: &Pod, c: Option<&Container>, r: &ResourceFieldSelector, f: 
     };
     let divisor = r.divisor.as_ref().map_or(Ok(1000), |d| quantity::parse_milli(&d.0))?;
     if divisor <= 0 {
-        return Err(format!("resourceFieldRef: divisor {:?} must be positive", r.divisor.as_ref().unwrap().0));
+        return Err(DownwardError::NonPositiveDivisor(r.divisor.as_ref().map(|d| d.0.clone()).unwrap_or_default()));
     }
     let milli = match r.resource.as_str() {
         "limits.cpu" => get(true, "cpu")?.unwrap_or(f.node_cpu_milli),
@@ -78,7 +100,7 @@ pub fn resource(pod: &Pod, c: Option<&Container>, r: &ResourceFieldSelector, f: 
         "requests.memory" => get(false, "memory")?.unwrap_or(0),
         "limits.ephemeral-storage" => get(true, "ephemeral-storage")?.unwrap_or(0),
         "requests.ephemeral-storage" => get(false, "ephemeral-storage")?.unwrap_or(0),
-        other => return Err(format!("resourceFieldRef: unsupported resource {other:?}")),
+        other => return Err(DownwardError::UnsupportedResource(other.to_string())),
     };
     Ok(((milli + divisor - 1) / divisor).to_string())
 }
@@ -117,7 +139,7 @@ mod tests {
         assert_eq!(field(&pod(), "metadata.labels", &f).unwrap(), "a=\"x\\\"y\"\nb=\"2\"");
         assert_eq!(field(&pod(), "metadata.labels['b']", &f).unwrap(), "2");
         assert_eq!(field(&pod(), "spec.nodeName", &f).unwrap(), "n1");
-        assert!(field(&pod(), "spec.bogus", &f).unwrap_err().contains("spec.bogus"));
+        assert_eq!(field(&pod(), "spec.bogus", &f).unwrap_err(), DownwardError::UnsupportedField("spec.bogus".into()));
     }
 
     #[test]

@@ -210,7 +210,7 @@ impl Driver {
                 Err(e) if !gantry_vocab::keys::is_api_pod(pod) => {
                     tracing::warn!(pod = %spec::full_name(pod), error = %e, "starting static pod without service environment variables");
                 }
-                Err(e) => return Err(failed(e)),
+                Err(e) => return Err(failed(e.to_string())),
             }
         }
         if cms.is_empty() && secrets.is_empty() {
@@ -223,12 +223,12 @@ impl Driver {
             ));
         };
         for name in cms {
-            if let Some(cm) = source.config_map(pod, &name).await.map_err(failed)? {
+            if let Some(cm) = source.config_map(pod, &name).await.map_err(|e| failed(e.to_string()))? {
                 out.config_maps.insert(name, cm);
             }
         }
         for name in secrets {
-            if let Some(s) = source.secret(pod, &name).await.map_err(failed)? {
+            if let Some(s) = source.secret(pod, &name).await.map_err(|e| failed(e.to_string()))? {
                 out.secrets.insert(name, s);
             }
         }
@@ -251,7 +251,7 @@ impl Driver {
     /// Whether this node can run the pod at all (sysctl admission); `Err((reason, message))`.
     pub fn admit(&self, pod: &Pod) -> Result<(), (&'static str, String)> {
         gantry_pod::sysctl::admit(pod, &self.pods.allowed_unsafe_sysctls)
-            .map_err(|m| (gantry_pod::sysctl::FORBIDDEN_REASON, m))
+            .map_err(|e| (gantry_pod::sysctl::FORBIDDEN_REASON, e.to_string()))
     }
 
     /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
@@ -280,13 +280,13 @@ impl Driver {
         let hostname = if spec::host_network(pod) {
             String::new()
         } else {
-            hosts::kernel_hostname(pod, &self.pods.cluster_domain).map_err(failed)?
+            hosts::kernel_hostname(pod, &self.pods.cluster_domain).map_err(|e| failed(e.to_string()))?
         };
         Ok(SandboxContext {
             hostname,
             dns: pod_dns.config,
             cgroup_parent: cgroups::plan(&self.pods, self.kubepods_limits, pod).parent,
-            security: security::sandbox(pod, &self.node_security()).map_err(failed)?,
+            security: security::sandbox(pod, &self.node_security()).map_err(|e| failed(e.to_string()))?,
         })
     }
 
@@ -371,8 +371,8 @@ impl Driver {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
         let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
-        let mut mounts =
-            volumes::mounts(c, &volumes).map_err(|m| StartError::new(StartFailure::CreateContainerConfigError, m))?;
+        let mut mounts = volumes::mounts(c, &volumes)
+            .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
@@ -391,7 +391,7 @@ impl Driver {
             target_id,
         };
         let container_config = config::container_config(pod, c, ctx)
-            .map_err(|m| StartError::new(StartFailure::CreateContainerConfigError, m))?;
+            .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
         let sandbox_ctx = self.sandbox_context(pod, false).await?;
         let sandbox_config = config::sandbox_config(pod, &self.node, &self.pod_logs_dir, 0, sandbox_ctx);
         let request = api::CreateContainerRequest {
@@ -418,7 +418,7 @@ impl Driver {
                 if let (Err(e), _) = self.stop_container(pod, &c.name, &id, Self::grace(pod), pod_ip).await {
                     tracing::warn!(pod = %spec::full_name(pod), container = %c.name, error = %e, "cannot stop container after its postStart hook failed");
                 }
-                return Err(StartError::new(StartFailure::PostStartHookError, message));
+                return Err(StartError::new(StartFailure::PostStartHookError, message.to_string()));
             }
         }
         Ok(Started { id })

@@ -47,10 +47,32 @@ pub struct Resolved {
     pub args: Vec<String>,
 }
 
+/// Why a container's environment cannot be built, with upstream's messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    #[error("configmap {0:?} not found")]
+    ConfigMapNotFound(String),
+    #[error("secret {0:?} not found")]
+    SecretNotFound(String),
+    #[error("couldn't find key {key} in ConfigMap {namespace}/{name}")]
+    ConfigMapKeyNotFound { namespace: String, name: String, key: String },
+    #[error("couldn't find key {key} in Secret {namespace}/{name}")]
+    SecretKeyNotFound { namespace: String, name: String, key: String },
+    #[error("env {var:?}: {source}")]
+    Downward { var: String, source: downward::DownwardError },
+    #[error("env {0:?}: valueFrom names no source")]
+    NoSource(String),
+}
+
 /// Resolves the container's environment the way upstream does: `envFrom` sources first, then
 /// `env` entries, each `value` expanded against what was defined before it; command and args
 /// are expanded against the final environment. Errors carry the upstream messages.
-pub fn resolve(pod: &Pod, c: &Container, fields: &downward::Fields, objects: &EnvObjects) -> Result<Resolved, String> {
+pub fn resolve(
+    pod: &Pod,
+    c: &Container,
+    fields: &downward::Fields,
+    objects: &EnvObjects,
+) -> Result<Resolved, EnvError> {
     let ns = gantry_vocab::spec::namespace(pod);
     let mut envs: Vec<(String, String)> = Vec::new();
     let set = |envs: &mut Vec<(String, String)>, k: String, v: String| match envs.iter_mut().find(|(n, _)| *n == k) {
@@ -67,7 +89,7 @@ pub fn resolve(pod: &Pod, c: &Container, fields: &downward::Fields, objects: &En
                     }
                 }
                 None if r.optional == Some(true) => {}
-                None => return Err(format!("configmap {:?} not found", r.name)),
+                None => return Err(EnvError::ConfigMapNotFound(r.name.clone())),
             }
         }
         if let Some(r) = &f.secret_ref {
@@ -78,7 +100,7 @@ pub fn resolve(pod: &Pod, c: &Container, fields: &downward::Fields, objects: &En
                     }
                 }
                 None if r.optional == Some(true) => {}
-                None => return Err(format!("secret {:?} not found", r.name)),
+                None => return Err(EnvError::SecretNotFound(r.name.clone())),
             }
         }
     }
@@ -116,23 +138,28 @@ fn value_from(
     e: &EnvVar,
     fields: &downward::Fields,
     objects: &EnvObjects,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, EnvError> {
     let from = e.value_from.as_ref().expect("called for valueFrom only");
+    let downward = |source| EnvError::Downward { var: e.name.clone(), source };
     if let Some(f) = &from.field_ref {
-        return downward::field(pod, &f.field_path, fields).map(Some).map_err(|m| format!("env {:?}: {m}", e.name));
+        return downward::field(pod, &f.field_path, fields).map(Some).map_err(downward);
     }
     if let Some(r) = &from.resource_field_ref {
-        return downward::resource(pod, Some(c), r, fields).map(Some).map_err(|m| format!("env {:?}: {m}", e.name));
+        return downward::resource(pod, Some(c), r, fields).map(Some).map_err(downward);
     }
     if let Some(r) = &from.config_map_key_ref {
         let optional = r.optional == Some(true);
         return match objects.config_maps.get(&r.name) {
             None if optional => Ok(None),
-            None => Err(format!("configmap {:?} not found", r.name)),
+            None => Err(EnvError::ConfigMapNotFound(r.name.clone())),
             Some(cm) => match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
                 Some(v) => Ok(Some(v.clone())),
                 None if optional => Ok(None),
-                None => Err(format!("couldn't find key {} in ConfigMap {ns}/{}", r.key, r.name)),
+                None => Err(EnvError::ConfigMapKeyNotFound {
+                    namespace: ns.to_string(),
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                }),
             },
         };
     }
@@ -140,15 +167,19 @@ fn value_from(
         let optional = r.optional == Some(true);
         return match objects.secrets.get(&r.name) {
             None if optional => Ok(None),
-            None => Err(format!("secret {:?} not found", r.name)),
+            None => Err(EnvError::SecretNotFound(r.name.clone())),
             Some(s) => match s.data.as_ref().and_then(|d| d.get(&r.key)) {
                 Some(v) => Ok(Some(String::from_utf8_lossy(&v.0).into_owned())),
                 None if optional => Ok(None),
-                None => Err(format!("couldn't find key {} in Secret {ns}/{}", r.key, r.name)),
+                None => Err(EnvError::SecretKeyNotFound {
+                    namespace: ns.to_string(),
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                }),
             },
         };
     }
-    Err(format!("env {:?}: valueFrom names no source", e.name))
+    Err(EnvError::NoSource(e.name.clone()))
 }
 
 /// Upstream's `$(VAR)` expansion: defined names are replaced, undefined references stay as
@@ -260,7 +291,7 @@ mod tests {
         }
     }
 
-    fn run(c: Container) -> Result<Resolved, String> {
+    fn run(c: Container) -> Result<Resolved, EnvError> {
         let p = pod(c);
         let c = &p.spec.as_ref().unwrap().containers[0];
         resolve(&p, c, &downward::Fields::default(), &objects())
@@ -323,9 +354,9 @@ mod tests {
     #[test]
     fn missing_required_key_or_object_gives_upstream_message() {
         let c = Container { env: Some(vec![from("X", cm_key("cfg", "K", false))]), ..Default::default() };
-        assert_eq!(run(c).unwrap_err(), "couldn't find key K in ConfigMap ns/cfg");
+        assert_eq!(run(c).unwrap_err().to_string(), "couldn't find key K in ConfigMap ns/cfg");
         let c = Container { env: Some(vec![from("X", cm_key("nope", "K", false))]), ..Default::default() };
-        assert_eq!(run(c).unwrap_err(), "configmap \"nope\" not found");
+        assert_eq!(run(c).unwrap_err().to_string(), "configmap \"nope\" not found");
         let c = Container { env: Some(vec![from("X", cm_key("nope", "K", true))]), ..Default::default() };
         assert!(run(c).unwrap().envs.is_empty(), "an optional missing ConfigMap leaves the variable out");
     }

@@ -62,21 +62,41 @@ pub enum ExecError {
     Failed(String),
 }
 
+/// Why a probe could not run at all (upstream: "… probe errored: …").
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The CRI could not run the exec action.
+    #[error("{0}")]
+    Exec(String),
+    #[error("the probe has no handler (exec, httpGet, tcpSocket or grpc)")]
+    NoHandler,
+}
+
+/// Why an `httpGet` action got no response.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error(transparent)]
+    Target(#[from] http_get::TargetError),
+    /// `chain` is the error and its sources, as Go prints a wrapped error.
+    #[error("Get {url:?}: {chain}")]
+    Request { url: String, chain: String },
+}
+
 /// One probe run: a verdict, or an error (upstream: "… probe errored: …").
-pub async fn probe(t: Target<'_>, p: &Probe, timeout: Duration) -> Result<Verdict, String> {
+pub async fn probe(t: Target<'_>, p: &Probe, timeout: Duration) -> Result<Verdict, ProbeError> {
     if let Some(e) = &p.exec {
         let cmd = e.command.clone().unwrap_or_default();
         return match exec(t, &cmd, timeout).await {
             Ok(out) if out.exit_code == 0 => Ok(Verdict::Success(out.output)),
             Ok(out) => Ok(Verdict::Failure(out.output)),
             Err(ExecError::TimedOut) => Ok(Verdict::Failure(format!("command {:?} timed out", cmd.join(" ")))),
-            Err(ExecError::Failed(e)) => Err(e),
+            Err(ExecError::Failed(e)) => Err(ProbeError::Exec(e)),
         };
     }
     if let Some(h) = &p.http_get {
         return Ok(match http(h, t.container, t.pod_ip, timeout).await {
             Ok((status, body)) => http_get::classify(status, &body),
-            Err(e) => Verdict::Failure(e),
+            Err(e) => Verdict::Failure(e.to_string()),
         });
     }
     if let Some(s) = &p.tcp_socket {
@@ -85,7 +105,7 @@ pub async fn probe(t: Target<'_>, p: &Probe, timeout: Duration) -> Result<Verdic
     if let Some(g) = &p.grpc {
         return Ok(grpc(g, t.pod_ip, timeout).await);
     }
-    Err("the probe has no handler (exec, httpGet, tcpSocket or grpc)".into())
+    Err(ProbeError::NoHandler)
 }
 
 /// Sends the request; returns the status and (the start of) the body.
@@ -94,7 +114,7 @@ pub async fn http(
     c: &Container,
     pod_ip: Option<&str>,
     timeout: Duration,
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), HttpError> {
     let url = http_get::url(action, c, pod_ip)?;
     let mut request = client().get(&url);
     if !timeout.is_zero() {
@@ -103,14 +123,15 @@ pub async fn http(
     for (name, value) in http_get::headers(action) {
         request = request.header(name, value);
     }
-    let mut response = request.send().await.map_err(|e| format!("Get {url:?}: {}", error_chain(&e)))?;
+    let failed = |e: reqwest::Error| HttpError::Request { url: url.clone(), chain: error_chain(&e) };
+    let mut response = request.send().await.map_err(failed)?;
     let status = response.status().as_u16();
     let mut body = Vec::new();
     while body.len() < MAX_BODY {
         match response.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
             Ok(None) => break,
-            Err(e) => return Err(format!("Get {url:?}: {}", error_chain(&e))),
+            Err(e) => return Err(failed(e)),
         }
     }
     body.truncate(MAX_BODY);
@@ -155,7 +176,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 async fn tcp(action: &TCPSocketAction, c: &Container, pod_ip: Option<&str>, timeout: Duration) -> Verdict {
     let port = match http_get::resolve_port(&action.port, c) {
         Ok(port) => port,
-        Err(e) => return Verdict::Failure(e),
+        Err(e) => return Verdict::Failure(e.to_string()),
     };
     let Some(host) = action.host.as_deref().filter(|h| !h.is_empty()).or(pod_ip) else {
         return Verdict::Failure("the pod has no IP yet".into());
@@ -217,7 +238,7 @@ mod tests {
     async fn verdict(action: &HTTPGetAction) -> Verdict {
         match http(action, &Container::default(), Some("127.0.0.1"), SECOND).await {
             Ok((status, body)) => http_get::classify(status, &body),
-            Err(e) => Verdict::Failure(e),
+            Err(e) => Verdict::Failure(e.to_string()),
         }
     }
 

@@ -5,16 +5,30 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{LifecycleHandler, Pod};
 
-use super::handlers::{self, ExecError, Target};
+use super::handlers::{self, ExecError, HttpError, Target};
 use gantry_vocab::spec;
 
 /// Upstream never lets preStop eat the whole grace period: StopContainer gets at least this.
 pub const MIN_GRACE: Duration = Duration::from_secs(2);
 
+/// Why a hook failed, with upstream's messages (`pod` is `name_namespace(uid)`).
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error(
+        "Exec lifecycle hook ([{}]) for Container {container:?} in Pod {pod:?} failed - error: {error}, message: {output:?}",
+        command.join(" ")
+    )]
+    Exec { command: Vec<String>, container: String, pod: String, error: String, output: String },
+    #[error("HTTP lifecycle hook ({path}) for Container {container:?} in Pod {pod:?} failed - error: {error}")]
+    Http { path: String, container: String, pod: String, error: HttpError },
+    #[error("Lifecycle hook for Container {container:?} in Pod {pod:?} has no handler (exec, httpGet or sleep)")]
+    NoHandler { container: String, pod: String },
+}
+
 /// Runs a hook; `Err` carries upstream's detailed message, which goes into the container's
 /// waiting state (events only say that the hook failed, so secrets do not leak into them). An
 /// HTTP hook succeeds on any response, as upstream's does.
-pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result<(), String> {
+pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result<(), HookError> {
     let who = Who { container: &t.container.name, pod: pod_ref(pod) };
     if let Some(e) = &handler.exec {
         let cmd = e.command.clone().unwrap_or_default();
@@ -33,16 +47,13 @@ pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result
         return handlers::http(h, t.container, t.pod_ip, Duration::ZERO)
             .await
             .map(|_| ())
-            .map_err(|e| who.http_failed(path, &e));
+            .map_err(|e| who.http_failed(path, e));
     }
     if let Some(s) = &handler.sleep {
         tokio::time::sleep(Duration::from_secs(s.seconds.max(0) as u64)).await;
         return Ok(());
     }
-    Err(format!(
-        "Lifecycle hook for Container {:?} in Pod {:?} has no handler (exec, httpGet or sleep)",
-        who.container, who.pod
-    ))
+    Err(HookError::NoHandler { container: who.container.to_string(), pod: who.pod })
 }
 
 /// The container a hook ran for, in upstream's failure messages.
@@ -52,20 +63,18 @@ struct Who<'a> {
 }
 
 impl Who<'_> {
-    fn exec_failed(&self, cmd: &[String], error: &str, output: &str) -> String {
-        format!(
-            "Exec lifecycle hook ([{}]) for Container {:?} in Pod {:?} failed - error: {error}, message: {output:?}",
-            cmd.join(" "),
-            self.container,
-            self.pod
-        )
+    fn exec_failed(&self, cmd: &[String], error: &str, output: &str) -> HookError {
+        HookError::Exec {
+            command: cmd.to_vec(),
+            container: self.container.to_string(),
+            pod: self.pod.clone(),
+            error: error.to_string(),
+            output: output.to_string(),
+        }
     }
 
-    fn http_failed(&self, path: &str, error: &str) -> String {
-        format!(
-            "HTTP lifecycle hook ({path}) for Container {:?} in Pod {:?} failed - error: {error}",
-            self.container, self.pod
-        )
+    fn http_failed(&self, path: &str, error: HttpError) -> HookError {
+        HookError::Http { path: path.to_string(), container: self.container.to_string(), pod: self.pod.clone(), error }
     }
 }
 
@@ -99,13 +108,18 @@ mod tests {
         let who = Who { container: "web", pod: "web_prod(u1)".into() };
         let cmd = ["sh".to_string(), "-c".into(), "exit 3".into()];
         assert_eq!(
-            who.exec_failed(&cmd, "command 'sh -c exit 3' exited with 3: ", "oops\n"),
+            who.exec_failed(&cmd, "command 'sh -c exit 3' exited with 3: ", "oops\n").to_string(),
             "Exec lifecycle hook ([sh -c exit 3]) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: \
              command 'sh -c exit 3' exited with 3: , message: \"oops\\n\""
         );
         assert_eq!(
-            who.http_failed("/hook", "connection refused"),
-            "HTTP lifecycle hook (/hook) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: connection refused"
+            who.http_failed(
+                "/hook",
+                HttpError::Request { url: "http://x/hook".into(), chain: "connection refused".into() }
+            )
+            .to_string(),
+            "HTTP lifecycle hook (/hook) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: Get \"http://x/hook\": \
+             connection refused"
         );
     }
 

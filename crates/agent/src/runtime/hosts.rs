@@ -30,8 +30,18 @@ pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> (String, String) 
     (hostname, domain)
 }
 
+/// A `setHostnameAsFQDN` pod whose FQDN does not fit the kernel's hostname.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long ({MAX_FQDN} characters is the max, {} characters requested)",
+    fqdn.len()
+)]
+pub struct FqdnTooLong {
+    pub fqdn: String,
+}
+
 /// The sandbox hostname: the FQDN with `setHostnameAsFQDN`, else the short name.
-pub fn kernel_hostname(pod: &Pod, cluster_domain: &str) -> Result<String, String> {
+pub fn kernel_hostname(pod: &Pod, cluster_domain: &str) -> Result<String, FqdnTooLong> {
     let (hostname, domain) = hostname_and_domain(pod, cluster_domain);
     let as_fqdn = pod.spec.as_ref().and_then(|s| s.set_hostname_as_fqdn).unwrap_or(false);
     if !as_fqdn || domain.is_empty() {
@@ -39,10 +49,7 @@ pub fn kernel_hostname(pod: &Pod, cluster_domain: &str) -> Result<String, String
     }
     let fqdn = format!("{hostname}.{domain}");
     if fqdn.len() > MAX_FQDN {
-        return Err(format!(
-            "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long ({MAX_FQDN} characters is the max, {} characters requested)",
-            fqdn.len()
-        ));
+        return Err(FqdnTooLong { fqdn });
     }
     Ok(fqdn)
 }
@@ -146,7 +153,7 @@ mod tests {
         p.spec.as_mut().unwrap().set_hostname_as_fqdn = Some(true);
         assert_eq!(kernel_hostname(&p, "cluster.local").unwrap(), "db-0.db.ns.svc.cluster.local");
         let e = kernel_hostname(&p, &"x".repeat(60)).unwrap_err();
-        assert!(e.contains("is too long (64 characters is the max"), "{e}");
+        assert!(e.to_string().contains("is too long (64 characters is the max"), "{e}");
     }
 
     #[test]

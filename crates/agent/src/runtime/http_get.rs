@@ -10,8 +10,19 @@ use gantry_vocab::keys::KUBELET_VERSION;
 /// Upstream reads at most this much of a probe response body.
 pub const MAX_BODY: usize = 10 * 1024;
 
+/// Why a probe's or hook's target cannot be built, with upstream's messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("couldn't find port: {port} in {container}")]
+    NamedPortNotFound { port: String, container: String },
+    #[error("invalid port number: {0}")]
+    InvalidPort(i32),
+    #[error("the pod has no IP yet")]
+    NoPodIp,
+}
+
 /// The port a probe or hook targets: a number, or the name of one of the container's ports.
-pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
+pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, TargetError> {
     let number = match port {
         IntOrString::Int(n) => *n,
         IntOrString::String(name) => match name.parse::<i32>() {
@@ -22,10 +33,10 @@ pub fn resolve_port(port: &IntOrString, c: &Container) -> Result<u16, String> {
                 .flatten()
                 .find(|p| p.name.as_deref() == Some(name.as_str()))
                 .map(|p| p.container_port)
-                .ok_or_else(|| format!("couldn't find port: {name} in {}", c.name))?,
+                .ok_or_else(|| TargetError::NamedPortNotFound { port: name.clone(), container: c.name.clone() })?,
         },
     };
-    u16::try_from(number).ok().filter(|n| *n > 0).ok_or_else(|| format!("invalid port number: {number}"))
+    u16::try_from(number).ok().filter(|n| *n > 0).ok_or(TargetError::InvalidPort(number))
 }
 
 /// `host:port`, bracketing IPv6 addresses as Go's `net.JoinHostPort` does.
@@ -34,9 +45,9 @@ pub fn join_host_port(host: &str, port: u16) -> String {
 }
 
 /// The URL of an `httpGet` action; the host defaults to the pod IP.
-pub fn url(action: &HTTPGetAction, c: &Container, pod_ip: Option<&str>) -> Result<String, String> {
+pub fn url(action: &HTTPGetAction, c: &Container, pod_ip: Option<&str>) -> Result<String, TargetError> {
     let scheme = action.scheme.as_deref().unwrap_or("HTTP").to_ascii_lowercase();
-    let host = action.host.as_deref().filter(|h| !h.is_empty()).or(pod_ip).ok_or("the pod has no IP yet")?;
+    let host = action.host.as_deref().filter(|h| !h.is_empty()).or(pod_ip).ok_or(TargetError::NoPodIp)?;
     let port = resolve_port(&action.port, c)?;
     let path = action.path.as_deref().unwrap_or_default();
     let path = if path.is_empty() || path.starts_with('/') { path.to_string() } else { format!("/{path}") };
@@ -105,9 +116,9 @@ mod tests {
         assert_eq!(resolve_port(&IntOrString::String("9090".into()), &c), Ok(9090));
         assert_eq!(
             resolve_port(&IntOrString::String("grpc".into()), &c),
-            Err("couldn't find port: grpc in web".into())
+            Err(TargetError::NamedPortNotFound { port: "grpc".into(), container: "web".into() })
         );
-        assert_eq!(resolve_port(&IntOrString::Int(70000), &c), Err("invalid port number: 70000".into()));
+        assert_eq!(resolve_port(&IntOrString::Int(70000), &c), Err(TargetError::InvalidPort(70000)));
     }
 
     #[test]

@@ -74,8 +74,45 @@ pub fn token_key(t: &ServiceAccountTokenProjection) -> TokenKey {
     }
 }
 
+/// A file path in a volume that would escape it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("invalid path {0:?}: must be a non-empty relative path")]
+    NotRelative(String),
+    #[error("invalid path {0:?}: must not contain '..' or start with '..'")]
+    DotDot(String),
+}
+
+/// Why a projected volume's files cannot be written, with upstream's messages.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("service account token not available")]
+    TokenUnavailable,
+    #[error("invalid mode {0:o}: must be between 0 and 0777")]
+    InvalidMode(i32),
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error("configmap {0:?} not found")]
+    ConfigMapNotFound(String),
+    #[error("configmap references non-existent config key: {0}")]
+    ConfigMapKeyNotFound(String),
+    #[error("secret {0:?} not found")]
+    SecretNotFound(String),
+    #[error("references non-existent secret key: {0}")]
+    SecretKeyNotFound(String),
+    #[error(transparent)]
+    Downward(#[from] downward::DownwardError),
+    #[error("downwardAPI item {0:?}: needs fieldRef or resourceFieldRef")]
+    DownwardItemWithoutSource(String),
+}
+
 /// The volume's files, or the upstream error for a missing object or key.
-pub fn files(pod: &Pod, v: &Volume, objects: &Objects, fields: &downward::Fields) -> Result<Vec<File>, String> {
+pub fn files(
+    pod: &Pod,
+    v: &Volume,
+    objects: &Objects,
+    fields: &downward::Fields,
+) -> Result<Vec<File>, ProjectionError> {
     let mut out = BTreeMap::new();
     if let Some(src) = &v.config_map {
         let mode = mode_of(src.default_mode)?;
@@ -100,7 +137,7 @@ pub fn files(pod: &Pod, v: &Volume, objects: &Objects, fields: &downward::Fields
                 downward_files(pod, s.items.as_deref(), mode, fields, &mut out)?;
             }
             if let Some(t) = &p.service_account_token {
-                let token = objects.tokens.get(&token_key(t)).ok_or("service account token not available")?;
+                let token = objects.tokens.get(&token_key(t)).ok_or(ProjectionError::TokenUnavailable)?;
                 add(&mut out, &t.path, token.as_bytes().to_vec(), mode)?;
             }
         }
@@ -108,27 +145,27 @@ pub fn files(pod: &Pod, v: &Volume, objects: &Objects, fields: &downward::Fields
     Ok(out.into_values().collect())
 }
 
-fn mode_of(mode: Option<i32>) -> Result<u32, String> {
+fn mode_of(mode: Option<i32>) -> Result<u32, ProjectionError> {
     match mode {
         None => Ok(DEFAULT_MODE),
         Some(m) if (0..=0o777).contains(&m) => Ok(m as u32),
-        Some(m) => Err(format!("invalid mode {m:o}: must be between 0 and 0777")),
+        Some(m) => Err(ProjectionError::InvalidMode(m)),
     }
 }
 
-fn add(out: &mut BTreeMap<String, File>, path: &str, data: Vec<u8>, mode: u32) -> Result<(), String> {
+fn add(out: &mut BTreeMap<String, File>, path: &str, data: Vec<u8>, mode: u32) -> Result<(), ProjectionError> {
     validate_path(path)?;
     out.insert(path.to_string(), File { path: path.to_string(), data, mode });
     Ok(())
 }
 
 /// Relative, no `..` element, not starting with `..` (reserved for the writer's own entries).
-pub fn validate_path(path: &str) -> Result<(), String> {
+pub fn validate_path(path: &str) -> Result<(), PathError> {
     if path.is_empty() || path.starts_with('/') {
-        return Err(format!("invalid path {path:?}: must be a non-empty relative path"));
+        return Err(PathError::NotRelative(path.to_string()));
     }
     if path.starts_with("..") || path.split('/').any(|e| e == "..") {
-        return Err(format!("invalid path {path:?}: must not contain '..' or start with '..'"));
+        return Err(PathError::DotDot(path.to_string()));
     }
     Ok(())
 }
@@ -139,9 +176,9 @@ fn keyed(
     items: Option<&[KeyToPath]>,
     optional: bool,
     mode: u32,
-    missing: impl Fn(&str) -> String,
+    missing: impl Fn(&str) -> ProjectionError,
     out: &mut BTreeMap<String, File>,
-) -> Result<(), String> {
+) -> Result<(), ProjectionError> {
     let Some(items) = items.filter(|i| !i.is_empty()) else {
         for (k, v) in data {
             add(out, &k, v, mode)?;
@@ -165,15 +202,15 @@ fn config_map(
     mode: u32,
     objects: &Objects,
     out: &mut BTreeMap<String, File>,
-) -> Result<(), String> {
+) -> Result<(), ProjectionError> {
     let optional = optional == Some(true);
     let Some(cm) = objects.config_maps.get(name) else {
-        return if optional { Ok(()) } else { Err(format!("configmap {name:?} not found")) };
+        return if optional { Ok(()) } else { Err(ProjectionError::ConfigMapNotFound(name.to_string())) };
     };
     let mut data: BTreeMap<String, Vec<u8>> =
         cm.data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect();
     data.extend(cm.binary_data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())));
-    keyed(data, items, optional, mode, |k| format!("configmap references non-existent config key: {k}"), out)
+    keyed(data, items, optional, mode, |k| ProjectionError::ConfigMapKeyNotFound(k.to_string()), out)
 }
 
 fn secret(
@@ -183,14 +220,14 @@ fn secret(
     mode: u32,
     objects: &Objects,
     out: &mut BTreeMap<String, File>,
-) -> Result<(), String> {
+) -> Result<(), ProjectionError> {
     let optional = optional == Some(true);
     let Some(s) = objects.secrets.get(name) else {
-        return if optional { Ok(()) } else { Err(format!("secret {name:?} not found")) };
+        return if optional { Ok(()) } else { Err(ProjectionError::SecretNotFound(name.to_string())) };
     };
     let mut data: BTreeMap<String, Vec<u8>> = s.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
     data.extend(s.string_data.iter().flatten().map(|(k, v)| (k.clone(), v.clone().into_bytes())));
-    keyed(data, items, optional, mode, |k| format!("references non-existent secret key: {k}"), out)
+    keyed(data, items, optional, mode, |k| ProjectionError::SecretKeyNotFound(k.to_string()), out)
 }
 
 fn downward_files(
@@ -199,14 +236,14 @@ fn downward_files(
     mode: u32,
     fields: &downward::Fields,
     out: &mut BTreeMap<String, File>,
-) -> Result<(), String> {
+) -> Result<(), ProjectionError> {
     for item in items.into_iter().flatten() {
         let value = if let Some(f) = &item.field_ref {
             downward::field(pod, &f.field_path, fields)?
         } else if let Some(r) = &item.resource_field_ref {
             downward::resource(pod, None, r, fields)?
         } else {
-            return Err(format!("downwardAPI item {:?}: needs fieldRef or resourceFieldRef", item.path));
+            return Err(ProjectionError::DownwardItemWithoutSource(item.path.clone()));
         };
         add(out, &item.path, value.into_bytes(), mode_of(item.mode.or(Some(mode as i32)))?)?;
     }
@@ -258,7 +295,7 @@ mod tests {
         Objects { config_maps: [("root".to_string(), cm)].into(), secrets: [("s".to_string(), s)].into(), tokens }
     }
 
-    fn run(v: Volume) -> Result<Vec<(String, String, u32)>, String> {
+    fn run(v: Volume) -> Result<Vec<(String, String, u32)>, ProjectionError> {
         let files = files(&pod(), &v, &objects(), &downward::Fields::default())?;
         Ok(files.into_iter().map(|f| (f.path, String::from_utf8(f.data).unwrap(), f.mode)).collect())
     }
@@ -289,10 +326,13 @@ mod tests {
             config_map: Some(ConfigMapVolumeSource { name: name.into(), items, optional, default_mode: None }),
             ..Default::default()
         };
-        assert_eq!(run(cm("nope", None, None)).unwrap_err(), "configmap \"nope\" not found");
+        assert_eq!(run(cm("nope", None, None)).unwrap_err(), ProjectionError::ConfigMapNotFound("nope".into()));
         assert!(run(cm("nope", None, Some(true))).unwrap().is_empty());
         let items = Some(vec![item("zz", "zz", None)]);
-        assert_eq!(run(cm("root", items, None)).unwrap_err(), "configmap references non-existent config key: zz");
+        assert_eq!(
+            run(cm("root", items, None)).unwrap_err().to_string(),
+            "configmap references non-existent config key: zz"
+        );
         let all = run(cm("root", None, None)).unwrap();
         assert_eq!(all, [("b".into(), "2".into(), 0o644), ("ca.crt".into(), "PEM".into(), 0o644)]);
     }

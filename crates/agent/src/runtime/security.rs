@@ -76,30 +76,46 @@ fn pod_ref(pod: &Pod) -> String {
     format!("{}_{}({})", spec::name(pod), spec::namespace(pod), spec::uid(pod))
 }
 
+/// Why a container's security context is refused, with upstream's messages. `pod` is
+/// upstream's `name_namespace(uid)` reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecurityError {
+    #[error("container's runAsUser breaks non-root policy (pod: {pod:?}, container: {container})")]
+    RunAsRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image will run as root (pod: {pod:?}, container: {container})")]
+    ImageRunsAsRoot { pod: String, container: String },
+    #[error(
+        "container has runAsNonRoot and image has non-numeric user ({user}), cannot verify user is non-root (pod: {pod:?}, container: {container})"
+    )]
+    NonNumericImageUser { user: String, pod: String, container: String },
+    #[error("pod with UID {0:?} specified privileged container, but is disallowed")]
+    PrivilegedDisallowed(String),
+    #[error("container {container:?}: {source}")]
+    Seccomp { container: String, source: SeccompError },
+}
+
+/// A seccomp profile that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SeccompError {
+    #[error("localhostProfile must be set if seccompProfile type is Localhost.")]
+    LocalhostProfileMissing,
+}
+
 /// Upstream `verifyRunAsNonRoot`, with its messages.
-pub fn verify_run_as_non_root(pod: &Pod, c: &Container, image: &ImageUser) -> Result<(), String> {
+pub fn verify_run_as_non_root(pod: &Pod, c: &Container, image: &ImageUser) -> Result<(), SecurityError> {
     let sc = effective(pod, c);
     if sc.run_as_non_root != Some(true) {
         return Ok(());
     }
     match (sc.run_as_user, image.uid) {
-        (Some(0), _) => Err(format!(
-            "container's runAsUser breaks non-root policy (pod: {:?}, container: {})",
-            pod_ref(pod),
-            c.name
-        )),
+        (Some(0), _) => Err(SecurityError::RunAsRoot { pod: pod_ref(pod), container: c.name.clone() }),
         (Some(_), _) => Ok(()),
-        (None, Some(0)) => Err(format!(
-            "container has runAsNonRoot and image will run as root (pod: {:?}, container: {})",
-            pod_ref(pod),
-            c.name
-        )),
-        (None, None) if !image.username.is_empty() => Err(format!(
-            "container has runAsNonRoot and image has non-numeric user ({}), cannot verify user is non-root (pod: {:?}, container: {})",
-            image.username,
-            pod_ref(pod),
-            c.name
-        )),
+        (None, Some(0)) => Err(SecurityError::ImageRunsAsRoot { pod: pod_ref(pod), container: c.name.clone() }),
+        (None, None) if !image.username.is_empty() => Err(SecurityError::NonNumericImageUser {
+            user: image.username.clone(),
+            pod: pod_ref(pod),
+            container: c.name.clone(),
+        }),
         _ => Ok(()),
     }
 }
@@ -110,7 +126,7 @@ pub fn seccomp(
     pod: Option<&SeccompProfile>,
     container: Option<&SeccompProfile>,
     node: &NodeSecurity,
-) -> Result<api::SecurityProfile, String> {
+) -> Result<api::SecurityProfile, SeccompError> {
     use api::security_profile::ProfileType;
     let profile =
         |t: ProfileType, localhost_ref: String| api::SecurityProfile { profile_type: t as i32, localhost_ref };
@@ -122,7 +138,7 @@ pub fn seccomp(
         "RuntimeDefault" => Ok(profile(ProfileType::RuntimeDefault, String::new())),
         "Localhost" => match p.localhost_profile.as_deref().filter(|l| !l.is_empty()) {
             Some(l) => Ok(profile(ProfileType::Localhost, node.seccomp_root.join(l).to_string_lossy().into_owned())),
-            None => Err("localhostProfile must be set if seccompProfile type is Localhost.".into()),
+            None => Err(SeccompError::LocalhostProfileMissing),
         },
         _ => Ok(profile(ProfileType::Unconfined, String::new())),
     }
@@ -144,9 +160,9 @@ pub fn container(
     c: &Container,
     image: &ImageUser,
     node: &NodeSecurity,
-) -> Result<api::LinuxContainerSecurityContext, String> {
+) -> Result<api::LinuxContainerSecurityContext, SecurityError> {
     if is_privileged(c) && !node.allow_privileged {
-        return Err(format!("pod with UID {:?} specified privileged container, but is disallowed", spec::uid(pod)));
+        return Err(SecurityError::PrivilegedDisallowed(spec::uid(pod).to_string()));
     }
     verify_run_as_non_root(pod, c, image)?;
     let sc = effective(pod, c);
@@ -163,7 +179,7 @@ pub fn container(
         c.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()),
         node,
     )
-    .map_err(|e| format!("container {:?}: {e}", c.name))?;
+    .map_err(|source| SecurityError::Seccomp { container: c.name.clone(), source })?;
     Ok(api::LinuxContainerSecurityContext {
         capabilities: caps.map(|c| api::Capability {
             add_capabilities: c.add.clone().unwrap_or_default(),
@@ -197,7 +213,7 @@ fn selinux(o: Option<&k8s_openapi::api::core::v1::SELinuxOptions>) -> Option<api
 
 /// The sandbox's CRI security context (namespace options are added by the caller): the pod's
 /// user and groups, privileged when any container is, the pod-level seccomp profile.
-pub fn sandbox(pod: &Pod, node: &NodeSecurity) -> Result<api::LinuxSandboxSecurityContext, String> {
+pub fn sandbox(pod: &Pod, node: &NodeSecurity) -> Result<api::LinuxSandboxSecurityContext, SeccompError> {
     let p = pod_sc(pod);
     let all = || spec::init_containers(pod).iter().chain(spec::containers(pod));
     Ok(api::LinuxSandboxSecurityContext {
@@ -263,11 +279,13 @@ mod tests {
         let non_root = PodSecurityContext { run_as_non_root: Some(true), ..Default::default() };
         let p = pod(non_root.clone(), None);
         assert_eq!(
-            verify_run_as_non_root(&p, main(&p), &ROOT).unwrap_err(),
+            verify_run_as_non_root(&p, main(&p), &ROOT).unwrap_err().to_string(),
             "container has runAsNonRoot and image will run as root (pod: \"web_default(u1)\", container: main)"
         );
         let named = ImageUser { uid: None, username: "app".into() };
-        assert!(verify_run_as_non_root(&p, main(&p), &named).unwrap_err().contains("non-numeric user (app)"));
+        assert!(
+            verify_run_as_non_root(&p, main(&p), &named).unwrap_err().to_string().contains("non-numeric user (app)")
+        );
         assert!(verify_run_as_non_root(&p, main(&p), &ImageUser { uid: Some(1000), username: String::new() }).is_ok());
 
         let as_1000 = SecurityContext { run_as_user: Some(1000), ..Default::default() };
@@ -275,7 +293,12 @@ mod tests {
         assert!(verify_run_as_non_root(&p, main(&p), &ROOT).is_ok(), "runAsUser decides over the image");
         let as_root = SecurityContext { run_as_user: Some(0), ..Default::default() };
         let p = pod(non_root, Some(as_root));
-        assert!(verify_run_as_non_root(&p, main(&p), &ROOT).unwrap_err().contains("runAsUser breaks non-root policy"));
+        assert!(
+            verify_run_as_non_root(&p, main(&p), &ROOT)
+                .unwrap_err()
+                .to_string()
+                .contains("runAsUser breaks non-root policy")
+        );
         let allowed = SecurityContext { run_as_non_root: Some(false), ..Default::default() };
         let p = pod(PodSecurityContext { run_as_non_root: Some(true), ..Default::default() }, Some(allowed));
         assert!(verify_run_as_non_root(&p, main(&p), &ROOT).is_ok(), "the container's setting wins");
@@ -329,7 +352,7 @@ mod tests {
         assert!(sandbox(&p, &node()).unwrap().privileged);
         let strict = NodeSecurity { allow_privileged: false, ..node() };
         let e = container(&p, main(&p), &ROOT, &strict).unwrap_err();
-        assert_eq!(e, "pod with UID \"u1\" specified privileged container, but is disallowed");
+        assert_eq!(e.to_string(), "pod with UID \"u1\" specified privileged container, but is disallowed");
     }
 
     #[test]
@@ -347,6 +370,8 @@ mod tests {
         assert_eq!(kind(seccomp(Some(&pod_rd), Some(&unconfined), &node()).unwrap()), ProfileType::Unconfined);
         let local = seccomp(None, Some(&sp("Localhost", Some("p.json"))), &node()).unwrap();
         assert_eq!(local.localhost_ref, "/var/lib/kubelet/seccomp/p.json");
-        assert!(seccomp(None, Some(&sp("Localhost", None)), &node()).unwrap_err().contains("localhostProfile"));
+        assert!(
+            seccomp(None, Some(&sp("Localhost", None)), &node()).unwrap_err().to_string().contains("localhostProfile")
+        );
     }
 }

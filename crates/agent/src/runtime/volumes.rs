@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use super::driver::StartError;
 use super::projection::{self, Objects};
 use super::{atomic_writer, downward};
-use crate::cluster::objects::ObjectSource;
-use gantry_vocab::quantity;
+use crate::cluster::objects::{ObjectError, ObjectSource};
+use gantry_vocab::quantity::{self, QuantityError};
 use gantry_vocab::spec;
 
 /// A volume ready on the host.
@@ -46,10 +46,10 @@ pub async fn prepare(
     let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group);
     let mut out = HashMap::new();
     for v in pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default() {
-        let failed = |m: String| {
+        let failed = |e: VolumeError| {
             StartError::new(
                 StartFailure::ContainerCreating,
-                format!("MountVolume.SetUp failed for volume {:?} : {m}", v.name),
+                format!("MountVolume.SetUp failed for volume {:?} : {e}", v.name),
             )
         };
         let prepared = if let Some(host) = &v.host_path {
@@ -59,15 +59,16 @@ pub async fn prepare(
         } else if let Some(e) = &v.empty_dir {
             let path = volume_dir(root_dir, pod, "empty-dir", &v.name);
             let memory = e.medium.as_deref() == Some("Memory");
-            let size = e.size_limit.as_ref().map(|q| quantity::parse_units(&q.0)).transpose().map_err(failed)?;
+            let size =
+                e.size_limit.as_ref().map(|q| quantity::parse_units(&q.0)).transpose().map_err(|e| failed(e.into()))?;
             setup_empty_dir(&path, memory, size, fs_group.map(|g| g as u32)).map_err(failed)?;
             Prepared { path, read_only: false }
         } else if projection::is_projection(v) {
             let plugin = plugin_name(v);
             let path = volume_dir(root_dir, pod, plugin, &v.name);
-            let objects = objects.ok_or_else(|| failed(format!("{plugin} volumes need an API server")))?;
-            let fetched = fetch(pod, v, objects).await.map_err(failed)?;
-            let files = projection::files(pod, v, &fetched, fields).map_err(failed)?;
+            let objects = objects.ok_or_else(|| failed(VolumeError::NoApiServer(plugin)))?;
+            let fetched = fetch(pod, v, objects).await.map_err(|e| failed(e.into()))?;
+            let files = projection::files(pod, v, &fetched, fields).map_err(|e| failed(e.into()))?;
             let group = fs_group.map(|g| g as u32);
             let (p, f) = (path.clone(), files);
             let memory = memory_backed(v);
@@ -79,7 +80,7 @@ pub async fn prepare(
             })
             .await
             .expect("writer task does not panic")
-            .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+            .map_err(|source| failed(VolumeError::Io { action: "write", path: path.clone(), source }))?;
             if changed {
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
@@ -139,7 +140,38 @@ fn kind(v: &Volume) -> String {
     names.next().cloned().unwrap_or_else(|| "unknown".into())
 }
 
-async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, String> {
+/// Why a volume cannot be set up (upstream: "MountVolume.SetUp failed for volume …").
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("{0} volumes need an API server")]
+    NoApiServer(&'static str),
+    #[error(transparent)]
+    Objects(#[from] ObjectError),
+    #[error(transparent)]
+    Projection(#[from] projection::ProjectionError),
+    #[error(transparent)]
+    SizeLimit(#[from] QuantityError),
+    #[error("hostPath type check failed: {} is not a {what}", path.display())]
+    HostPathType { path: PathBuf, what: &'static str },
+    #[error("hostPath type {0:?} is not valid")]
+    UnknownHostPathType(String),
+    /// Creating a hostPath (`…OrCreate`) or an emptyDir failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+}
+
+/// A container's `volumeMounts` entry that cannot be mounted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MountError {
+    #[error("container {container:?}: volumeMount {mount:?} names no volume of the pod")]
+    NoSuchVolume { container: String, mount: String },
+    #[error("container {container:?}: volumeMount {mount:?} subPath: {source}")]
+    SubPath { container: String, mount: String, source: projection::PathError },
+    #[error("container {container:?}: volumeMount {mount:?}: invalid mountPropagation {propagation:?}")]
+    Propagation { container: String, mount: String, propagation: String },
+}
+
+async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, ObjectError> {
     let refs = projection::references(v);
     let mut objects = Objects::default();
     for name in refs.config_maps {
@@ -159,20 +191,26 @@ async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, 
     Ok(objects)
 }
 
-async fn check_host_path(path: &Path, kind: &str) -> Result<(), String> {
+async fn check_host_path(path: &Path, kind: &str) -> Result<(), VolumeError> {
     let meta = tokio::fs::metadata(path).await;
-    let failed = |what: &str| Err(format!("hostPath type check failed: {} is not a {what}", path.display()));
+    let failed = |what: &'static str| Err(VolumeError::HostPathType { path: path.to_path_buf(), what });
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| VolumeError::Io { action, path, source }
+    };
     match kind {
         "" => Ok(()),
         "DirectoryOrCreate" if meta.is_err() => {
-            tokio::fs::create_dir_all(path).await.map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-            tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).await.map_err(|e| e.to_string())
+            tokio::fs::create_dir_all(path).await.map_err(io("create", path))?;
+            tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+                .await
+                .map_err(io("set permissions of", path))
         }
         "FileOrCreate" if meta.is_err() => {
             if let Some(parent) = path.parent() {
-                tokio::fs::create_dir_all(parent).await.map_err(|e| e.to_string())?;
+                tokio::fs::create_dir_all(parent).await.map_err(io("create", parent))?;
             }
-            tokio::fs::File::create(path).await.map(drop).map_err(|e| format!("cannot create {}: {e}", path.display()))
+            tokio::fs::File::create(path).await.map(drop).map_err(io("create", path))
         }
         "Directory" | "DirectoryOrCreate" if !meta.as_ref().is_ok_and(|m| m.is_dir()) => failed("directory"),
         "File" | "FileOrCreate" if !meta.as_ref().is_ok_and(|m| m.is_file()) => failed("file"),
@@ -180,24 +218,24 @@ async fn check_host_path(path: &Path, kind: &str) -> Result<(), String> {
         "CharDevice" if !meta.as_ref().is_ok_and(|m| m.file_type().is_char_device()) => failed("character device"),
         "BlockDevice" if !meta.as_ref().is_ok_and(|m| m.file_type().is_block_device()) => failed("block device"),
         "Directory" | "DirectoryOrCreate" | "File" | "FileOrCreate" | "Socket" | "CharDevice" | "BlockDevice" => Ok(()),
-        other => Err(format!("hostPath type {other:?} is not valid")),
+        other => Err(VolumeError::UnknownHostPathType(other.to_string())),
     }
 }
 
 /// The directory (world-writable as upstream), a tmpfs on it for `medium: Memory`, and the
 /// fsGroup's ownership.
-fn setup_empty_dir(path: &Path, memory: bool, size: Option<i128>, group: Option<u32>) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("cannot set up {}: {e}", path.display());
-    std::fs::create_dir_all(path).map_err(|e| err(&e))?;
+fn setup_empty_dir(path: &Path, memory: bool, size: Option<i128>, group: Option<u32>) -> Result<(), VolumeError> {
+    let err = |source: std::io::Error| VolumeError::Io { action: "set up", path: path.to_path_buf(), source };
+    std::fs::create_dir_all(path).map_err(err)?;
     if memory {
-        mount_tmpfs(path, size).map_err(|e| err(&e))?;
+        mount_tmpfs(path, size).map_err(err)?;
     }
     let mut mode = 0o777;
     if let Some(g) = group {
-        std::os::unix::fs::chown(path, None, Some(g)).map_err(|e| err(&e))?;
+        std::os::unix::fs::chown(path, None, Some(g)).map_err(err)?;
         mode = projection::fs_group_mode(mode, true, false);
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| err(&e))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)
 }
 
 fn is_tmpfs(path: &Path) -> bool {
@@ -205,18 +243,21 @@ fn is_tmpfs(path: &Path) -> bool {
 }
 
 /// The CRI mounts for a container's `volumeMounts`.
-pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Mount>, String> {
+pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Mount>, MountError> {
     c.volume_mounts
         .iter()
         .flatten()
         .map(|m| {
-            let v = volumes.get(&m.name).ok_or_else(|| {
-                format!("container {:?}: volumeMount {:?} names no volume of the pod", c.name, m.name)
-            })?;
+            let v = volumes
+                .get(&m.name)
+                .ok_or_else(|| MountError::NoSuchVolume { container: c.name.clone(), mount: m.name.clone() })?;
             let host = match m.sub_path.as_deref() {
                 Some(sub) if !sub.is_empty() => {
-                    projection::validate_path(sub)
-                        .map_err(|e| format!("container {:?}: volumeMount {:?} subPath: {e}", c.name, m.name))?;
+                    projection::validate_path(sub).map_err(|source| MountError::SubPath {
+                        container: c.name.clone(),
+                        mount: m.name.clone(),
+                        source,
+                    })?;
                     v.path.join(sub)
                 }
                 _ => v.path.clone(),
@@ -226,10 +267,11 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<
                 Some("HostToContainer") => api::MountPropagation::PropagationHostToContainer,
                 Some("Bidirectional") => api::MountPropagation::PropagationBidirectional,
                 Some(other) => {
-                    return Err(format!(
-                        "container {:?}: volumeMount {:?}: invalid mountPropagation {other:?}",
-                        c.name, m.name
-                    ));
+                    return Err(MountError::Propagation {
+                        container: c.name.clone(),
+                        mount: m.name.clone(),
+                        propagation: other.to_string(),
+                    });
                 }
             };
             Ok(api::Mount {
@@ -301,9 +343,9 @@ mod tests {
         let mut escape = mount("data", "/d");
         escape.sub_path = Some("../etc".into());
         let c = Container { name: "c".into(), volume_mounts: Some(vec![escape]), ..Default::default() };
-        assert!(mounts(&c, &vols()).unwrap_err().contains("subPath"));
+        assert!(mounts(&c, &vols()).unwrap_err().to_string().contains("subPath"));
         let c = Container { name: "c".into(), volume_mounts: Some(vec![mount("nope", "/n")]), ..Default::default() };
-        assert!(mounts(&c, &vols()).unwrap_err().contains("\"nope\""));
+        assert!(mounts(&c, &vols()).unwrap_err().to_string().contains("\"nope\""));
     }
 
     #[test]

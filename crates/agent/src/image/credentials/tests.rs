@@ -121,21 +121,23 @@ fn legacy_dockercfg_is_the_auths_map_itself() {
 
 #[test]
 fn malformed_secrets_say_what_is_wrong() {
-    let bad_json = parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKER_CONFIG_JSON_KEY, "{nope")).unwrap_err();
+    let bad_json =
+        parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKER_CONFIG_JSON_KEY, "{nope")).unwrap_err().to_string();
     assert!(bad_json.starts_with(".dockerconfigjson: invalid JSON"), "{bad_json}");
 
     let bad_base64 = r#"{"auths":{"quay.io":{"auth":"%%%"}}}"#;
-    let err = parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKER_CONFIG_JSON_KEY, bad_base64)).unwrap_err();
+    let err =
+        parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKER_CONFIG_JSON_KEY, bad_base64)).unwrap_err().to_string();
     assert!(err.contains(r#"entry "quay.io": auth is not valid base64"#), "{err}");
 
     // base64("nocolon")
     let no_colon = r#"{"auths":{"quay.io":{"auth":"bm9jb2xvbg=="}}}"#;
-    let err = parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKER_CONFIG_JSON_KEY, no_colon)).unwrap_err();
+    let err = parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKER_CONFIG_JSON_KEY, no_colon)).unwrap_err().to_string();
     assert!(err.contains("must be formatted as base64(username:password)"), "{err}");
 
-    let missing = parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKERCFG_KEY, "{}")).unwrap_err();
+    let missing = parse_secret(&secret(DOCKER_CONFIG_JSON_TYPE, DOCKERCFG_KEY, "{}")).unwrap_err().to_string();
     assert_eq!(missing, "missing key .dockerconfigjson");
 
-    let opaque = parse_secret(&secret("Opaque", DOCKER_CONFIG_JSON_KEY, "{}")).unwrap_err();
+    let opaque = parse_secret(&secret("Opaque", DOCKER_CONFIG_JSON_KEY, "{}")).unwrap_err().to_string();
     assert!(opaque.starts_with("type Opaque is neither"), "{opaque}");
 }

@@ -481,7 +481,10 @@ fn changes_that_matter() {
 
     // Unknown addresses keep the previous ones.
     let mut i = inputs(&s, &f, t(10));
-    i.addresses = Err("can't get ip address of node n1".into());
+    i.addresses = Err(crate::node::addresses::AddressError::NoneFound {
+        node: "n1".into(),
+        why: crate::node::addresses::NoneFound::NoRoute,
+    });
     let (kept, _) = compute_status(&reported, &i);
     assert_eq!(kept.addresses, reported.addresses);
 }

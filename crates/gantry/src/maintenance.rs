@@ -48,7 +48,7 @@ pub fn controller(kubeconfig: Option<&Path>, flags: &ControllerFlags) -> ExitCod
 }
 
 async fn run(kubeconfig: Option<&Path>, flags: &ControllerFlags) -> anyhow::Result<()> {
-    let metrics_address = serve::parse_bind_address(&flags.metrics_bind_address).map_err(anyhow::Error::msg)?;
+    let metrics_address = serve::parse_bind_address(&flags.metrics_bind_address)?;
     let config = match kubeconfig {
         Some(path) => {
             let file =

@@ -29,14 +29,22 @@ impl Endpoint {
     }
 }
 
+/// A `--metrics-bind-address` that is not `host:port`, `:port` or `0`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--metrics-bind-address {value:?}: {source}")]
+pub struct BadBindAddress {
+    pub value: String,
+    pub source: std::net::AddrParseError,
+}
+
 /// Parses `--metrics-bind-address` as controller-runtime does: `0` disables, `:8080` binds
 /// every address.
-pub fn parse_bind_address(value: &str) -> Result<Option<SocketAddr>, String> {
+pub fn parse_bind_address(value: &str) -> Result<Option<SocketAddr>, BadBindAddress> {
     if value == "0" {
         return Ok(None);
     }
     let full = if value.starts_with(':') { format!("0.0.0.0{value}") } else { value.to_string() };
-    full.parse().map(Some).map_err(|e| format!("--metrics-bind-address {value:?}: {e}"))
+    full.parse().map(Some).map_err(|source| BadBindAddress { value: value.to_string(), source })
 }
 
 /// Binds at once (so a bad address fails start-up), then serves in the background.
@@ -84,6 +92,6 @@ mod tests {
         assert_eq!(parse_bind_address(":8080"), Ok(Some("0.0.0.0:8080".parse().unwrap())));
         assert_eq!(parse_bind_address("127.0.0.1:9090"), Ok(Some("127.0.0.1:9090".parse().unwrap())));
         let err = parse_bind_address("eighty").unwrap_err();
-        assert!(err.contains("--metrics-bind-address \"eighty\""), "{err}");
+        assert!(err.to_string().contains("--metrics-bind-address \"eighty\""), "{err}");
     }
 }

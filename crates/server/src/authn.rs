@@ -67,29 +67,50 @@ pub fn bearer_token(header: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// Why a verified client certificate names no user.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CertificateError {
+    #[error("bad client certificate: {0}")]
+    Unparsable(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("the client certificate has no common name")]
+    NoCommonName,
+}
+
+/// Why a TokenReview answer authenticates no one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    #[error("the TokenReview has no status")]
+    NoStatus,
+    /// The API server's reason, when it gave one.
+    #[error("{}", .0.as_deref().unwrap_or("not authenticated"))]
+    NotAuthenticated(Option<String>),
+    #[error("the TokenReview has no user")]
+    NoUser,
+}
+
 /// The user a (verified) client certificate names: CN is the user, each O a group.
-pub fn user_from_certificate(der: &[u8]) -> Result<UserInfo, String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| format!("bad client certificate: {e}"))?;
+pub fn user_from_certificate(der: &[u8]) -> Result<UserInfo, CertificateError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(CertificateError::Unparsable)?;
     let subject = cert.subject();
     let cn = subject.iter_common_name().next().and_then(|c| c.as_str().ok()).unwrap_or_default();
     if cn.is_empty() {
-        return Err("the client certificate has no common name".into());
+        return Err(CertificateError::NoCommonName);
     }
     let groups = subject.iter_organization().filter_map(|o| o.as_str().ok().map(String::from)).collect();
     Ok(UserInfo { username: cn.to_string(), groups, ..Default::default() })
 }
 
 /// Why a request is not authenticated (logged; the client only sees 401 Unauthorized).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Unauthenticated {
     #[error("no credentials and anonymous requests are disabled")]
     NoCredentials,
     #[error("bearer token presented but token authentication (authentication.webhook) is disabled")]
     TokenAuthDisabled,
     #[error("token rejected: {0}")]
-    TokenRejected(String),
-    #[error("{0}")]
-    Certificate(String),
+    TokenRejected(Rejected),
+    #[error(transparent)]
+    Certificate(CertificateError),
     #[error("TokenReview failed: {0}")]
     ReviewFailed(String),
 }
@@ -103,7 +124,7 @@ struct TokenWebhook {
     client: kube::Client,
     ttl: Duration,
     /// SHA-256 of the token → the review's answer (both outcomes, as upstream's cache).
-    cache: TtlCache<[u8; 32], Result<UserInfo, String>>,
+    cache: TtlCache<[u8; 32], Result<UserInfo, Rejected>>,
 }
 
 impl Authenticator {
@@ -160,12 +181,12 @@ impl TokenWebhook {
 }
 
 /// The user a TokenReview answer authenticates, or why not.
-pub fn review_answer(review: &TokenReview) -> Result<UserInfo, String> {
-    let status = review.status.as_ref().ok_or("the TokenReview has no status")?;
+pub fn review_answer(review: &TokenReview) -> Result<UserInfo, Rejected> {
+    let status = review.status.as_ref().ok_or(Rejected::NoStatus)?;
     if status.authenticated != Some(true) {
-        return Err(status.error.clone().filter(|e| !e.is_empty()).unwrap_or_else(|| "not authenticated".into()));
+        return Err(Rejected::NotAuthenticated(status.error.clone().filter(|e| !e.is_empty())));
     }
-    let user = status.user.as_ref().ok_or("the TokenReview has no user")?;
+    let user = status.user.as_ref().ok_or(Rejected::NoUser)?;
     Ok(UserInfo {
         username: user.username.clone().unwrap_or_default(),
         uid: user.uid.clone().unwrap_or_default(),
@@ -240,7 +261,7 @@ mod tests {
         };
         let user = review_answer(&review(true, None)).unwrap();
         assert_eq!((user.username.as_str(), user.groups.len()), ("alice", 1));
-        assert_eq!(review_answer(&review(false, Some("token expired"))).unwrap_err(), "token expired");
-        assert_eq!(review_answer(&review(false, None)).unwrap_err(), "not authenticated");
+        assert_eq!(review_answer(&review(false, Some("token expired"))).unwrap_err().to_string(), "token expired");
+        assert_eq!(review_answer(&review(false, None)).unwrap_err().to_string(), "not authenticated");
     }
 }

@@ -122,7 +122,7 @@ impl Authorizer {
     }
 
     /// Allowed if any of the subresources is; an error when a review could not be made.
-    pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes, path: &str) -> Result<Decision, String> {
+    pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes, path: &str) -> Result<Decision, ReviewFailed> {
         if self.mode == AuthorizationMode::AlwaysAllow {
             return Ok(Decision::Allow);
         }
@@ -151,15 +151,20 @@ impl Authorizer {
         verb: &str,
         sub: &str,
         path: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ReviewFailed> {
         let review = SubjectAccessReview { spec: sar_spec(user, verb, sub, &self.node), ..Default::default() };
         let api: Api<SubjectAccessReview> = Api::all(client.clone());
-        let answer = api.create(&PostParams::default(), &review).await.map_err(|e| e.to_string())?;
+        let answer = api.create(&PostParams::default(), &review).await.map_err(ReviewFailed)?;
         let status = answer.status.unwrap_or_default();
         tracing::debug!(user = %user.username, verb, subresource = sub, path, allowed = status.allowed, reason = ?status.reason, "SubjectAccessReview");
         Ok(status.allowed && status.denied != Some(true))
     }
 }
+
+/// A SubjectAccessReview the API server did not answer (the request gets 500).
+#[derive(Debug, thiserror::Error)]
+#[error("SubjectAccessReview failed: {0}")]
+pub struct ReviewFailed(#[source] kube::Error);
 
 /// The SubjectAccessReview for one subresource.
 pub fn sar_spec(user: &UserInfo, verb: &str, sub: &str, node: &str) -> SubjectAccessReviewSpec {
@@ -260,8 +265,11 @@ mod tests {
         let user = UserInfo::anonymous();
         let attrs = attributes(&Method::GET, "/pods");
         let open = ServerSettings { authorization_mode: AuthorizationMode::AlwaysAllow, ..Default::default() };
-        assert_eq!(Authorizer::new(&open, "n", None).authorize(&user, &attrs, "/pods").await, Ok(Decision::Allow));
+        assert_eq!(Authorizer::new(&open, "n", None).authorize(&user, &attrs, "/pods").await.unwrap(), Decision::Allow);
         let webhook = ServerSettings::default();
-        assert_eq!(Authorizer::new(&webhook, "n", None).authorize(&user, &attrs, "/pods").await, Ok(Decision::Deny));
+        assert_eq!(
+            Authorizer::new(&webhook, "n", None).authorize(&user, &attrs, "/pods").await.unwrap(),
+            Decision::Deny
+        );
     }
 }

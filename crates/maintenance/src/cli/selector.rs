@@ -6,18 +6,48 @@ use crate::api::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 
 use super::FlagError;
 
+/// What is wrong in a `--selector` (the flag and whole value are added by [`FlagError`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("nested parentheses")]
+    NestedParentheses,
+    #[error("')' without '('")]
+    UnopenedParenthesis,
+    #[error("missing ')'")]
+    UnclosedParenthesis,
+    #[error("{0:?}: text after ')'")]
+    TextAfterList(String),
+    #[error("{0:?}: expected `key in (...)` or `key notin (...)`")]
+    BadSetExpression(String),
+    #[error("{0:?}: empty value list")]
+    EmptyValueList(String),
+    #[error("{0:?}: unknown operator; use =, ==, !=, in, notin, >, < or a bare key")]
+    UnknownOperator(String),
+    #[error("{key}: {operator} needs an integer value, got {value:?}")]
+    NotAnInteger { key: String, operator: String, value: String },
+    #[error("label key {0:?}: the prefix must be a DNS subdomain")]
+    KeyPrefix(String),
+    #[error(
+        "label key {0:?}: the name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+    )]
+    KeyName(String),
+    #[error("label value {0:?}: at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric")]
+    Value(String),
+}
+
 const SELECTOR: &str = "--selector";
 const NODES: &str = "--nodes";
 
 /// `k=v,k2 in (a,b),!k3,k4,k5 notin (x),k6>3`: the requirements are ANDed in one term.
 pub fn parse_selector(value: &str) -> Result<NodeSelector, FlagError> {
     let mut requirements = Vec::new();
-    for part in split_top_level(value).map_err(|reason| FlagError::new(SELECTOR, value, reason))? {
+    let invalid = |e: SelectorError| FlagError::new(SELECTOR, value, e.to_string());
+    for part in split_top_level(value).map_err(invalid)? {
         let part = part.trim();
         if part.is_empty() {
             return Err(FlagError::new(SELECTOR, value, "empty requirement (stray comma?)"));
         }
-        requirements.push(requirement(part).map_err(|reason| FlagError::new(SELECTOR, value, reason))?);
+        requirements.push(requirement(part).map_err(invalid)?);
     }
     if requirements.is_empty() {
         return Err(FlagError::new(SELECTOR, value, "selects no node; give at least one requirement"));
@@ -48,13 +78,13 @@ pub fn parse_nodes(value: &str) -> Result<NodeSelector, FlagError> {
 }
 
 /// Splits at commas outside parentheses (`in (a,b)` keeps its commas).
-fn split_top_level(value: &str) -> Result<Vec<&str>, String> {
+fn split_top_level(value: &str) -> Result<Vec<&str>, SelectorError> {
     let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
     for (i, c) in value.char_indices() {
         match c {
-            '(' if depth > 0 => return Err("nested parentheses".into()),
+            '(' if depth > 0 => return Err(SelectorError::NestedParentheses),
             '(' => depth += 1,
-            ')' if depth == 0 => return Err("')' without '('".into()),
+            ')' if depth == 0 => return Err(SelectorError::UnopenedParenthesis),
             ')' => depth -= 1,
             ',' if depth == 0 => {
                 parts.push(&value[start..i]);
@@ -64,7 +94,7 @@ fn split_top_level(value: &str) -> Result<Vec<&str>, String> {
         }
     }
     if depth != 0 {
-        return Err("missing ')'".into());
+        return Err(SelectorError::UnclosedParenthesis);
     }
     if !value.trim().is_empty() {
         parts.push(&value[start..]);
@@ -72,21 +102,24 @@ fn split_top_level(value: &str) -> Result<Vec<&str>, String> {
     Ok(parts)
 }
 
-fn requirement(part: &str) -> Result<NodeSelectorRequirement, String> {
+fn requirement(part: &str) -> Result<NodeSelectorRequirement, SelectorError> {
     if let Some(key) = part.strip_prefix('!') {
         return build(key.trim(), "DoesNotExist", vec![]);
     }
     if let Some(open) = part.find('(') {
-        let close = part.rfind(')').filter(|c| *c == part.len() - 1).ok_or(format!("{part:?}: text after ')'"))?;
+        let close = part
+            .rfind(')')
+            .filter(|c| *c == part.len() - 1)
+            .ok_or_else(|| SelectorError::TextAfterList(part.to_string()))?;
         let head: Vec<&str> = part[..open].split_whitespace().collect();
         let operator = match head.as_slice() {
             [_, "in"] => "In",
             [_, "notin"] => "NotIn",
-            _ => return Err(format!("{part:?}: expected `key in (...)` or `key notin (...)`")),
+            _ => return Err(SelectorError::BadSetExpression(part.to_string())),
         };
         let values: Vec<String> = part[open + 1..close].split(',').map(|v| v.trim().to_string()).collect();
         if values.iter().all(String::is_empty) {
-            return Err(format!("{part:?}: empty value list"));
+            return Err(SelectorError::EmptyValueList(part.to_string()));
         }
         return build(head[0], operator, values);
     }
@@ -96,47 +129,47 @@ fn requirement(part: &str) -> Result<NodeSelectorRequirement, String> {
         }
     }
     if part.split_whitespace().count() > 1 {
-        return Err(format!("{part:?}: unknown operator; use =, ==, !=, in, notin, >, < or a bare key"));
+        return Err(SelectorError::UnknownOperator(part.to_string()));
     }
     build(part, "Exists", vec![])
 }
 
-fn build(key: &str, operator: &str, values: Vec<String>) -> Result<NodeSelectorRequirement, String> {
+fn build(key: &str, operator: &str, values: Vec<String>) -> Result<NodeSelectorRequirement, SelectorError> {
     check_key(key)?;
     for v in &values {
         check_value(v)?;
         if matches!(operator, "Gt" | "Lt") && v.parse::<i64>().is_err() {
-            return Err(format!("{key}: {operator} needs an integer value, got {v:?}"));
+            return Err(SelectorError::NotAnInteger {
+                key: key.to_string(),
+                operator: operator.to_string(),
+                value: v.clone(),
+            });
         }
     }
     Ok(NodeSelectorRequirement { key: key.to_string(), operator: operator.to_string(), values })
 }
 
 /// A label key: an optional DNS subdomain prefix and `/`, then a name of at most 63 characters.
-fn check_key(key: &str) -> Result<(), String> {
+fn check_key(key: &str) -> Result<(), SelectorError> {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
     if prefix.is_some_and(|p| !is_subdomain(p)) {
-        return Err(format!("label key {key:?}: the prefix must be a DNS subdomain"));
+        return Err(SelectorError::KeyPrefix(key.to_string()));
     }
     if name.is_empty() || name.len() > 63 || !is_label_text(name) {
-        return Err(format!(
-            "label key {key:?}: the name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
-        ));
+        return Err(SelectorError::KeyName(key.to_string()));
     }
     Ok(())
 }
 
 /// A label value: empty, or at most 63 characters like a key's name part.
-fn check_value(value: &str) -> Result<(), String> {
+fn check_value(value: &str) -> Result<(), SelectorError> {
     if value.is_empty() || (value.len() <= 63 && is_label_text(value)) {
         Ok(())
     } else {
-        Err(format!(
-            "label value {value:?}: at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
-        ))
+        Err(SelectorError::Value(value.to_string()))
     }
 }
 

@@ -86,10 +86,19 @@ async fn write_pod_list(path: &Path, pods: &[Pod]) -> std::io::Result<()> {
     tokio::fs::rename(&tmp, path).await
 }
 
+/// Why a status file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: {source}", path.display())]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+    #[error("{}: not a pod list: {source}", path.display())]
+    NotAPodList { path: std::path::PathBuf, source: serde_json::Error },
+}
+
 /// Reads a status file written by [`StatusStore::write_file_forever`].
-pub fn read_pod_list(path: &Path) -> Result<Vec<Pod>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_pod_list(path: &Path) -> Result<Vec<Pod>, ReadError> {
+    let data = std::fs::read(path).map_err(|source| ReadError::Io { path: path.to_path_buf(), source })?;
     let list: k8s_openapi::List<Pod> =
-        serde_json::from_slice(&data).map_err(|e| format!("{}: not a pod list: {e}", path.display()))?;
+        serde_json::from_slice(&data).map_err(|source| ReadError::NotAPodList { path: path.to_path_buf(), source })?;
     Ok(list.items)
 }

@@ -129,7 +129,7 @@ pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), 
     bootstrap.create_or_adopt(&api, &name, &request, &paths.cert_dir.join(PENDING_KEY_FILE)).await?;
     let cert_pem = wait_for_certificate(&api, &name, APPROVAL_TIMEOUT).await?;
     cert_valid_at(cert_pem.as_bytes(), jiff::Timestamp::now().as_second())
-        .map_err(|reason| BootstrapError::BadCertificate { name: name.clone(), reason })?;
+        .map_err(|e| BootstrapError::BadCertificate { name: name.clone(), reason: e.to_string() })?;
     let pem_path = write_current(&paths.cert_dir, &cert_pem, &key.serialize_pem())?;
     write_private(&paths.kubeconfig, bootstrap.kubeconfig_for(&pem_path).as_bytes())?;
     let _ = std::fs::remove_file(paths.cert_dir.join(PENDING_KEY_FILE));
@@ -207,10 +207,10 @@ impl BootstrapClient {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let existing = api.get(name).await.map_err(|e| self.request_error(&e))?;
-                    return compatible(&existing, &csr.spec).map_err(|reason| BootstrapError::Incompatible {
+                    return compatible(&existing, &csr.spec).map_err(|e| BootstrapError::Incompatible {
                         name: name.to_string(),
                         key: key_path.to_path_buf(),
-                        reason,
+                        reason: e.to_string(),
                     });
                 }
                 Err(e) => {
@@ -257,32 +257,81 @@ fn current_cluster(kubeconfig: &Kubeconfig) -> Option<kube::config::Cluster> {
     kubeconfig.clusters.iter().find(|c| c.name == context.cluster)?.cluster.clone()
 }
 
+/// Why an existing CSR of our name is not ours (upstream's `ensureCompatible`).
+#[derive(Debug, thiserror::Error)]
+pub enum Incompatible {
+    #[error("its request is not PEM: {0}")]
+    NotPem(#[source] x509_parser::nom::Err<x509_parser::error::PEMError>),
+    #[error("its request does not parse: {0}")]
+    Unparsable(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("its subject differs")]
+    Subject,
+    #[error("its public key differs")]
+    PublicKey,
+    #[error("its signer is {0}")]
+    Signer(String),
+    #[error("its usages are {0:?}")]
+    Usages(Vec<String>),
+}
+
+/// Why a certificate is not (or not yet, or no longer) usable.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("not PEM: {0}")]
+    NotPem(#[source] x509_parser::error::PEMError),
+    #[error("not an X.509 certificate: {0}")]
+    NotX509(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("not valid before {0}")]
+    NotYetValid(x509_parser::time::ASN1Time),
+    #[error("expired at {0}")]
+    Expired(x509_parser::time::ASN1Time),
+    #[error("no certificate")]
+    NoCertificate,
+}
+
+/// Why a kubeconfig yields no client certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientCertError {
+    #[error(transparent)]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("no user in the current context")]
+    NoUser,
+    #[error("no such user")]
+    NoSuchUser,
+    #[error("client-certificate-data: {0}")]
+    Data(#[source] base64::DecodeError),
+    #[error("cannot read client-certificate {file}: {source}")]
+    File { file: String, source: std::io::Error },
+    #[error("no client certificate")]
+    None,
+}
+
 /// Upstream's `ensureCompatible`: an existing CSR of our name must carry our request.
-fn compatible(existing: &CertificateSigningRequest, ours: &CertificateSigningRequestSpec) -> Result<(), String> {
+fn compatible(existing: &CertificateSigningRequest, ours: &CertificateSigningRequestSpec) -> Result<(), Incompatible> {
     let spec = &existing.spec;
     // ECDSA signatures differ each time: compare what the request asks for, as upstream.
     let (theirs_req, ours_req) = (request_identity(&spec.request.0)?, request_identity(&ours.request.0)?);
     if theirs_req.0 != ours_req.0 {
-        return Err("its subject differs".into());
+        return Err(Incompatible::Subject);
     }
     if theirs_req.1 != ours_req.1 {
-        return Err("its public key differs".into());
+        return Err(Incompatible::PublicKey);
     }
     if spec.signer_name != ours.signer_name {
-        return Err(format!("its signer is {}", spec.signer_name));
+        return Err(Incompatible::Signer(spec.signer_name.clone()));
     }
     if spec.usages != ours.usages {
-        return Err(format!("its usages are {:?}", spec.usages.clone().unwrap_or_default()));
+        return Err(Incompatible::Usages(spec.usages.clone().unwrap_or_default()));
     }
     Ok(())
 }
 
 /// The DER subject and public key of a PEM certificate request.
-fn request_identity(pem: &[u8]) -> Result<(Vec<u8>, Vec<u8>), String> {
+fn request_identity(pem: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Incompatible> {
     use x509_parser::prelude::FromDer;
-    let (_, block) = x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("its request is not PEM: {e}"))?;
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem).map_err(Incompatible::NotPem)?;
     let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(&block.contents)
-        .map_err(|e| format!("its request does not parse: {e}"))?;
+        .map_err(Incompatible::Unparsable)?;
     let info = &req.certification_request_info;
     Ok((info.subject.as_raw().to_vec(), info.subject_pki.raw.to_vec()))
 }
@@ -405,48 +454,48 @@ pub fn csr_name(public_key_der: &[u8], cn: &str, orgs: &[&str], usages: &[&str])
 }
 
 /// The PEM client certificate of a kubeconfig's current user (file or data).
-pub fn kubeconfig_client_cert(path: &Path) -> Result<Vec<u8>, String> {
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+pub fn kubeconfig_client_cert(path: &Path) -> Result<Vec<u8>, ClientCertError> {
+    let kubeconfig = Kubeconfig::read_from(path)?;
     let user = kubeconfig
         .current_context
         .as_ref()
         .and_then(|name| kubeconfig.contexts.iter().find(|c| &c.name == name))
         .and_then(|c| c.context.as_ref())
         .and_then(|c| c.user.clone())
-        .ok_or("no user in the current context")?;
+        .ok_or(ClientCertError::NoUser)?;
     let auth = kubeconfig
         .auth_infos
         .iter()
         .find(|a| a.name == user)
         .and_then(|a| a.auth_info.clone())
-        .ok_or("no such user")?;
+        .ok_or(ClientCertError::NoSuchUser)?;
     match (auth.client_certificate_data, auth.client_certificate) {
-        (Some(data), _) => STANDARD.decode(data.trim()).map_err(|e| format!("client-certificate-data: {e}")),
-        (None, Some(file)) => std::fs::read(&file).map_err(|e| format!("cannot read client-certificate {file}: {e}")),
-        (None, None) => Err("no client certificate".into()),
+        (Some(data), _) => STANDARD.decode(data.trim()).map_err(ClientCertError::Data),
+        (None, Some(file)) => std::fs::read(&file).map_err(|source| ClientCertError::File { file, source }),
+        (None, None) => Err(ClientCertError::None),
     }
 }
 
 /// Whether every certificate in `pem` is valid at `now` (Unix seconds), as upstream's
 /// `isClientConfigStillValid`; the error says why not.
-pub fn cert_valid_at(pem: &[u8], now: i64) -> Result<(), String> {
+pub fn cert_valid_at(pem: &[u8], now: i64) -> Result<(), CertError> {
     let mut seen = 0;
     for block in x509_parser::pem::Pem::iter_from_buffer(pem) {
-        let block = block.map_err(|e| format!("not PEM: {e}"))?;
+        let block = block.map_err(CertError::NotPem)?;
         if block.label != "CERTIFICATE" {
             continue;
         }
-        let cert = block.parse_x509().map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        let cert = block.parse_x509().map_err(CertError::NotX509)?;
         let v = cert.validity();
         if now < v.not_before.timestamp() {
-            return Err(format!("not valid before {}", v.not_before));
+            return Err(CertError::NotYetValid(v.not_before));
         }
         if now >= v.not_after.timestamp() {
-            return Err(format!("expired at {}", v.not_after));
+            return Err(CertError::Expired(v.not_after));
         }
         seen += 1;
     }
-    if seen == 0 { Err("no certificate".into()) } else { Ok(()) }
+    if seen == 0 { Err(CertError::NoCertificate) } else { Ok(()) }
 }
 
 /// Writes `<cert-dir>/kubelet-client-<time>.pem` and swaps the `kubelet-client-current.pem`

@@ -137,7 +137,8 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| kubeconfig_error(&path, e))?;
     let user = current_user(&kubeconfig);
     if let Ok(pem) = bootstrap::kubeconfig_client_cert(&path) {
-        reject_v1_certificate(&pem).map_err(|reason| ApiError::InvalidKubeconfig { path: path.clone(), reason })?;
+        reject_v1_certificate(&pem)
+            .map_err(|e| ApiError::InvalidKubeconfig { path: path.clone(), reason: e.to_string() })?;
     }
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -153,7 +154,7 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
         (true, Some(identity)) => {
             let cert_dir = settings.server.cert_dir(&settings.root_dir);
             let current = rotation::CurrentClientCert::new(&cert_dir, Some(&identity))
-                .map_err(|reason| ApiError::InvalidKubeconfig { path: path.clone(), reason })?;
+                .map_err(|e| ApiError::InvalidKubeconfig { path: path.clone(), reason: e.to_string() })?;
             Some(Arc::new(current))
         }
         _ => None,
@@ -247,22 +248,28 @@ type GenericService = tower::util::BoxService<
     tower::BoxError,
 >;
 
+/// A client certificate rustls cannot present (`version` is the X.509 version, 1 or 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the client certificate (subject {subject}) is an X.509 v{version} certificate, which Gantry's TLS library (rustls) \
+     cannot use: reissue it as X.509 v3 (e.g. with openssl's -extfile giving extendedKeyUsage=clientAuth), or let \
+     Gantry get one with --bootstrap-kubeconfig"
+)]
+pub(crate) struct V1Certificate {
+    subject: String,
+    version: u32,
+}
+
 /// rustls (through webpki) only takes X.509 v3 certificates; without this check a v1 client
 /// certificate (as `openssl x509 -req` makes without an extensions file) fails with
 /// "invalid peer certificate: UnsupportedCertVersion".
-pub(crate) fn reject_v1_certificate(pem: &[u8]) -> Result<(), String> {
+pub(crate) fn reject_v1_certificate(pem: &[u8]) -> Result<(), V1Certificate> {
     let Some(Ok(block)) = x509_parser::pem::Pem::iter_from_buffer(pem).next() else { return Ok(()) };
     let Ok(cert) = block.parse_x509() else { return Ok(()) };
     if cert.version() == x509_parser::x509::X509Version::V3 {
         return Ok(());
     }
-    Err(format!(
-        "the client certificate (subject {}) is an X.509 v{} certificate, which Gantry's TLS library (rustls) cannot \
-         use: reissue it as X.509 v3 (e.g. with openssl's -extfile giving extendedKeyUsage=clientAuth), or let Gantry \
-         get one with --bootstrap-kubeconfig",
-        cert.subject(),
-        cert.version().0 + 1
-    ))
+    Err(V1Certificate { subject: cert.subject().to_string(), version: cert.version().0 + 1 })
 }
 
 /// client-go trims the whitespace around a `tokenFile`'s token (files

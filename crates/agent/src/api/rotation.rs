@@ -70,7 +70,7 @@ struct Loaded {
 impl CurrentClientCert {
     /// `fallback_pem`: the kubeconfig's certificate and key (PEM), used while the cert dir has
     /// no current certificate.
-    pub fn new(cert_dir: &Path, fallback_pem: Option<&[u8]>) -> Result<CurrentClientCert, String> {
+    pub fn new(cert_dir: &Path, fallback_pem: Option<&[u8]>) -> Result<CurrentClientCert, KeyError> {
         let fallback = fallback_pem.map(certified_key).transpose()?.map(Arc::new);
         let this = CurrentClientCert {
             current: cert_dir.join(CURRENT_PEM_FILE),
@@ -91,7 +91,7 @@ impl CurrentClientCert {
         if stamp.is_some() && stamp != state.stamp {
             // Recorded either way: a bad file is reported once, not at every connection.
             state.stamp.clone_from(&stamp);
-            match std::fs::read(&self.current).map_err(|e| e.to_string()).and_then(|pem| certified_key(&pem)) {
+            match std::fs::read(&self.current).map_err(KeyError::from).and_then(|pem| certified_key(&pem)) {
                 Ok(key) => {
                     if state.key.is_some() {
                         tracing::info!(cert = %self.current.display(), "the client certificate changed; new connections use it");
@@ -127,16 +127,30 @@ impl ResolvesClientCert for CurrentClientCert {
     }
 }
 
+/// Why a certificate-and-key file cannot be presented.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error("bad certificate PEM: {0}")]
+    CertificatePem(#[source] rustls::pki_types::pem::Error),
+    #[error("no certificate")]
+    NoCertificate,
+    #[error("no usable private key: {0}")]
+    PrivateKey(#[source] rustls::pki_types::pem::Error),
+    #[error("unsupported key: {0}")]
+    Unsupported(#[source] rustls::Error),
+}
+
 /// A certificate chain and its key from one PEM buffer (as the kubelet's `-current.pem`).
-fn certified_key(pem: &[u8]) -> Result<CertifiedKey, String> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("bad certificate PEM: {e}"))?;
+fn certified_key(pem: &[u8]) -> Result<CertifiedKey, KeyError> {
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(pem).collect::<Result<_, _>>().map_err(KeyError::CertificatePem)?;
     if chain.is_empty() {
-        return Err("no certificate".into());
+        return Err(KeyError::NoCertificate);
     }
-    let key = PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("no usable private key: {e}"))?;
-    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| format!("unsupported key: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(pem).map_err(KeyError::PrivateKey)?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(KeyError::Unsupported)?;
     Ok(CertifiedKey::new(chain, signing))
 }
 
@@ -307,7 +321,7 @@ impl CertificateRotation {
         tracing::info!(node = %self.node, csr = %name, "requested a new client certificate");
         let cert_pem = bootstrap::wait_for_certificate(&api, &name, ROTATION_WAIT_TIMEOUT).await?;
         bootstrap::cert_valid_at(cert_pem.as_bytes(), jiff::Timestamp::now().as_second())
-            .map_err(|reason| BootstrapError::BadCertificate { name: name.clone(), reason })?;
+            .map_err(|e| BootstrapError::BadCertificate { name: name.clone(), reason: e.to_string() })?;
         let path = bootstrap::write_current(&self.cert_dir, &cert_pem, &key.serialize_pem())?;
         self.cert.key(); // switch now: new connections use it, old ones close
         Ok(path)

@@ -251,7 +251,7 @@ PCBsOSdlCl6cEsuescw0qu9cXXrQ72aExPUoNDs=
 
 #[test]
 fn v1_client_certificates_get_a_clear_message() {
-    let e = reject_v1_certificate(V1_CERT.as_bytes()).unwrap_err();
+    let e = reject_v1_certificate(V1_CERT.as_bytes()).unwrap_err().to_string();
     assert!(e.contains("X.509 v1 certificate") && e.contains("rustls"), "{e}");
     assert!(
         reject_v1_certificate(rcgen::generate_simple_self_signed(vec!["a".to_string()]).unwrap().cert.pem().as_bytes())

@@ -47,9 +47,9 @@ fn request_names_the_node() {
 fn validity_window() {
     let pem = cert_between(1_000, 2_000);
     assert!(cert_valid_at(pem.as_bytes(), 1_500).is_ok());
-    assert!(cert_valid_at(pem.as_bytes(), 2_000).unwrap_err().contains("expired"));
-    assert!(cert_valid_at(pem.as_bytes(), 999).unwrap_err().contains("not valid before"));
-    assert_eq!(cert_valid_at(b"", 0).unwrap_err(), "no certificate");
+    assert!(cert_valid_at(pem.as_bytes(), 2_000).unwrap_err().to_string().contains("expired"));
+    assert!(cert_valid_at(pem.as_bytes(), 999).unwrap_err().to_string().contains("not valid before"));
+    assert!(matches!(cert_valid_at(b"", 0), Err(CertError::NoCertificate)));
 }
 
 fn with_conditions(conds: &[(&str, &str)], cert: Option<&str>) -> CertificateSigningRequest {
@@ -137,7 +137,7 @@ fn a_request_made_again_with_the_same_key_is_compatible() {
     let existing = CertificateSigningRequest { spec: first, ..Default::default() };
     assert!(compatible(&existing, &again).is_ok());
     let other_key = spec_for(&certificate_request(&KeyPair::generate().unwrap(), "n1").unwrap());
-    assert_eq!(compatible(&existing, &other_key).unwrap_err(), "its public key differs");
+    assert!(matches!(compatible(&existing, &other_key), Err(Incompatible::PublicKey)));
     let other_node = spec_for(&certificate_request(&key, "n2").unwrap());
-    assert_eq!(compatible(&existing, &other_node).unwrap_err(), "its subject differs");
+    assert!(matches!(compatible(&existing, &other_node), Err(Incompatible::Subject)));
 }

@@ -74,7 +74,30 @@ pub fn authenticate(
 
 /// Authenticates a bearer token for the given audiences (empty: the API server's own).
 /// Returns the user and the audiences the token is valid for.
-pub fn authenticate_token(state: &State, token: &str, audiences: &[String]) -> Result<(UserInfo, Vec<String>), String> {
+/// Why a bearer token authenticates no one (a TokenReview's `status.error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("invalid bearer token")]
+    Invalid,
+    #[error(transparent)]
+    Bootstrap(#[from] bootstrap_tokens::BootstrapTokenError),
+    #[error("service account token has expired")]
+    Expired,
+    #[error("service account token is not valid yet")]
+    NotYetValid,
+    #[error("token audiences don't match")]
+    Audience,
+    #[error("service account {namespace}/{name} has been deleted")]
+    ServiceAccountDeleted { namespace: String, name: String },
+    #[error("pod {namespace}/{name} has been deleted")]
+    PodDeleted { namespace: String, name: String },
+}
+
+pub fn authenticate_token(
+    state: &State,
+    token: &str,
+    audiences: &[String],
+) -> Result<(UserInfo, Vec<String>), TokenError> {
     let wanted: Vec<String> = if audiences.is_empty() { vec![API_AUDIENCE.to_string()] } else { audiences.to_vec() };
     if token == state.tokens.admin_token {
         return Ok((admin_user(), wanted));
@@ -88,7 +111,7 @@ pub fn authenticate_token(state: &State, token: &str, audiences: &[String]) -> R
     if bootstrap_tokens::parse(token).is_some() {
         let inner = state.store.lock();
         if let Some(result) = bootstrap_tokens::authenticate(&inner, token, jiff::Timestamp::now().as_second()) {
-            return result.map(|user| (user, wanted));
+            return result.map(|user| (user, wanted)).map_err(TokenError::from);
         }
     }
     if let Some(claims) = state.tokens.verify_jwt(token) {
@@ -99,19 +122,23 @@ pub fn authenticate_token(state: &State, token: &str, audiences: &[String]) -> R
     {
         return Ok((user, wanted));
     }
-    Err("invalid bearer token".into())
+    Err(TokenError::Invalid)
 }
 
 /// Validates a service account JWT's time window, audience and bound objects, as the
 /// service account token authenticator does.
-fn service_account_user(state: &State, claims: &Value, wanted: &[String]) -> Result<(UserInfo, Vec<String>), String> {
+fn service_account_user(
+    state: &State,
+    claims: &Value,
+    wanted: &[String],
+) -> Result<(UserInfo, Vec<String>), TokenError> {
     let now = jiff::Timestamp::now().as_second();
     let exp = claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
     if now >= exp {
-        return Err("service account token has expired".into());
+        return Err(TokenError::Expired);
     }
     if claims.get("nbf").and_then(Value::as_i64).is_some_and(|nbf| now < nbf) {
-        return Err("service account token is not valid yet".into());
+        return Err(TokenError::NotYetValid);
     }
     let token_aud: Vec<String> = claims
         .get("aud")
@@ -120,7 +147,7 @@ fn service_account_user(state: &State, claims: &Value, wanted: &[String]) -> Res
         .unwrap_or_default();
     let audiences: Vec<String> = wanted.iter().filter(|a| token_aud.contains(a)).cloned().collect();
     if audiences.is_empty() {
-        return Err("token audiences don't match".into());
+        return Err(TokenError::Audience);
     }
     let k8s = claims.get("kubernetes.io").cloned().unwrap_or(Value::Null);
     let s = |p: &str| k8s.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
@@ -129,13 +156,13 @@ fn service_account_user(state: &State, claims: &Value, wanted: &[String]) -> Res
     let uid_of = |o: &Value| o.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("").to_string();
     match inner.get("serviceaccounts", &ns, &sa_name) {
         Some(sa) if uid_of(&sa) == sa_uid => {}
-        _ => return Err(format!("service account {ns}/{sa_name} has been deleted")),
+        _ => return Err(TokenError::ServiceAccountDeleted { namespace: ns, name: sa_name }),
     }
     let mut extra = std::collections::BTreeMap::new();
     if let Some(pod_name) = k8s.pointer("/pod/name").and_then(Value::as_str) {
         match inner.get("pods", &ns, pod_name) {
             Some(pod) if uid_of(&pod) == s("/pod/uid") => {}
-            _ => return Err(format!("pod {ns}/{pod_name} has been deleted")),
+            _ => return Err(TokenError::PodDeleted { namespace: ns, name: pod_name.to_string() }),
         }
         extra.insert("authentication.kubernetes.io/pod-name".to_string(), vec![pod_name.to_string()]);
         extra.insert("authentication.kubernetes.io/pod-uid".to_string(), vec![s("/pod/uid")]);

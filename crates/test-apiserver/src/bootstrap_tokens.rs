@@ -32,38 +32,57 @@ fn data(secret: &Value, key: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Why a bootstrap token does not authenticate (`secret` is the secret's name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BootstrapTokenError {
+    #[error("no secret kube-system/{0}")]
+    NoSecret(String),
+    #[error("secret kube-system/{0} is not of type {SECRET_TYPE}")]
+    WrongType(String),
+    #[error("secret kube-system/{0} is being deleted")]
+    Deleting(String),
+    #[error("token {id} does not match secret kube-system/{secret}")]
+    Mismatch { id: String, secret: String },
+    #[error("token {id} has expired ({expiration})")]
+    Expired { id: String, expiration: String },
+    #[error("token {0} is not marked for authentication")]
+    NotForAuthentication(String),
+    #[error("token {id} has an invalid auth-extra-groups entry {group:?}")]
+    BadExtraGroup { id: String, group: String },
+}
+
 /// The user of a bootstrap token, or why it is not valid. `now` is in Unix seconds.
-pub fn authenticate(inner: &StoreInner, token: &str, now: i64) -> Option<Result<UserInfo, String>> {
+pub fn authenticate(inner: &StoreInner, token: &str, now: i64) -> Option<Result<UserInfo, BootstrapTokenError>> {
     let (id, secret) = parse(token)?;
     let name = format!("{SECRET_PREFIX}{id}");
     let Some(obj) = inner.get("secrets", "kube-system", &name) else {
-        return Some(Err(format!("no secret kube-system/{name}")));
+        return Some(Err(BootstrapTokenError::NoSecret(name)));
     };
     Some(check(&obj, id, secret, now))
 }
 
-fn check(obj: &Value, id: &str, secret: &str, now: i64) -> Result<UserInfo, String> {
-    let name = meta::name(obj);
+fn check(obj: &Value, id: &str, secret: &str, now: i64) -> Result<UserInfo, BootstrapTokenError> {
+    let name = meta::name(obj).to_string();
     if meta::str_at(obj, "/type") != SECRET_TYPE {
-        return Err(format!("secret kube-system/{name} is not of type {SECRET_TYPE}"));
+        return Err(BootstrapTokenError::WrongType(name));
     }
     if meta::is_deleting(obj) {
-        return Err(format!("secret kube-system/{name} is being deleted"));
+        return Err(BootstrapTokenError::Deleting(name));
     }
     if data(obj, "token-id") != id || data(obj, "token-secret") != secret {
-        return Err(format!("token {id} does not match secret kube-system/{name}"));
+        return Err(BootstrapTokenError::Mismatch { id: id.to_string(), secret: name });
     }
     let expiration = data(obj, "expiration");
     if !expiration.is_empty() && meta::parse_time(&expiration).is_none_or(|t| t <= now) {
-        return Err(format!("token {id} has expired ({expiration})"));
+        return Err(BootstrapTokenError::Expired { id: id.to_string(), expiration });
     }
     if data(obj, "usage-bootstrap-authentication") != "true" {
-        return Err(format!("token {id} is not marked for authentication"));
+        return Err(BootstrapTokenError::NotForAuthentication(id.to_string()));
     }
     let mut groups = vec![BOOTSTRAPPERS.to_string()];
     for g in data(obj, "auth-extra-groups").split(',').map(str::trim).filter(|g| !g.is_empty()) {
         if !g.starts_with("system:bootstrappers:") {
-            return Err(format!("token {id} has an invalid auth-extra-groups entry {g:?}"));
+            return Err(BootstrapTokenError::BadExtraGroup { id: id.to_string(), group: g.to_string() });
         }
         groups.push(g.to_string());
     }
@@ -110,13 +129,17 @@ mod tests {
 
     #[test]
     fn wrong_secret_expiry_usage_and_type_are_rejected() {
-        assert!(check(&secret(&[]), "abcdef", "ffffffffffffffff", 0).unwrap_err().contains("does not match"));
+        assert!(
+            check(&secret(&[]), "abcdef", "ffffffffffffffff", 0).unwrap_err().to_string().contains("does not match")
+        );
         let expired = secret(&[("expiration", "2020-01-01T00:00:00Z")]);
-        assert!(check(&expired, "abcdef", "0123456789abcdef", 1_700_000_000).unwrap_err().contains("expired"));
+        assert!(
+            check(&expired, "abcdef", "0123456789abcdef", 1_700_000_000).unwrap_err().to_string().contains("expired")
+        );
         assert!(check(&expired, "abcdef", "0123456789abcdef", 1_500_000_000).is_ok());
         let mut unusable = secret(&[]);
         unusable["data"].as_object_mut().unwrap().remove("usage-bootstrap-authentication");
-        assert!(check(&unusable, "abcdef", "0123456789abcdef", 0).unwrap_err().contains("authentication"));
+        assert!(check(&unusable, "abcdef", "0123456789abcdef", 0).unwrap_err().to_string().contains("authentication"));
         let mut opaque = secret(&[]);
         opaque["type"] = json!("Opaque");
         assert!(check(&opaque, "abcdef", "0123456789abcdef", 0).is_err());

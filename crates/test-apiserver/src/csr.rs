@@ -141,8 +141,8 @@ fn validate_spec(spec: &Value) -> Vec<FieldError> {
     match spec["request"].as_str() {
         None | Some("") => errors.push(FieldError::required("spec.request", "")),
         Some(b64) => {
-            if let Err(e) = STANDARD.decode(b64).map_err(|e| e.to_string()).and_then(|pem| parse_request(&pem)) {
-                errors.push(FieldError::invalid("spec.request", &json!("<request data>"), &e));
+            if let Err(e) = STANDARD.decode(b64).map_err(RequestError::from).and_then(|pem| parse_request(&pem)) {
+                errors.push(FieldError::invalid("spec.request", &json!("<request data>"), &e.to_string()));
             }
         }
     }
@@ -282,16 +282,51 @@ pub struct RequestInfo {
     pub uris: Vec<String>,
 }
 
+/// Why `spec.request` is not a valid certificate request (kube-apiserver's messages).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    Base64(#[from] base64::DecodeError),
+    #[error("PEM block type must be CERTIFICATE REQUEST")]
+    NotARequest,
+    #[error("asn1: structure error: {0}")]
+    Structure(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("x509: signature verification failure")]
+    Signature,
+}
+
+/// Why a request does not meet its signer's rules (upstream's `ValidateKubelet…CSR`); the
+/// signing controller reports it in the `Failed` condition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignerRuleError {
+    #[error("subject organization is not system:nodes")]
+    Organization,
+    #[error("subject common name does not begin with system:node:")]
+    CommonName,
+    /// `what` is upstream's name of the subjectAltName kind (`dnsNames`, `Email`, ...).
+    #[error("{what} subjectAltName content is not allowed")]
+    SanNotAllowed { what: &'static str },
+    #[error("{what} subjectAltNames are not allowed")]
+    ServingSanNotAllowed { what: &'static str },
+    #[error("DNS or IP subjectAltName is required")]
+    SanRequired,
+    #[error(
+        "usages did not match [digital signature {auth}] or [key encipherment digital signature {auth}]: {usages:?}"
+    )]
+    Usages { auth: &'static str, usages: BTreeSet<String> },
+    #[error("usages must contain client auth and not server auth")]
+    ClientUsages,
+}
+
 /// Parses and verifies a PEM `CERTIFICATE REQUEST` (the decoded `spec.request`).
-pub fn parse_request(pem_bytes: &[u8]) -> Result<RequestInfo, String> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_bytes)
-        .map_err(|_| "PEM block type must be CERTIFICATE REQUEST".to_string())?;
+pub fn parse_request(pem_bytes: &[u8]) -> Result<RequestInfo, RequestError> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_bytes).map_err(|_| RequestError::NotARequest)?;
     if pem.label != "CERTIFICATE REQUEST" {
-        return Err("PEM block type must be CERTIFICATE REQUEST".into());
+        return Err(RequestError::NotARequest);
     }
     let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
-        .map_err(|e| format!("asn1: structure error: {e}"))?;
-    req.verify_signature().map_err(|_| "x509: signature verification failure".to_string())?;
+        .map_err(RequestError::Structure)?;
+    req.verify_signature().map_err(|_| RequestError::Signature)?;
     let subject = &req.certification_request_info.subject;
     let text = |a: &x509_parser::x509::AttributeTypeAndValue<'_>| a.as_str().unwrap_or("").to_string();
     let mut info = RequestInfo {
@@ -330,63 +365,57 @@ fn usages(csr: &Value) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-fn is_node_subject(info: &RequestInfo) -> Result<(), String> {
+fn is_node_subject(info: &RequestInfo) -> Result<(), SignerRuleError> {
     if info.organizations != ["system:nodes"] {
-        return Err("subject organization is not system:nodes".into());
+        return Err(SignerRuleError::Organization);
     }
     if !info.common_name.starts_with("system:node:") {
-        return Err("subject common name does not begin with system:node:".into());
+        return Err(SignerRuleError::CommonName);
     }
     Ok(())
 }
 
 /// Upstream's `ValidateKubeletClientCSR`.
-pub fn check_kubelet_client(info: &RequestInfo, usages: &BTreeSet<String>) -> Result<(), String> {
+pub fn check_kubelet_client(info: &RequestInfo, usages: &BTreeSet<String>) -> Result<(), SignerRuleError> {
     is_node_subject(info)?;
-    if !info.dns_names.is_empty() {
-        return Err("dnsNames subjectAltName content is not allowed".into());
-    }
-    if !info.emails.is_empty() {
-        return Err("emailAddresses subjectAltName content is not allowed".into());
-    }
-    if !info.ip_addresses.is_empty() {
-        return Err("ipAddresses subjectAltName content is not allowed".into());
-    }
-    if !info.uris.is_empty() {
-        return Err("uris subjectAltName content is not allowed".into());
+    for (what, present) in [
+        ("dnsNames", !info.dns_names.is_empty()),
+        ("emailAddresses", !info.emails.is_empty()),
+        ("ipAddresses", !info.ip_addresses.is_empty()),
+        ("uris", !info.uris.is_empty()),
+    ] {
+        if present {
+            return Err(SignerRuleError::SanNotAllowed { what });
+        }
     }
     let allowed = [
         BTreeSet::from(["digital signature".to_string(), "client auth".to_string()]),
         BTreeSet::from(["key encipherment".to_string(), "digital signature".to_string(), "client auth".to_string()]),
     ];
     if !allowed.contains(usages) {
-        return Err(format!(
-            "usages did not match [digital signature client auth] or [key encipherment digital signature client auth]: {usages:?}"
-        ));
+        return Err(SignerRuleError::Usages { auth: "client auth", usages: usages.clone() });
     }
     Ok(())
 }
 
 /// Upstream's `ValidateKubeletServingCSR`.
-pub fn check_kubelet_serving(info: &RequestInfo, usages: &BTreeSet<String>) -> Result<(), String> {
+pub fn check_kubelet_serving(info: &RequestInfo, usages: &BTreeSet<String>) -> Result<(), SignerRuleError> {
     is_node_subject(info)?;
     if info.dns_names.is_empty() && info.ip_addresses.is_empty() {
-        return Err("DNS or IP subjectAltName is required".into());
+        return Err(SignerRuleError::SanRequired);
     }
     if !info.emails.is_empty() {
-        return Err("Email subjectAltNames are not allowed".into());
+        return Err(SignerRuleError::ServingSanNotAllowed { what: "Email" });
     }
     if !info.uris.is_empty() {
-        return Err("URI subjectAltNames are not allowed".into());
+        return Err(SignerRuleError::ServingSanNotAllowed { what: "URI" });
     }
     let allowed = [
         BTreeSet::from(["digital signature".to_string(), "server auth".to_string()]),
         BTreeSet::from(["key encipherment".to_string(), "digital signature".to_string(), "server auth".to_string()]),
     ];
     if !allowed.contains(usages) {
-        return Err(format!(
-            "usages did not match [digital signature server auth] or [key encipherment digital signature server auth]: {usages:?}"
-        ));
+        return Err(SignerRuleError::Usages { auth: "server auth", usages: usages.clone() });
     }
     Ok(())
 }
@@ -503,11 +532,11 @@ pub fn sign(csr: &Value, pki: &crate::pki::Pki, ttl: Duration) -> Signed {
         KUBELET_CLIENT_SIGNER => check_kubelet_client(&info, &usages),
         KUBELET_SERVING_SIGNER => check_kubelet_serving(&info, &usages),
         CLIENT_SIGNER if usages.contains("client auth") && !usages.contains("server auth") => Ok(()),
-        CLIENT_SIGNER => Err("usages must contain client auth and not server auth".into()),
+        CLIENT_SIGNER => Err(SignerRuleError::ClientUsages),
         _ => return Signed::NotOurs,
     };
     if let Err(why) = checked {
-        return Signed::Failed(why);
+        return Signed::Failed(why.to_string());
     }
     let ttl = match csr.pointer("/spec/expirationSeconds").and_then(Value::as_u64) {
         Some(secs) => ttl.min(Duration::from_secs(secs)),

@@ -23,7 +23,7 @@ use crate::patch::{self, PatchType};
 use crate::resources::{Behavior, ResourceType, Subresource};
 use crate::reviews;
 use crate::routes::{self, ResourcePath, Route};
-use crate::selectors::{FieldSelector, LabelSelector};
+use crate::selectors::{FieldSelector, LabelSelector, SelectorError};
 use crate::state::State;
 use crate::status::{ApiError, ApiResult, GroupResource, success_status};
 use crate::watch::{self, WatchRequest};
@@ -226,11 +226,10 @@ fn lookup_type(state: &State, rp: &ResourcePath) -> ApiResult<Arc<ResourceType>>
 }
 
 fn selectors(rt: &ResourceType, query: &Query) -> ApiResult<(LabelSelector, FieldSelector)> {
-    let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
-    fields.check_supported(&rt.field_labels()).map_err(ApiError::bad_request)?;
+    let bad = |e: SelectorError| ApiError::bad_request(e.to_string());
+    let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or("")).map_err(bad)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or("")).map_err(bad)?;
+    fields.check_supported(&rt.field_labels()).map_err(bad)?;
     Ok((labels, fields))
 }
 

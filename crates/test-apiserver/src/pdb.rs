@@ -43,23 +43,32 @@ pub fn pdbs_for_pod(inner: &StoreInner, pod: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Why a PDB's status cannot be computed (the disruption controller's messages).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PdbError {
+    #[error("invalid value {0}")]
+    InvalidValue(Value),
+    #[error("invalid value for IntOrString: invalid value {0:?}")]
+    InvalidPercent(String),
+    #[error("found no controllers for pod {0:?}")]
+    NoController(String),
+}
+
 /// An int-or-percent against a total, rounding up like GetScaledValueFromIntOrPercent.
-fn scaled(value: &Value, total: i64) -> Result<i64, String> {
+fn scaled(value: &Value, total: i64) -> Result<i64, PdbError> {
     match value {
-        Value::Number(n) => n.as_i64().ok_or_else(|| format!("invalid value {n}")),
+        Value::Number(n) => n.as_i64().ok_or_else(|| PdbError::InvalidValue(value.clone())),
         Value::String(s) => {
-            let pct: i64 = s
-                .strip_suffix('%')
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(|| format!("invalid value for IntOrString: invalid value {s:?}"))?;
+            let pct: i64 =
+                s.strip_suffix('%').and_then(|p| p.parse().ok()).ok_or_else(|| PdbError::InvalidPercent(s.clone()))?;
             Ok((pct * total + 99) / 100)
         }
-        other => Err(format!("invalid value {other}")),
+        other => Err(PdbError::InvalidValue(other.clone())),
     }
 }
 
 /// The replicas of the controller owning `pod` as (controller uid, scale).
-fn controller_scale(inner: &StoreInner, pod: &Value) -> Result<Option<(String, i64)>, String> {
+fn controller_scale(inner: &StoreInner, pod: &Value) -> Result<Option<(String, i64)>, PdbError> {
     let owners = pod.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
     let Some(owner) = owners.iter().find(|o| o.get("controller").and_then(Value::as_bool) == Some(true)) else {
         return Ok(None);
@@ -96,11 +105,11 @@ fn controller_scale(inner: &StoreInner, pod: &Value) -> Result<Option<(String, i
     };
     match found {
         Some(f) => Ok(Some(f)),
-        None => Err(format!("found no controllers for pod {:?}", meta::name(pod))),
+        None => Err(PdbError::NoController(meta::name(pod).to_string())),
     }
 }
 
-fn expected_scale(inner: &StoreInner, pods: &[Value]) -> Result<i64, String> {
+fn expected_scale(inner: &StoreInner, pods: &[Value]) -> Result<i64, PdbError> {
     let mut scales: BTreeMap<String, i64> = BTreeMap::new();
     for pod in pods {
         if let Some((uid, scale)) = controller_scale(inner, pod)? {
@@ -111,7 +120,7 @@ fn expected_scale(inner: &StoreInner, pods: &[Value]) -> Result<i64, String> {
 }
 
 /// (expectedPods, desiredHealthy) per getExpectedPodCount.
-fn expected_and_desired(inner: &StoreInner, pdb: &Value, pods: &[Value]) -> Result<(i64, i64), String> {
+fn expected_and_desired(inner: &StoreInner, pdb: &Value, pods: &[Value]) -> Result<(i64, i64), PdbError> {
     if let Some(max_unavailable) = pdb.pointer("/spec/maxUnavailable") {
         let expected = expected_scale(inner, pods)?;
         let max = scaled(max_unavailable, expected)?;
@@ -183,7 +192,7 @@ pub fn compute_status(inner: &StoreInner, pdb: &Value, now: i64) -> Value {
             let mut status = pdb.get("status").cloned().unwrap_or_else(|| json!({}));
             status["disruptionsAllowed"] = json!(0);
             status["observedGeneration"] = json!(generation);
-            status["conditions"] = json!([condition(pdb, false, generation, Some(&failure))]);
+            status["conditions"] = json!([condition(pdb, false, generation, Some(&failure.to_string()))]);
             return status;
         }
     };

@@ -44,7 +44,7 @@ pub fn token_review(state: &State, body: &Value) -> ApiResult<Value> {
     let audiences = strings(body.pointer("/spec/audiences"));
     let status = match auth::authenticate_token(state, token, &audiences) {
         Ok((user, audiences)) => json!({"authenticated": true, "user": user_json(&user), "audiences": audiences}),
-        Err(e) => json!({"authenticated": false, "user": {}, "error": e}),
+        Err(e) => json!({"authenticated": false, "user": {}, "error": e.to_string()}),
     };
     Ok(with_status(body, "authentication.k8s.io/v1", "TokenReview", status))
 }

@@ -5,6 +5,36 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
+/// Why a label or field selector does not parse, in kube-apiserver's words (the client
+/// gets it in a 400 BadRequest).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("found '{found}', expected: {expected}")]
+    Unexpected { found: String, expected: &'static str },
+    #[error("matchLabels[{0}] must be a string")]
+    LabelNotString(String),
+    #[error("matchExpressions key is required")]
+    NoKey,
+    #[error("{0:?} is not a valid label selector operator")]
+    BadOperator(Option<String>),
+    #[error("unable to parse requirement: invalid character {0:?}")]
+    InvalidCharacter(char),
+    #[error("for 'Gt', 'Lt' operators, the value must be an integer: {0}")]
+    NotAnInteger(String),
+    #[error("found unexpected token, expected: '('")]
+    NoOpenParenthesis,
+    #[error("found unexpected token in value set, expected: ',' or ')'")]
+    BadValueSet,
+    #[error("field label not supported: {0}")]
+    UnsupportedField(String),
+    #[error("invalid escape sequence: \\{0}")]
+    InvalidEscape(String),
+    #[error("invalid field selector: '{0}'")]
+    InvalidFieldTerm(String),
+    #[error("invalid selector: '{0}'; can't understand '{0}'")]
+    Unintelligible(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LabelOp {
     Equals(String),
@@ -59,7 +89,7 @@ impl LabelSelector {
     }
 
     /// Parses the `labelSelector` query syntax: `a=b,c!=d,e in (f,g),h notin (i),j,!k`.
-    pub fn parse(input: &str) -> Result<LabelSelector, String> {
+    pub fn parse(input: &str) -> Result<LabelSelector, SelectorError> {
         let tokens = lex(input)?;
         let mut p = Parser { tokens, pos: 0 };
         let mut requirements = Vec::new();
@@ -71,23 +101,25 @@ impl LabelSelector {
             match p.next() {
                 None => break,
                 Some(Tok::Comma) => continue,
-                Some(t) => return Err(format!("found '{}', expected: ',' or 'end of string'", t.text())),
+                Some(t) => {
+                    return Err(SelectorError::Unexpected { found: t.text(), expected: "',' or 'end of string'" });
+                }
             }
         }
         Ok(LabelSelector { requirements })
     }
 
     /// Converts a `metav1.LabelSelector` (`matchLabels` + `matchExpressions`).
-    pub fn from_object(selector: &Value) -> Result<LabelSelector, String> {
+    pub fn from_object(selector: &Value) -> Result<LabelSelector, SelectorError> {
         let mut requirements = Vec::new();
         if let Some(labels) = selector.get("matchLabels").and_then(Value::as_object) {
             for (k, v) in labels {
-                let v = v.as_str().ok_or_else(|| format!("matchLabels[{k}] must be a string"))?;
+                let v = v.as_str().ok_or_else(|| SelectorError::LabelNotString(k.clone()))?;
                 requirements.push(LabelRequirement { key: k.clone(), op: LabelOp::Equals(v.to_string()) });
             }
         }
         for expr in selector.get("matchExpressions").and_then(Value::as_array).into_iter().flatten() {
-            let key = expr.get("key").and_then(Value::as_str).ok_or("matchExpressions key is required")?;
+            let key = expr.get("key").and_then(Value::as_str).ok_or(SelectorError::NoKey)?;
             let values: BTreeSet<String> = expr
                 .get("values")
                 .and_then(Value::as_array)
@@ -100,7 +132,7 @@ impl LabelSelector {
                 Some("NotIn") => LabelOp::NotIn(values),
                 Some("Exists") => LabelOp::Exists,
                 Some("DoesNotExist") => LabelOp::DoesNotExist,
-                other => return Err(format!("{other:?} is not a valid label selector operator")),
+                other => return Err(SelectorError::BadOperator(other.map(String::from))),
             };
             requirements.push(LabelRequirement { key: key.to_string(), op });
         }
@@ -143,7 +175,7 @@ fn is_ident_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')
 }
 
-fn lex(input: &str) -> Result<Vec<Tok>, String> {
+fn lex(input: &str) -> Result<Vec<Tok>, SelectorError> {
     let chars: Vec<char> = input.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -195,7 +227,7 @@ fn lex(input: &str) -> Result<Vec<Tok>, String> {
                 }
                 out.push(Tok::Ident(chars[start..i].iter().collect()));
             }
-            other => return Err(format!("unable to parse requirement: invalid character {other:?}")),
+            other => return Err(SelectorError::InvalidCharacter(other)),
         }
     }
     Ok(out)
@@ -217,15 +249,15 @@ impl Parser {
         self.tokens.get(self.pos)
     }
 
-    fn ident(&mut self, what: &str) -> Result<String, String> {
+    fn ident(&mut self, what: &'static str) -> Result<String, SelectorError> {
         match self.next() {
             Some(Tok::Ident(s)) => Ok(s),
-            Some(t) => Err(format!("found '{}', expected: {what}", t.text())),
-            None => Err(format!("found 'end of string', expected: {what}")),
+            Some(t) => Err(SelectorError::Unexpected { found: t.text(), expected: what }),
+            None => Err(SelectorError::Unexpected { found: "end of string".into(), expected: what }),
         }
     }
 
-    fn requirement(&mut self) -> Result<LabelRequirement, String> {
+    fn requirement(&mut self) -> Result<LabelRequirement, SelectorError> {
         if self.peek() == Some(&Tok::Bang) {
             self.pos += 1;
             let key = self.ident("identifier after '!'")?;
@@ -245,9 +277,7 @@ impl Parser {
             Some(Tok::Gt) | Some(Tok::Lt) => {
                 let gt = self.next() == Some(Tok::Gt);
                 let v = self.ident("integer value")?;
-                let n = v
-                    .parse::<i64>()
-                    .map_err(|_| format!("for 'Gt', 'Lt' operators, the value must be an integer: {v}"))?;
+                let n = v.parse::<i64>().map_err(|_| SelectorError::NotAnInteger(v.clone()))?;
                 if gt { LabelOp::Gt(n) } else { LabelOp::Lt(n) }
             }
             Some(Tok::Ident(word)) if word == "in" || word == "notin" => {
@@ -255,7 +285,9 @@ impl Parser {
                 let values = self.value_set()?;
                 if word == "in" { LabelOp::In(values) } else { LabelOp::NotIn(values) }
             }
-            Some(t) => return Err(format!("found '{}', expected: in, notin, =, ==, !=, gt, lt", t.text())),
+            Some(t) => {
+                return Err(SelectorError::Unexpected { found: t.text(), expected: "in, notin, =, ==, !=, gt, lt" });
+            }
         };
         Ok(LabelRequirement { key, op })
     }
@@ -272,9 +304,9 @@ impl Parser {
         }
     }
 
-    fn value_set(&mut self) -> Result<BTreeSet<String>, String> {
+    fn value_set(&mut self) -> Result<BTreeSet<String>, SelectorError> {
         if self.next() != Some(Tok::Open) {
-            return Err("found unexpected token, expected: '('".into());
+            return Err(SelectorError::NoOpenParenthesis);
         }
         let mut values = BTreeSet::new();
         loop {
@@ -284,7 +316,7 @@ impl Parser {
                 }
                 Some(Tok::Close) => return Ok(values),
                 Some(Tok::Comma) => {}
-                _ => return Err("found unexpected token in value set, expected: ',' or ')'".into()),
+                _ => return Err(SelectorError::BadValueSet),
             }
         }
     }
@@ -306,7 +338,7 @@ pub struct FieldSelector {
 
 impl FieldSelector {
     /// Parses `a=b,c!=d` with upstream's backslash escapes (`\,`, `\=`, `\\`).
-    pub fn parse(input: &str) -> Result<FieldSelector, String> {
+    pub fn parse(input: &str) -> Result<FieldSelector, SelectorError> {
         let mut requirements = Vec::new();
         for term in split_unescaped(input, ',') {
             if term.trim().is_empty() {
@@ -329,10 +361,10 @@ impl FieldSelector {
     }
 
     /// Rejects fields the resource does not index, like upstream's "field label not supported".
-    pub fn check_supported(&self, supported: &[&str]) -> Result<(), String> {
+    pub fn check_supported(&self, supported: &[&str]) -> Result<(), SelectorError> {
         for r in &self.requirements {
             if r.field != "metadata.name" && r.field != "metadata.namespace" && !supported.contains(&r.field.as_str()) {
-                return Err(format!("field label not supported: {}", r.field));
+                return Err(SelectorError::UnsupportedField(r.field.clone()));
             }
         }
         Ok(())
@@ -362,7 +394,7 @@ fn split_unescaped(input: &str, sep: char) -> Vec<String> {
     parts
 }
 
-fn unescape(s: &str) -> Result<String, String> {
+fn unescape(s: &str) -> Result<String, SelectorError> {
     let mut out = String::new();
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
@@ -370,7 +402,7 @@ fn unescape(s: &str) -> Result<String, String> {
             match chars.next() {
                 Some(e @ ('\\' | ',' | '=')) => out.push(e),
                 other => {
-                    return Err(format!("invalid escape sequence: \\{}", other.map(String::from).unwrap_or_default()));
+                    return Err(SelectorError::InvalidEscape(other.map(String::from).unwrap_or_default()));
                 }
             }
         } else {
@@ -380,18 +412,18 @@ fn unescape(s: &str) -> Result<String, String> {
     Ok(out)
 }
 
-fn parse_field_term(term: &str) -> Result<FieldRequirement, String> {
+fn parse_field_term(term: &str) -> Result<FieldRequirement, SelectorError> {
     for (op, equals) in [("!=", false), ("==", true), ("=", true)] {
         if let Some(idx) = find_unescaped(term, op) {
             let field = term[..idx].trim().to_string();
             let value = unescape(&term[idx + op.len()..])?;
             if field.is_empty() {
-                return Err(format!("invalid field selector: '{term}'"));
+                return Err(SelectorError::InvalidFieldTerm(term.to_string()));
             }
             return Ok(FieldRequirement { field, equals, value });
         }
     }
-    Err(format!("invalid selector: '{term}'; can't understand '{term}'"))
+    Err(SelectorError::Unintelligible(term.to_string()))
 }
 
 fn find_unescaped(s: &str, needle: &str) -> Option<usize> {
@@ -519,6 +551,9 @@ mod tests {
     #[test]
     fn unsupported_field() {
         let s = FieldSelector::parse("spec.foo=bar").unwrap();
-        assert_eq!(s.check_supported(&["spec.nodeName"]).unwrap_err(), "field label not supported: spec.foo");
+        assert_eq!(
+            s.check_supported(&["spec.nodeName"]).unwrap_err().to_string(),
+            "field label not supported: spec.foo"
+        );
     }
 }

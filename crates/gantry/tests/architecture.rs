@@ -361,3 +361,52 @@ fn the_string_error_check_sees_them() {
     assert_eq!(string_error_results("fn f() -> Result<String, Error> {} fn g() -> io::Result<String> {}"), 0);
     assert_eq!(string_error_results("fn f() -> anyhow::Result<String> {} type MyResult<T> = T;"), 0);
 }
+
+/// Every `static` item (`static NAME: …`, at any depth) in library code, as `file: NAME`.
+fn statics(file: &str, code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let line = line.strip_prefix("pub(crate) ").or_else(|| line.strip_prefix("pub ")).unwrap_or(line);
+            let name = ident(line.strip_prefix("static ")?);
+            (!name.is_empty() && line[7 + name.len()..].trim_start().starts_with(':'))
+                .then(|| format!("{file}: {name}"))
+        })
+        .collect()
+}
+
+/// The process-wide statics there are, each with why it may be one. Node state (metrics,
+/// caches) belongs to the `Node` that owns it, so that two nodes in one process do not share
+/// it; a new static fails the test below until it is listed here with a reason.
+const STATICS: &[(&str, &str)] = &[
+    // Guard the filesystem, not program state: they only serialise writers of one directory.
+    ("crates/agent/src/runtime/atomic_writer.rs: WRITER", "serialises volume directory swaps"),
+    ("crates/agent/src/runtime/volumes.rs: ONE_AT_A_TIME", "serialises tmpfs mounts"),
+    // Holds configuration only: connection reuse is off, so nothing of one node leaks to another.
+    ("crates/agent/src/runtime/handlers.rs: CLIENT", "the probe and hook HTTP client"),
+    // Test harness.
+    ("crates/testkit/src/images.rs: BUILD_LOCK", "serialises test image builds in one process"),
+    ("crates/testkit/src/raw.rs: NEXT_POD", "unique pod names in one test process"),
+    // Not yet owned by the Node (issue 14): node state that two nodes in one process would share.
+    ("crates/metrics/src/lib.rs: METRICS", "NOT YET MOVED: the node's metrics registry"),
+    ("crates/cri/src/observe.rs: OBSERVER", "NOT YET MOVED: the CRI call observer feeding METRICS"),
+    ("crates/server/src/stats/summary.rs: RATES", "NOT YET MOVED: CPU samples for usageNanoCores"),
+    ("crates/server/src/stats/summary.rs: NO_SANDBOX_STATS", "NOT YET MOVED: runtime capability flag"),
+    ("crates/server/src/stats/summary.rs: SANDBOX_PIDS", "NOT YET MOVED: sandbox PIDs for network stats"),
+];
+
+#[test]
+fn process_wide_statics_are_listed_with_a_reason() {
+    let found: BTreeSet<String> = library_code().iter().flat_map(|(file, code)| statics(file, code)).collect();
+    let listed: BTreeSet<String> = STATICS.iter().map(|(s, _)| s.to_string()).collect();
+    let new: Vec<&String> = found.difference(&listed).collect();
+    let gone: Vec<&String> = listed.difference(&found).collect();
+    assert!(new.is_empty(), "new process-wide statics (own them in the Node, or list them with a reason): {new:?}");
+    assert!(gone.is_empty(), "statics listed in STATICS that no longer exist (remove them from the list): {gone:?}");
+}
+
+#[test]
+fn the_static_check_sees_them() {
+    let code = "static A: Mutex<()> = Mutex::new(());\n    pub static B: LazyLock<X> = x;\nfn f(s: &'static str) {}";
+    assert_eq!(statics("f.rs", code), vec!["f.rs: A", "f.rs: B"]);
+}

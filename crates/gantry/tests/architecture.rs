@@ -390,9 +390,6 @@ const STATICS: &[(&str, &str)] = &[
     // Not yet owned by the Node (issue 14): node state that two nodes in one process would share.
     ("crates/metrics/src/lib.rs: METRICS", "NOT YET MOVED: the node's metrics registry"),
     ("crates/cri/src/observe.rs: OBSERVER", "NOT YET MOVED: the CRI call observer feeding METRICS"),
-    ("crates/server/src/stats/summary.rs: RATES", "NOT YET MOVED: CPU samples for usageNanoCores"),
-    ("crates/server/src/stats/summary.rs: NO_SANDBOX_STATS", "NOT YET MOVED: runtime capability flag"),
-    ("crates/server/src/stats/summary.rs: SANDBOX_PIDS", "NOT YET MOVED: sandbox PIDs for network stats"),
 ];
 
 #[test]

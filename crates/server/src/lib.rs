@@ -65,6 +65,7 @@ struct Inner {
     settings: ServerSettings,
     authenticator: authn::Authenticator,
     authorizer: authz::Authorizer,
+    stats: stats::summary::StatsCache,
 }
 
 impl ServerState {
@@ -90,6 +91,7 @@ impl ServerState {
                 settings: server,
                 authenticator,
                 authorizer,
+                stats: Default::default(),
             }),
         }
     }
@@ -118,6 +120,11 @@ impl ServerState {
 
     pub fn settings(&self) -> &ServerSettings {
         &self.inner.settings
+    }
+
+    /// The stats code's memory between scrapes (CPU samples, sandbox PIDs).
+    pub fn stats_cache(&self) -> &stats::summary::StatsCache {
+        &self.inner.stats
     }
 
     pub fn authenticator(&self) -> &authn::Authenticator {

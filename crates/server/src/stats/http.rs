@@ -24,6 +24,7 @@ async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summa
         pod_logs_dir: state.pod_logs_dir(),
         cgroup_root: PathBuf::from(CGROUP_ROOT),
         pods: state.pods(),
+        cache: state.stats_cache(),
     };
     summary::collect(&sources, only_cpu_and_memory).await
 }

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex};
 
 use futures::StreamExt;
 use gantry_cri::{CriError, ImageClient, RuntimeClient, api};
@@ -19,13 +19,18 @@ use gantry_vocab::cri_labels as labels;
 use gantry_vocab::paths;
 use gantry_vocab::spec;
 
-/// The last CPU sample per node/container/pod, for `usageNanoCores`. Process-wide: every
-/// scrape (summary, resource metrics) feeds and reads the same samples.
-static RATES: LazyLock<Mutex<CpuRates>> = LazyLock::new(Mutex::default);
-/// Set once the runtime said `ListPodSandboxStats` is unimplemented, to stop asking.
-static NO_SANDBOX_STATS: AtomicBool = AtomicBool::new(false);
-/// The process of each ready sandbox (its network namespace), by sandbox ID.
-static SANDBOX_PIDS: LazyLock<Mutex<HashMap<String, u32>>> = LazyLock::new(Mutex::default);
+/// What the stats code remembers between scrapes, owned by the node's server (so two nodes in
+/// one process keep their own).
+#[derive(Default)]
+pub struct StatsCache {
+    /// The last CPU sample per node/container/pod, for `usageNanoCores`: every scrape
+    /// (summary, resource metrics) feeds and reads the same samples.
+    rates: Mutex<CpuRates>,
+    /// Set once the runtime said `ListPodSandboxStats` is unimplemented, to stop asking.
+    no_sandbox_stats: AtomicBool,
+    /// The process of each ready sandbox (its network namespace), by sandbox ID.
+    sandbox_pids: Mutex<HashMap<String, u32>>,
+}
 
 /// Where the inputs come from.
 pub struct Sources<'a> {
@@ -37,6 +42,7 @@ pub struct Sources<'a> {
     pub cgroup_root: PathBuf,
     /// The pods this node runs (from the status store).
     pub pods: Vec<Pod>,
+    pub cache: &'a StatsCache,
 }
 
 fn rfc3339(ts: Timestamp) -> String {
@@ -64,11 +70,12 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     let stats = src.runtime.list_container_stats(api::ListContainerStatsRequest { filter: Some(filter) }).await?.stats;
     let stats: HashMap<String, api::ContainerStats> =
         stats.into_iter().filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s))).collect();
-    let sandbox_stats = if only_cpu_and_memory { HashMap::new() } else { sandbox_stats(src.runtime, &owned).await };
+    let sandbox_stats =
+        if only_cpu_and_memory { HashMap::new() } else { sandbox_stats(src.runtime, &owned, src.cache).await };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
 
-    let mut rates = RATES.lock().unwrap();
+    let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
     let node = node_stats(src, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
     let mut pods = Vec::new();
     for pod in &src.pods {
@@ -296,10 +303,14 @@ struct SandboxStats {
 }
 
 /// Per pod UID: the runtime's sandbox stats, or the sandbox network namespace's counters.
-async fn sandbox_stats(runtime: &RuntimeClient, owned: &HashMap<String, String>) -> HashMap<String, SandboxStats> {
+async fn sandbox_stats(
+    runtime: &RuntimeClient,
+    owned: &HashMap<String, String>,
+    cache: &StatsCache,
+) -> HashMap<String, SandboxStats> {
     let time = rfc3339(Timestamp::now());
     let mut out = HashMap::new();
-    if !NO_SANDBOX_STATS.load(Ordering::Relaxed) {
+    if !cache.no_sandbox_stats.load(Ordering::Relaxed) {
         let filter = api::PodSandboxStatsFilter { label_selector: owned.clone(), ..Default::default() };
         match runtime.list_pod_sandbox_stats(api::ListPodSandboxStatsRequest { filter: Some(filter) }).await {
             Ok(resp) => {
@@ -316,7 +327,7 @@ async fn sandbox_stats(runtime: &RuntimeClient, owned: &HashMap<String, String>)
                 tracing::info!(
                     "the runtime does not implement ListPodSandboxStats; reading sandbox namespaces instead"
                 );
-                NO_SANDBOX_STATS.store(true, Ordering::Relaxed);
+                cache.no_sandbox_stats.store(true, Ordering::Relaxed);
             }
             Err(e) => tracing::debug!(error = %e, "ListPodSandboxStats failed"),
         }
@@ -331,7 +342,7 @@ async fn sandbox_stats(runtime: &RuntimeClient, owned: &HashMap<String, String>)
     };
     // A sandbox keeps its process for life: ask the runtime (a verbose status, the slow part
     // of a scrape) once per sandbox, a few at a time.
-    let known: HashMap<String, u32> = SANDBOX_PIDS.lock().unwrap().clone();
+    let known: HashMap<String, u32> = cache.sandbox_pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let missing: Vec<String> =
         sandboxes.items.iter().filter(|sb| !known.contains_key(&sb.id)).map(|sb| sb.id.clone()).collect();
     let found: Vec<(String, u32)> = futures::stream::iter(missing)
@@ -345,10 +356,10 @@ async fn sandbox_stats(runtime: &RuntimeClient, owned: &HashMap<String, String>)
         .collect()
         .await;
     let pids = {
-        let mut cache = SANDBOX_PIDS.lock().unwrap();
-        cache.extend(found);
-        cache.retain(|id, _| sandboxes.items.iter().any(|sb| &sb.id == id));
-        cache.clone()
+        let mut pids = cache.sandbox_pids.lock().unwrap_or_else(|p| p.into_inner());
+        pids.extend(found);
+        pids.retain(|id, _| sandboxes.items.iter().any(|sb| &sb.id == id));
+        pids.clone()
     };
     for sb in &sandboxes.items {
         let Some(uid) = sb.labels.get(labels::POD_UID).cloned() else { continue };

@@ -11,6 +11,7 @@ use gantry_agent::agent::{Agent, Shared};
 use gantry_agent::source::static_pod::{self, Origin};
 use gantry_agent::source::{SourceKind, SourceUpdate, manifest};
 use gantry_config::Settings;
+use gantry_metrics::Metrics;
 use gantry_testkit::fake_cri::{Call, Code};
 use gantry_testkit::{FakeCri, ManualClock};
 use k8s_openapi::api::core::v1::{ContainerStateWaiting, Pod};
@@ -52,7 +53,12 @@ impl Node {
 
     /// Connects an agent, starts its loop, and returns its shared state and pod feed.
     async fn agent(&self) -> (Arc<Shared>, mpsc::Sender<SourceUpdate>) {
-        let shared = Shared::connect(&self.settings()).await.expect("agent connects to the fake runtime");
+        self.agent_recording_into(Arc::default()).await
+    }
+
+    /// [`Node::agent`] recording its metrics into `metrics`.
+    async fn agent_recording_into(&self, metrics: Arc<Metrics>) -> (Arc<Shared>, mpsc::Sender<SourceUpdate>) {
+        let shared = Shared::connect(&self.settings(), metrics).await.expect("agent connects to the fake runtime");
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
         (shared, tx)
@@ -179,6 +185,28 @@ async fn failing_create_container_affects_only_its_pod() {
     assert_eq!(phase(&shared, &broken).as_deref(), Some("Pending"));
     let calls = node.fake.calls();
     assert_eq!(count(&calls, "StartContainer", &broken_name), 0, "nothing to start after a failed create");
+}
+
+/// Two agents in one process record into their own metrics: one node's pod start and CRI
+/// calls do not show in the other's `/metrics`.
+#[tokio::test]
+async fn two_agents_in_one_process_do_not_share_metrics() {
+    let (busy, idle) = (Node::start().await, Node::start().await);
+    busy.fake.add_image("registry.test/app:v1");
+    let (busy_metrics, idle_metrics) = (Arc::new(Metrics::new()), Arc::new(Metrics::new()));
+    let (shared, tx) = busy.agent_recording_into(busy_metrics.clone()).await;
+    let _idle = idle.agent_recording_into(idle_metrics.clone()).await;
+    let pod = static_pod("counted", &["app"]);
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+
+    let started = "kubelet_runtime_operations_total{operation_type=\"start_container\"} 1";
+    let busy_text = busy_metrics.encode();
+    assert!(busy_text.contains(started), "{busy_text}");
+    assert!(busy_text.contains("kubelet_pod_start_duration_seconds_count 1"), "{busy_text}");
+    let idle_text = idle_metrics.encode();
+    assert!(!idle_text.contains("operation_type=\"start_container\""), "{idle_text}");
+    assert!(idle_text.contains("kubelet_pod_start_duration_seconds_count 0"), "{idle_text}");
 }
 
 /// A CRI call that hangs holds up only its own pod; once it is answered the pod starts.

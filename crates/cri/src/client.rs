@@ -22,6 +22,15 @@ pub struct Cri {
     pub version: api::VersionResponse,
 }
 
+impl Cri {
+    /// Both clients report every call to `observer` from now on (and so do their clones).
+    pub fn observed_by(mut self, observer: crate::CallObserver) -> Cri {
+        self.runtime.observer = Some(observer.clone());
+        self.images.observer = Some(observer);
+        self
+    }
+}
+
 /// Connects to the runtime (and image) endpoint and validates both with `Version`, as the Go
 /// kubelet does before it starts anything. `image_endpoint` defaults to the runtime endpoint.
 pub async fn connect(runtime_endpoint: &str, image_endpoint: Option<&str>, timeout: Duration) -> Result<Cri, CriError> {
@@ -36,10 +45,10 @@ pub async fn connect(runtime_endpoint: &str, image_endpoint: Option<&str>, timeo
         }
     }
     let runtime_channel = open_channel(&runtime_ep, timeout).await?;
-    let runtime = RuntimeClient { inner: RuntimeServiceClient::new(runtime_channel.clone()), timeout };
+    let runtime = RuntimeClient { inner: RuntimeServiceClient::new(runtime_channel.clone()), timeout, observer: None };
     let version = validate(&runtime_ep, runtime.version(api::VersionRequest::default()).await)?;
     let image_channel = if image_ep == runtime_ep { runtime_channel } else { open_channel(&image_ep, timeout).await? };
-    let images = ImageClient { inner: ImageServiceClient::new(image_channel), timeout };
+    let images = ImageClient { inner: ImageServiceClient::new(image_channel), timeout, observer: None };
     validate_images(&image_ep, images.list_images(api::ListImagesRequest::default()).await)?;
     Ok(Cri { runtime, images, version })
 }
@@ -126,6 +135,7 @@ macro_rules! client_type {
         pub struct $name {
             inner: $inner,
             timeout: Duration,
+            observer: Option<crate::CallObserver>,
         }
 
         impl $name {
@@ -148,8 +158,14 @@ macro_rules! client_type {
                     Ok(Err(status)) => Err(CriError::call(op, status)),
                     Err(_) => Err(CriError::Timeout { op, timeout }),
                 };
-                crate::observe::observe(op, started.elapsed(), result.is_ok());
+                self.observe(op, started.elapsed(), result.is_ok());
                 result
+            }
+
+            fn observe(&self, op: &'static str, elapsed: Duration, ok: bool) {
+                if let Some(f) = &self.observer {
+                    f(op, elapsed, ok);
+                }
             }
 
             /// The timeout applied to each call.
@@ -238,7 +254,7 @@ impl ImageClient {
         let mut client = self.inner.clone();
         let started = std::time::Instant::now();
         let result = client.pull_image(tonic::Request::new(req)).await;
-        crate::observe::observe("PullImage", started.elapsed(), result.is_ok());
+        self.observe("PullImage", started.elapsed(), result.is_ok());
         match result {
             Ok(resp) => Ok(resp.into_inner()),
             Err(status) => Err(CriError::call("PullImage", status)),

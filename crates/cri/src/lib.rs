@@ -19,4 +19,4 @@ pub use error::{Code, CriError};
 pub mod api {
     tonic::include_proto!("runtime.v1");
 }
-pub use observe::{CallObserver, set_call_observer};
+pub use observe::CallObserver;

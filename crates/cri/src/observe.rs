@@ -1,22 +1,11 @@
-//! One hook through which every CRI call is reported (operation, duration, success), so the
-//! agent can count and time runtime operations without this crate knowing about metrics.
+//! The hook through which every CRI call is reported (operation, duration, success), so the
+//! agent can count and time runtime operations without this crate knowing about metrics. Each
+//! client carries its own (set with [`crate::Cri::observed_by`]), so two nodes in one process
+//! count their own calls.
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Called after every CRI call with the RPC name (`ListContainers`), its duration and whether
 /// it succeeded.
-pub type CallObserver = fn(op: &'static str, elapsed: Duration, ok: bool);
-
-static OBSERVER: OnceLock<CallObserver> = OnceLock::new();
-
-/// Installs the observer; the first one installed stays.
-pub fn set_call_observer(f: CallObserver) {
-    let _ = OBSERVER.set(f);
-}
-
-pub(crate) fn observe(op: &'static str, elapsed: Duration, ok: bool) {
-    if let Some(f) = OBSERVER.get() {
-        f(op, elapsed, ok);
-    }
-}
+pub type CallObserver = Arc<dyn Fn(&'static str, Duration, bool) + Send + Sync>;

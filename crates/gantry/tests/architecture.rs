@@ -387,9 +387,6 @@ const STATICS: &[(&str, &str)] = &[
     // Test harness.
     ("crates/testkit/src/images.rs: BUILD_LOCK", "serialises test image builds in one process"),
     ("crates/testkit/src/raw.rs: NEXT_POD", "unique pod names in one test process"),
-    // Not yet owned by the Node (issue 14): node state that two nodes in one process would share.
-    ("crates/metrics/src/lib.rs: METRICS", "NOT YET MOVED: the node's metrics registry"),
-    ("crates/cri/src/observe.rs: OBSERVER", "NOT YET MOVED: the CRI call observer feeding METRICS"),
 ];
 
 #[test]

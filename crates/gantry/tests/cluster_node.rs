@@ -57,7 +57,9 @@ impl Harness {
         let cri = gantry_cri::connect(&settings.container_runtime_endpoint, None, settings.runtime_request_timeout)
             .await
             .expect("CRI connects");
-        node::start(settings, cri, Startup::RequireServer).await.unwrap_or_else(|e| panic!("node side starts: {e}"))
+        node::start(settings, cri, Startup::RequireServer, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("node side starts: {e}"))
     }
 
     async fn admin(&self) -> kube::Client {

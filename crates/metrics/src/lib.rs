@@ -1,8 +1,9 @@
 //! The agent's own Prometheus metrics (`/metrics`) and the prober's (`/metrics/probes`), with
-//! upstream names and labels. The registries are process-wide: CRI calls, pod workers and
-//! probers record from wherever they run; the HTTP handlers encode on demand.
+//! upstream names and labels. One [`Metrics`] belongs to one node (the `Node` creates it and
+//! hands an `Arc` to the agent, the CRI client's observer, the API client and the server), so
+//! two nodes in one process count separately; the HTTP handlers encode on demand.
 
-use std::sync::LazyLock;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -59,8 +60,14 @@ pub struct Metrics {
     pub probes: Family<ProbeLabels, Counter>,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let mut registry = Registry::default();
         let running_pods = Gauge::default();
         registry.register(
@@ -143,20 +150,20 @@ impl Metrics {
     }
 }
 
-pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+impl Metrics {
+    /// A CRI call observer that records into these metrics.
+    pub fn cri_observer(self: &Arc<Self>) -> gantry_cri::CallObserver {
+        let metrics = self.clone();
+        Arc::new(move |op, elapsed, ok| metrics.record_cri_call(op, elapsed, ok))
+    }
 
-/// Reports CRI calls into the runtime operation metrics; call once at start-up.
-pub fn install() {
-    gantry_cri::set_call_observer(record_cri_call);
-}
-
-fn record_cri_call(op: &'static str, elapsed: Duration, ok: bool) {
-    let labels = OperationLabels { operation_type: operation_type(op) };
-    let m = &*METRICS;
-    m.runtime_operations.get_or_create(&labels).inc();
-    m.runtime_operation_duration.get_or_create(&labels).observe(elapsed.as_secs_f64());
-    if !ok {
-        m.runtime_operation_errors.get_or_create(&labels).inc();
+    fn record_cri_call(&self, op: &'static str, elapsed: Duration, ok: bool) {
+        let labels = OperationLabels { operation_type: operation_type(op) };
+        self.runtime_operations.get_or_create(&labels).inc();
+        self.runtime_operation_duration.get_or_create(&labels).observe(elapsed.as_secs_f64());
+        if !ok {
+            self.runtime_operation_errors.get_or_create(&labels).inc();
+        }
     }
 }
 
@@ -178,9 +185,16 @@ pub fn operation_type(rpc: &str) -> String {
 
 /// Counts one probe run (`probe_type` Liveness/Readiness/Startup, `result`
 /// successful/failed/unknown).
-pub fn record_probe(probe_type: &str, result: &str, container: &str, pod: &str, namespace: &str, pod_uid: &str) {
-    METRICS
-        .probes
+pub fn record_probe(
+    m: &Metrics,
+    probe_type: &str,
+    result: &str,
+    container: &str,
+    pod: &str,
+    namespace: &str,
+    pod_uid: &str,
+) {
+    m.probes
         .get_or_create(&ProbeLabels {
             probe_type: probe_type.into(),
             result: result.into(),
@@ -193,10 +207,10 @@ pub fn record_probe(probe_type: &str, result: &str, container: &str, pod: &str, 
 }
 
 /// Sets the running pod and container gauges from the runtime's current lists.
-pub fn set_running(pods: i64, containers_by_state: &[(&str, i64)]) {
-    METRICS.running_pods.set(pods);
+pub fn set_running(m: &Metrics, pods: i64, containers_by_state: &[(&str, i64)]) {
+    m.running_pods.set(pods);
     for (state, n) in containers_by_state {
-        METRICS.running_containers.get_or_create(&ContainerStateLabels { container_state: state.to_string() }).set(*n);
+        m.running_containers.get_or_create(&ContainerStateLabels { container_state: state.to_string() }).set(*n);
     }
 }
 
@@ -208,10 +222,11 @@ mod tests {
     fn names_and_labels_as_upstream() {
         assert_eq!(operation_type("ListContainers"), "list_containers");
         assert_eq!(operation_type("Version"), "version");
-        record_cri_call("ListPodSandbox", Duration::from_millis(3), false);
-        record_probe("Readiness", "successful", "app", "web", "default", "u1");
-        set_running(2, &[("running", 3), ("exited", 1)]);
-        let text = METRICS.encode();
+        let m = Arc::new(Metrics::new());
+        (m.cri_observer())("ListPodSandbox", Duration::from_millis(3), false);
+        record_probe(&m, "Readiness", "successful", "app", "web", "default", "u1");
+        set_running(&m, 2, &[("running", 3), ("exited", 1)]);
+        let text = m.encode();
         assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"list_pod_sandbox\"} 1"), "{text}");
         assert!(
             text.contains("kubelet_runtime_operations_errors_total{operation_type=\"list_pod_sandbox\"} 1"),
@@ -226,10 +241,22 @@ mod tests {
         assert!(text.contains("kubelet_running_pods 2"), "{text}");
         assert!(text.contains("kubelet_running_containers{container_state=\"running\"} 3"), "{text}");
         assert!(text.contains("# TYPE kubelet_pod_start_duration_seconds histogram"), "{text}");
-        let probes = METRICS.encode_probes();
+        let probes = m.encode_probes();
         assert!(
             probes.contains("prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 1"),
             "{probes}"
         );
+    }
+
+    #[test]
+    fn two_nodes_count_separately() {
+        let (a, b) = (Arc::new(Metrics::new()), Arc::new(Metrics::new()));
+        (a.cri_observer())("Version", Duration::from_millis(1), true);
+        set_running(&a, 5, &[]);
+        assert!(a.encode().contains("kubelet_runtime_operations_total{operation_type=\"version\"} 1"));
+        assert!(a.encode().contains("kubelet_running_pods 5"));
+        let other = b.encode();
+        assert!(!other.contains("operation_type=\"version\""), "{other}");
+        assert!(other.contains("kubelet_running_pods 0"), "{other}");
     }
 }

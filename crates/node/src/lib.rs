@@ -21,6 +21,7 @@ use gantry_agent::node::{self as node_side, Startup};
 use gantry_agent::source::SourceKind;
 use gantry_agent::status_store::StatusStore;
 use gantry_config::Settings;
+use gantry_metrics::Metrics;
 use gantry_server as server;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
@@ -46,11 +47,19 @@ pub enum NodeError {
 pub struct Node {
     settings: Settings,
     ready: watch::Sender<bool>,
+    /// This node's metrics: the agent, the CRI and API clients and the node API share it, and
+    /// no other node in the process does.
+    metrics: Arc<Metrics>,
 }
 
 impl Node {
     pub fn new(settings: Settings) -> Self {
-        Node { settings, ready: watch::Sender::new(false) }
+        Node { settings, ready: watch::Sender::new(false), metrics: Arc::default() }
+    }
+
+    /// The registry the node records into (what its `/metrics` shows).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// Becomes true once every part runs: the runtime answered, the node API listens and the
@@ -63,7 +72,7 @@ impl Node {
     /// fails (`Err` naming it).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
         let settings = &self.settings;
-        let shared = connect(settings).await?;
+        let shared = connect(settings, self.metrics.clone()).await?;
         let mut sources = agent::sources(settings);
         let mut supervisor = Supervisor::default();
         spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
@@ -111,7 +120,7 @@ impl Node {
 
 /// The deprecated RunOnce mode (KEP-4580): start the static pods once and report on each.
 pub async fn run_once(settings: &Settings) -> Result<Vec<runonce::PodResult>, NodeError> {
-    let shared = connect(settings).await?;
+    let shared = connect(settings, Arc::default()).await?;
     let sources = agent::sources(settings);
     if sources.kinds.is_empty() {
         return Err(AgentError::NoSources.into());
@@ -125,11 +134,11 @@ pub async fn run_once(settings: &Settings) -> Result<Vec<runonce::PodResult>, No
     Ok(runonce::run(shared, sources.rx).await?)
 }
 
-async fn connect(settings: &Settings) -> Result<Arc<Shared>, NodeError> {
+async fn connect(settings: &Settings, metrics: Arc<Metrics>) -> Result<Arc<Shared>, NodeError> {
     tokio::fs::create_dir_all(&settings.root_dir)
         .await
         .map_err(|source| NodeError::RootDir { path: settings.root_dir.display().to_string(), source })?;
-    Ok(Shared::connect(settings).await?)
+    Ok(Shared::connect(settings, metrics).await?)
 }
 
 fn spawn_all(supervisor: &mut Supervisor, tasks: Vec<NamedTask>) {
@@ -146,7 +155,7 @@ async fn serve(
     let cri = shared.driver.cri().clone();
     let host_ip = shared.host_ip.as_deref().and_then(|ip| ip.parse().ok());
     let pods = Arc::new(AgentPods(shared.statuses.clone()));
-    let state = server::ServerState::new(settings, cri, pods, host_ip, client);
+    let state = server::ServerState::new(settings, cri, pods, host_ip, client, shared.metrics.clone());
     Ok(server::bind_all(settings, state).await?)
 }
 
@@ -182,7 +191,7 @@ async fn join_cluster(
 ) -> Result<Cluster, NodeError> {
     // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
-    let node = node_side::start(settings, shared.driver.cri().clone(), startup).await?;
+    let node = node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics).await?;
     supervisor.adopt("node-status", node.task);
     if let Some(rotation) = node.clients.rotation.clone() {
         supervisor.spawn("certificate-rotation", rotation.run());

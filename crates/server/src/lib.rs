@@ -66,6 +66,7 @@ struct Inner {
     authenticator: authn::Authenticator,
     authorizer: authz::Authorizer,
     stats: stats::summary::StatsCache,
+    metrics: Arc<gantry_metrics::Metrics>,
 }
 
 impl ServerState {
@@ -76,6 +77,7 @@ impl ServerState {
         pods: Arc<dyn PodList>,
         host_ip: Option<IpAddr>,
         client: Option<kube::Client>,
+        metrics: Arc<gantry_metrics::Metrics>,
     ) -> Self {
         let server = settings.server.clone();
         let authenticator = authn::Authenticator::new(&server, client.clone());
@@ -92,6 +94,7 @@ impl ServerState {
                 authenticator,
                 authorizer,
                 stats: Default::default(),
+                metrics,
             }),
         }
     }
@@ -125,6 +128,11 @@ impl ServerState {
     /// The stats code's memory between scrapes (CPU samples, sandbox PIDs).
     pub fn stats_cache(&self) -> &stats::summary::StatsCache {
         &self.inner.stats
+    }
+
+    /// The node's metrics registry (`/metrics`, `/metrics/probes`).
+    pub fn metrics(&self) -> &gantry_metrics::Metrics {
+        &self.inner.metrics
     }
 
     pub fn authenticator(&self) -> &authn::Authenticator {

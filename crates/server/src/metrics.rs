@@ -6,18 +6,18 @@ use axum::response::{IntoResponse, Response};
 use gantry_cri::api;
 
 use crate::ServerState;
-use gantry_metrics::{METRICS, set_running};
+use gantry_metrics::set_running;
 use gantry_vocab::cri_labels as labels;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub async fn metrics(State(state): State<ServerState>) -> Response {
     refresh_running(&state).await;
-    ([(header::CONTENT_TYPE, OPENMETRICS)], METRICS.encode()).into_response()
+    ([(header::CONTENT_TYPE, OPENMETRICS)], state.metrics().encode()).into_response()
 }
 
-pub async fn probes() -> Response {
-    ([(header::CONTENT_TYPE, OPENMETRICS)], METRICS.encode_probes()).into_response()
+pub async fn probes(State(state): State<ServerState>) -> Response {
+    ([(header::CONTENT_TYPE, OPENMETRICS)], state.metrics().encode_probes()).into_response()
 }
 
 /// Running pods (a ready sandbox) and containers by state, from the runtime right now.
@@ -48,5 +48,5 @@ async fn refresh_running(state: &ServerState) {
         };
         by_state[i].1 += 1;
     }
-    set_running(pods.len() as i64, &by_state);
+    set_running(state.metrics(), pods.len() as i64, &by_state);
 }

@@ -27,6 +27,7 @@ use crate::source::merge::Merger;
 use crate::source::{SourceKind, SourceUpdate, file, http};
 pub use crate::status_store::StatusStore;
 use gantry_config::Settings;
+use gantry_metrics::Metrics;
 use gantry_pod::ObservedPod;
 use gantry_pod::gc::{self, Removal};
 use gantry_vocab::spec;
@@ -97,19 +98,22 @@ pub struct Shared {
     /// Set in cluster mode: final pod deletion and events go to the API server.
     pub api: Option<ApiLink>,
     pub events: crate::events::Recorder,
+    /// The node's metrics registry.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Shared {
-    /// Connects to the runtime named in `settings` and validates it.
-    pub async fn connect(settings: &Settings) -> Result<Arc<Self>, AgentError> {
-        gantry_metrics::install();
+    /// Connects to the runtime named in `settings` and validates it; every CRI call and pod
+    /// start is recorded in `metrics` (the node's).
+    pub async fn connect(settings: &Settings, metrics: Arc<Metrics>) -> Result<Arc<Self>, AgentError> {
         check_cgroup_version(settings.pods.fail_cgroup_v1)?;
         let cri = gantry_cri::connect(
             &settings.container_runtime_endpoint,
             settings.image_service_endpoint.as_deref(),
             settings.runtime_request_timeout,
         )
-        .await?;
+        .await?
+        .observed_by(metrics.cri_observer());
         tracing::info!(
             runtime = %cri.version.runtime_name, version = %cri.version.runtime_version,
             api = %cri.version.runtime_api_version, node = %settings.node_name, "connected to container runtime"
@@ -135,6 +139,7 @@ impl Shared {
             sync_frequency: settings.sync_frequency,
             api: None,
             events,
+            metrics,
         }))
     }
 

@@ -108,6 +108,7 @@ impl Task {
             let outcome = self.probe_once(kind, timeout).await;
             let result = if outcome == Outcome::Success { "successful" } else { "failed" };
             gantry_metrics::record_probe(
+                &self.shared.metrics,
                 kind.title(),
                 result,
                 &self.container.name,

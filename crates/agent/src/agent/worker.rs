@@ -438,7 +438,7 @@ impl Worker {
         if status.phase.as_deref() == Some("Running")
             && let Some(seen) = self.seen_at.take()
         {
-            gantry_metrics::METRICS.pod_start_duration.observe(seen.elapsed().as_secs_f64());
+            self.shared.metrics.pod_start_duration.observe(seen.elapsed().as_secs_f64());
         }
         self.shared.statuses.set(&self.pod, status);
     }

@@ -120,19 +120,20 @@ pub struct ApiClients {
 
 /// Loads the kubeconfig, builds the rate-limited client and checks it
 /// against the server.
+/// Outside a node (tools, tests): the clients count their requests in a registry of their own.
 pub async fn connect(settings: &Settings) -> Result<Client, ApiError> {
     Ok(connect_clients(settings).await?.client)
 }
 
 /// [`connect`], returning both clients.
 pub async fn connect_clients(settings: &Settings) -> Result<ApiClients, ApiError> {
-    let clients = build(settings).await?;
+    let clients = build(settings, &Arc::default()).await?;
     check(&clients, &settings.node_name).await?;
     Ok(clients)
 }
 
 /// Builds the clients without contacting the server.
-pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
+pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) -> Result<ApiClients, ApiError> {
     let path = settings.kubeconfig.clone().ok_or(ApiError::NoKubeconfig)?;
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| kubeconfig_error(&path, e))?;
     let user = current_user(&kubeconfig);
@@ -149,7 +150,7 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
 
     let (qps, burst) = effective_rate(settings.kube_api_qps, settings.kube_api_burst);
     let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
-    let counted = request_metrics::RequestMetricsLayer::new(host);
+    let counted = request_metrics::RequestMetricsLayer::new(host, metrics.clone());
     let rotating = match (settings.rotate_certificates, client_identity(&config)) {
         (true, Some(identity)) => {
             let cert_dir = settings.server.cert_dir(&settings.root_dir);

@@ -3,19 +3,22 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use gantry_metrics::Metrics;
 use tower::{Layer, Service};
 
 #[derive(Clone)]
 pub struct RequestMetricsLayer {
     host: String,
+    metrics: Arc<Metrics>,
 }
 
 impl RequestMetricsLayer {
     /// `host` is the API server's `host:port`, the label value.
-    pub fn new(host: impl Into<String>) -> Self {
-        RequestMetricsLayer { host: host.into() }
+    pub fn new(host: impl Into<String>, metrics: Arc<Metrics>) -> Self {
+        RequestMetricsLayer { host: host.into(), metrics }
     }
 }
 
@@ -23,7 +26,7 @@ impl<S> Layer<S> for RequestMetricsLayer {
     type Service = RequestMetrics<S>;
 
     fn layer(&self, inner: S) -> RequestMetrics<S> {
-        RequestMetrics { inner, host: self.host.clone() }
+        RequestMetrics { inner, host: self.host.clone(), metrics: self.metrics.clone() }
     }
 }
 
@@ -31,6 +34,7 @@ impl<S> Layer<S> for RequestMetricsLayer {
 pub struct RequestMetrics<S> {
     inner: S,
     host: String,
+    metrics: Arc<Metrics>,
 }
 
 impl<S, B, RB> Service<http::Request<B>> for RequestMetrics<S>
@@ -49,6 +53,7 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let method = req.method().to_string();
         let host = self.host.clone();
+        let metrics = self.metrics.clone();
         let fut = self.inner.call(req);
         Box::pin(async move {
             let result = fut.await;
@@ -56,10 +61,7 @@ where
                 Ok(resp) => resp.status().as_u16().to_string(),
                 Err(_) => "<error>".to_string(),
             };
-            gantry_metrics::METRICS
-                .rest_client_requests
-                .get_or_create(&gantry_metrics::RequestLabels { code, method, host })
-                .inc();
+            metrics.rest_client_requests.get_or_create(&gantry_metrics::RequestLabels { code, method, host }).inc();
             result
         })
     }
@@ -75,10 +77,11 @@ mod tests {
         let svc = tower::service_fn(|_: http::Request<()>| async {
             Ok::<_, std::convert::Infallible>(http::Response::builder().status(201).body(()).unwrap())
         });
-        let svc = RequestMetricsLayer::new("api.test:6443").layer(svc);
+        let metrics = Arc::new(Metrics::new());
+        let svc = RequestMetricsLayer::new("api.test:6443", metrics.clone()).layer(svc);
         let req = http::Request::builder().method("POST").body(()).unwrap();
         svc.oneshot(req).await.unwrap();
-        let text = gantry_metrics::METRICS.encode();
+        let text = metrics.encode();
         assert!(
             text.contains("rest_client_requests_total{code=\"201\",method=\"POST\",host=\"api.test:6443\"} 1"),
             "{text}"

@@ -87,7 +87,12 @@ pub enum Startup {
 /// server unless `startup` tolerates it), then spawns the task that registers
 /// the Node (retrying until the API server accepts it) and runs the status
 /// and lease loops.
-pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<NodeAgent, NodeError> {
+pub async fn start(
+    settings: &Settings,
+    cri: Cri,
+    startup: Startup,
+    metrics: &std::sync::Arc<gantry_metrics::Metrics>,
+) -> Result<NodeAgent, NodeError> {
     if let (Some(bootstrap), Some(kubeconfig)) = (&settings.bootstrap_kubeconfig, &settings.kubeconfig) {
         let paths = api::bootstrap::BootstrapPaths {
             kubeconfig: kubeconfig.clone(),
@@ -96,7 +101,7 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
         };
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
     }
-    let clients = api::build(settings).await?;
+    let clients = api::build(settings, metrics).await?;
     let node = &settings.node_name;
     match api::check(&clients, node).await {
         Ok(()) => tracing::info!(

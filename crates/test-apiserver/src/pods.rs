@@ -157,7 +157,37 @@ fn validate_spec(pod: &Value, name: &str) -> Result<(), ApiError> {
     if pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|l| !l.is_empty()) {
         errs.push(FieldError::forbidden("spec.ephemeralContainers", "cannot be set on create"));
     }
+    for list in ["initContainers", "containers"] {
+        for (i, c) in pod.pointer(&format!("/spec/{list}")).and_then(Value::as_array).into_iter().flatten().enumerate()
+        {
+            errs.extend(validate_resize_policy(c, &format!("spec.{list}[{i}].resizePolicy")));
+        }
+    }
     if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid("Pod", "", name, errs)) }
+}
+
+/// `validateResizePolicy`: each of cpu and memory at most once, with a known restart policy.
+fn validate_resize_policy(c: &Value, field: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mut seen = Vec::new();
+    for (j, p) in c.get("resizePolicy").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let name = &p["resourceName"];
+        match name.as_str() {
+            Some(n @ ("cpu" | "memory")) if seen.contains(&n) => {
+                errs.push(FieldError::duplicate(&format!("{field}[{j}].resourceName"), name));
+            }
+            Some(n @ ("cpu" | "memory")) => seen.push(n),
+            _ => errs.push(FieldError::not_supported(&format!("{field}[{j}].resourceName"), name, &["cpu", "memory"])),
+        }
+        if !matches!(p["restartPolicy"].as_str(), Some("NotRequired" | "RestartContainer")) {
+            errs.push(FieldError::not_supported(
+                &format!("{field}[{j}].restartPolicy"),
+                &p["restartPolicy"],
+                &["NotRequired", "RestartContainer"],
+            ));
+        }
+    }
+    errs
 }
 
 /// DefaultTolerationSeconds: tolerate not-ready/unreachable nodes for 300s unless set.
@@ -255,7 +285,7 @@ fn token_volume(name: &str) -> Value {
 }
 
 /// QoS class from container requests/limits (quantities compared as written).
-fn qos_class(spec: &Value) -> &'static str {
+pub fn qos_class(spec: &Value) -> &'static str {
     let containers: Vec<&Value> = ["initContainers", "containers"]
         .iter()
         .flat_map(|l| spec.get(*l).and_then(Value::as_array).into_iter().flatten())

@@ -76,9 +76,11 @@ pub fn termination_grace_seconds(pod: &Pod) -> i64 {
 pub const MIN_GRACE_SECONDS: i64 = 2;
 
 /// A stable hash of a container's spec; a running container whose hash differs from its
-/// spec's is replaced.
+/// spec's is replaced. Resources are left out, as upstream hashes containers since in-place
+/// resize: a resize is applied to the running container, not by replacing it.
 pub fn container_hash(container: &Container) -> String {
-    let json = serde_json::to_vec(container).unwrap_or_default();
+    let without_resources = Container { resources: None, ..container.clone() };
+    let json = serde_json::to_vec(&without_resources).unwrap_or_default();
     hex::encode(&Md5::digest(&json)[..8])
 }
 
@@ -223,6 +225,13 @@ mod tests {
         let a = container("busybox:1", None);
         let mut b = a.clone();
         assert_eq!(container_hash(&a), container_hash(&b));
+        b.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(
+                [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()))].into(),
+            ),
+            ..Default::default()
+        });
+        assert_eq!(container_hash(&a), container_hash(&b), "a resize is not a spec change");
         b.args = Some(vec!["x".into()]);
         assert_ne!(container_hash(&a), container_hash(&b));
     }

@@ -7,7 +7,10 @@
 //! which order the pod cgroup moves around the containers ([`pod_cgroup_steps`]), and the
 //! memory-limit-decrease rule ([`memory_decrease_refused`]).
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodCondition};
+use serde_json::json;
+
+use crate::Nanos;
 
 use crate::requests::{cpu, memory};
 use crate::resources::{self, CgroupValues};
@@ -154,6 +157,57 @@ pub fn memory_decrease_refused(container: &str, new_limit: i64, usage: u64) -> O
     })
 }
 
+pub const PENDING_CONDITION: &str = "PodResizePending";
+pub const IN_PROGRESS_CONDITION: &str = "PodResizeInProgress";
+/// `PodResizeInProgress` reason when applying the resize failed.
+pub const ERROR_REASON: &str = "Error";
+
+/// A resize condition (always status True while present); the transition time stays while
+/// the condition does.
+pub fn condition(
+    type_: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Nanos,
+    previous: Option<&PodCondition>,
+) -> PodCondition {
+    PodCondition {
+        type_: type_.to_string(),
+        status: "True".into(),
+        reason: (!reason.is_empty()).then(|| reason.to_string()),
+        message: (!message.is_empty()).then(|| message.to_string()),
+        last_transition_time: previous
+            .and_then(|p| p.last_transition_time.clone())
+            .or_else(|| Some(crate::status::time(now))),
+        observed_generation: generation,
+        ..Default::default()
+    }
+}
+
+/// The message of upstream's resize events: `<prefix>: {"initContainers":[…],"containers":[…],
+/// "generation":N,"error":"…"}` with each container's name and resources from `pod`.
+pub fn event_message(prefix: &str, pod: &Pod, generation: i64, error: &str) -> String {
+    let list = |cs: &[Container]| -> Vec<serde_json::Value> {
+        cs.iter().map(|c| json!({"name": c.name, "resources": c.resources.clone().unwrap_or_default()})).collect()
+    };
+    // Fields in upstream's order (a JSON map here would sort them).
+    let mut fields = Vec::new();
+    for (key, cs) in [
+        ("initContainers", gantry_vocab::spec::init_containers(pod)),
+        ("containers", gantry_vocab::spec::containers(pod)),
+    ] {
+        if !cs.is_empty() {
+            fields.push(format!("{key:?}:{}", serde_json::Value::from(list(cs))));
+        }
+    }
+    fields.push(format!("\"generation\":{generation}"));
+    if !error.is_empty() {
+        fields.push(format!("\"error\":{}", serde_json::Value::from(error)));
+    }
+    format!("{prefix}: {{{}}}", fields.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{ContainerResizePolicy, PodSpec};
@@ -253,6 +307,31 @@ mod tests {
         // From unlimited to limited: unlimited until the containers are limited.
         let unlimited = CgroupValues { memory_limit: 0, ..old };
         assert_eq!(pod_cgroup_steps(&unlimited, &new).0.memory_limit, 0);
+    }
+
+    #[test]
+    fn event_messages_summarise_the_resources_as_upstream() {
+        let pod = Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container { name: "app".into(), ..res(&[("cpu", "100m")], &[]) }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            event_message("Pod resize started", &pod, 2, ""),
+            r#"Pod resize started: {"containers":[{"name":"app","resources":{"requests":{"cpu":"100m"}}}],"generation":2}"#
+        );
+        assert!(event_message("Pod resize error", &pod, 2, "boom").ends_with(r#""generation":2,"error":"boom"}"#));
+    }
+
+    #[test]
+    fn a_condition_keeps_its_transition_time() {
+        let first = condition(PENDING_CONDITION, "Deferred", "m", Some(2), 10 * crate::SECOND, None);
+        assert_eq!(first.status, "True");
+        let later = condition(PENDING_CONDITION, "Deferred", "n", Some(3), 99 * crate::SECOND, Some(&first));
+        assert_eq!(later.last_transition_time, first.last_transition_time);
+        assert_eq!((later.observed_generation, later.message.as_deref()), (Some(3), Some("n")));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! memory-limit-decrease rule ([`memory_decrease_refused`]).
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodCondition};
-use serde_json::json;
+use k8s_openapi::serde_json::{self, json};
 
 use crate::Nanos;
 

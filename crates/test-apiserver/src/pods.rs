@@ -94,11 +94,35 @@ fn default_requests_to_limits(c: &mut Map<String, Value>) {
     }
 }
 
+/// `setDefaultResizePolicy` (1.33+): a container that requests or limits cpu or memory gets
+/// `NotRequired` for each such resource its `resizePolicy` does not name.
+fn default_resize_policy(c: &mut Map<String, Value>) {
+    let named = |c: &Map<String, Value>, r: &str| {
+        c.get("resizePolicy")
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|p| p.get("resourceName").and_then(Value::as_str) == Some(r)))
+    };
+    let uses = |c: &Map<String, Value>, r: &str| {
+        ["requests", "limits"]
+            .iter()
+            .any(|k| c.get("resources").and_then(|res| res.get(*k)).and_then(|m| m.get(r)).is_some())
+    };
+    for r in ["cpu", "memory"] {
+        if uses(c, r) && !named(c, r) {
+            let list = c.entry("resizePolicy").or_insert_with(|| json!([]));
+            if let Some(l) = list.as_array_mut() {
+                l.push(json!({"resourceName": r, "restartPolicy": "NotRequired"}));
+            }
+        }
+    }
+}
+
 pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiError> {
     let mirror = is_mirror(pod);
     let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
     let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
     validate_spec(pod, &name)?;
+    let windows = pod.pointer("/spec/os/name").and_then(Value::as_str) == Some("windows");
     let spec = pod["spec"].as_object_mut().expect("validated");
     set_default(spec, "restartPolicy", json!("Always"));
     set_default(spec, "terminationGracePeriodSeconds", json!(DEFAULT_GRACE_SECONDS));
@@ -121,6 +145,11 @@ pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiErro
                 default_container(c);
                 if list != "ephemeralContainers" {
                     default_requests_to_limits(c);
+                }
+                let resizable =
+                    list == "containers" || c.get("restartPolicy").and_then(Value::as_str) == Some("Always");
+                if resizable && !windows {
+                    default_resize_policy(c);
                 }
             }
         }

@@ -386,6 +386,15 @@ async fn resize_changes_only_cpu_and_memory_through_its_subresource() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let created = pods.create(&PostParams::default(), &resizable_pod("r")).await.unwrap();
     assert_eq!(created.metadata.generation, Some(1));
+    // setDefaultResizePolicy: NotRequired for each used resource the container does not name.
+    let policy = serde_json::to_value(&created.spec.as_ref().unwrap().containers[0].resize_policy).unwrap();
+    assert_eq!(
+        policy,
+        json!([{"resourceName": "memory", "restartPolicy": "RestartContainer"}, {"resourceName": "cpu", "restartPolicy": "NotRequired"}])
+    );
+    let init = created.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    assert_eq!(init[0].resize_policy, None, "not for regular init containers");
+    assert_eq!(init[1].resize_policy.as_ref().map(Vec::len), Some(2), "sidecars get both");
 
     // The main resource keeps refusing resource changes.
     let grow = json!({"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": "300m"}}}]}});

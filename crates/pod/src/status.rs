@@ -288,8 +288,8 @@ fn foreign_conditions(pod: &Pod) -> impl Iterator<Item = PodCondition> + '_ {
         "Ready",
         "ContainersReady",
         "PodScheduled",
-        crate::resize::PENDING_CONDITION,
-        crate::resize::IN_PROGRESS_CONDITION,
+        "PodResizePending",
+        "PodResizeInProgress",
     ];
     let existing = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
     existing.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned()

@@ -476,3 +476,52 @@ async fn a_resize_updates_the_running_container_in_place() {
     assert_eq!(app_resources(&shared, &pod)["limits"]["cpu"], "500m");
     assert_eq!(ops(&node.fake.calls(), "UpdateContainerResources").len(), 1);
 }
+
+/// A restarted agent keeps the resize it applied and the one it refused (the allocation
+/// checkpoint): it applies nothing again, and does not take the refused one as admitted.
+#[test]
+fn restarted_agent_neither_loses_nor_repeats_a_resize() {
+    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let node = server.block_on(Node::start());
+    node.fake.add_image("registry.test/app:v1");
+    let (pod, resized) = (resizable_pod("100m", "250m"), resizable_pod("100m", "500m"));
+    let infeasible = resizable_pod("100000", "100000");
+    let refused =
+        |s: &Shared| condition(s, &pod, "PodResizePending").and_then(|c| c.reason).as_deref() == Some("Infeasible");
+    let applied = |s: &Shared| {
+        app_resources(s, &pod)["limits"]["cpu"] == "500m" && condition(s, &pod, "PodResizeInProgress").is_none()
+    };
+
+    let first_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    first_runtime.block_on(async {
+        let (shared, tx) = node.agent().await;
+        send(&tx, &[&pod]).await;
+        wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+        send(&tx, &[&resized]).await;
+        wait_status(&shared, "the resize applied", applied).await;
+        send(&tx, &[&infeasible]).await;
+        wait_status(&shared, "the infeasible resize refused", refused).await;
+    });
+    drop(first_runtime);
+    assert_eq!(ops(&node.fake.calls(), "UpdateContainerResources").len(), 1);
+    let before = node.fake.calls().len();
+
+    let second_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    second_runtime.block_on(async {
+        let (shared, tx) = node.agent().await;
+        send(&tx, &[&infeasible]).await;
+        wait_status(&shared, "the pod under the second agent, its resize still refused", |s| {
+            phase(s, &pod).as_deref() == Some("Running") && applied(s) && refused(s)
+        })
+        .await;
+        let relisted = |calls: &[Call]| ops(&calls[before..], "ListPodSandbox").len() >= 3;
+        assert!(node.fake.wait_for_calls(PATIENCE, relisted).await);
+        assert!(applied(&shared), "still the allocated 500m");
+    });
+    let calls = node.fake.calls();
+    for op in ["UpdateContainerResources", "CreateContainer", "StopContainer"] {
+        assert_eq!(ops(&calls[before..], op).len(), 0, "the restarted agent must not call {op}");
+    }
+    drop(second_runtime);
+    drop(node);
+}

@@ -62,6 +62,19 @@ async fn cgroup_limits(env: &common::Env, container_id: &str) -> (i64, i64) {
     (values[0], values[1])
 }
 
+/// The pod cgroup's (CFS quota, memory limit) on a cgroup v1 host.
+fn pod_cgroup_limits(env: &common::Env, uid: &str) -> Option<(i64, i64)> {
+    let dir = |controller: &str| {
+        std::path::Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(env.ctd.cgroup_root().trim_start_matches('/'))
+            .join(format!("kubepods/burstable/pod{uid}"))
+    };
+    let read =
+        |controller: &str, file: &str| std::fs::read_to_string(dir(controller).join(file)).ok()?.trim().parse().ok();
+    Some((read("cpu", "cpu.cfs_quota_us")?, read("memory", "memory.limit_in_bytes")?))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     let Some((env, cluster)) = cluster::setup().await else { return };
@@ -89,6 +102,11 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     };
     let (app_id, jvm_id) = (id_of(&running, "app"), id_of(&running, "jvm"));
     assert_eq!(cgroup_limits(&env, &app_id).await, (20_000, 128 << 20));
+    let uid = running.metadata.uid.clone().unwrap();
+    let v1 = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    if v1 {
+        assert_eq!(pod_cgroup_limits(&env, &uid), Some((40_000, 256 << 20)), "the pod cgroup: both containers");
+    }
     assert_eq!(reported_limits(&running, "app"), Some(("200m".into(), "128Mi".into())));
 
     let resize = |name: &str, resources: Value| {
@@ -110,6 +128,9 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     assert_eq!(patched.metadata.generation, Some(2));
     let pod = eventually("the larger limits reported", &gantry, || resized_to("400m", "256Mi")).await;
     assert_eq!(cgroup_limits(&env, &app_id).await, (40_000, 256 << 20), "the container's cgroup follows");
+    if v1 {
+        assert_eq!(pod_cgroup_limits(&env, &uid), Some((60_000, 384 << 20)), "the pod cgroup grows with it");
+    }
     let app = status_of(&pod, "app").unwrap();
     assert_eq!((app.restart_count, id_of(&pod, "app")), (0, app_id.clone()), "not restarted");
 
@@ -118,6 +139,9 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     pods.patch_resize("resizable", &PatchParams::default(), &down).await.unwrap();
     let pod = eventually("the smaller limits reported", &gantry, || resized_to("100m", "96Mi")).await;
     assert_eq!(cgroup_limits(&env, &app_id).await, (10_000, 96 << 20));
+    if v1 {
+        assert_eq!(pod_cgroup_limits(&env, &uid), Some((30_000, 224 << 20)), "and shrinks after it");
+    }
     assert_eq!((status_of(&pod, "app").unwrap().restart_count, id_of(&pod, "app")), (0, app_id.clone()));
 
     let events: Api<Event> = Api::namespaced(admin, "default");

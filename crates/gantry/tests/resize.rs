@@ -26,6 +26,15 @@ fn container(name: &str, policy: Option<Value>) -> Value {
     c
 }
 
+/// A container that holds 48 MiB of memory (a file in its tmpfs `/dev/shm`).
+fn hog() -> Value {
+    json!({
+        "name": "hog", "image": gantry_testkit::BUSYBOX_IMAGE,
+        "command": ["sh", "-c", "head -c 50331648 /dev/zero > /dev/shm/fill && exec sleep 3600"],
+        "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}},
+    })
+}
+
 fn status_of(pod: &Pod, name: &str) -> Option<ContainerStatus> {
     pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|s| s.name == name).cloned()
 }
@@ -87,7 +96,7 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "resizable"},
         "spec": {"nodeName": env.node, "terminationGracePeriodSeconds": 2, "automountServiceAccountToken": false,
-                 "containers": [container("app", None), container("jvm", Some(restart_on_memory))]}
+                 "containers": [container("app", None), container("jvm", Some(restart_on_memory)), hog()]}
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -105,7 +114,7 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     let uid = running.metadata.uid.clone().unwrap();
     let v1 = std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
     if v1 {
-        assert_eq!(pod_cgroup_limits(&env, &uid), Some((40_000, 256 << 20)), "the pod cgroup: both containers");
+        assert_eq!(pod_cgroup_limits(&env, &uid), Some((60_000, 384 << 20)), "the pod cgroup: all three containers");
     }
     assert_eq!(reported_limits(&running, "app"), Some(("200m".into(), "128Mi".into())));
 
@@ -129,7 +138,7 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     let pod = eventually("the larger limits reported", &gantry, || resized_to("400m", "256Mi")).await;
     assert_eq!(cgroup_limits(&env, &app_id).await, (40_000, 256 << 20), "the container's cgroup follows");
     if v1 {
-        assert_eq!(pod_cgroup_limits(&env, &uid), Some((60_000, 384 << 20)), "the pod cgroup grows with it");
+        assert_eq!(pod_cgroup_limits(&env, &uid), Some((80_000, 512 << 20)), "the pod cgroup grows with it");
     }
     let app = status_of(&pod, "app").unwrap();
     assert_eq!((app.restart_count, id_of(&pod, "app")), (0, app_id.clone()), "not restarted");
@@ -140,7 +149,7 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     let pod = eventually("the smaller limits reported", &gantry, || resized_to("100m", "96Mi")).await;
     assert_eq!(cgroup_limits(&env, &app_id).await, (10_000, 96 << 20));
     if v1 {
-        assert_eq!(pod_cgroup_limits(&env, &uid), Some((30_000, 224 << 20)), "and shrinks after it");
+        assert_eq!(pod_cgroup_limits(&env, &uid), Some((50_000, 352 << 20)), "and shrinks after it");
     }
     assert_eq!((status_of(&pod, "app").unwrap().restart_count, id_of(&pod, "app")), (0, app_id.clone()));
 
@@ -176,6 +185,30 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     let app = status_of(&pod, "app").unwrap();
     assert_eq!((app.restart_count, id_of(&pod, "app")), (0, app_id.clone()), "the other container is untouched");
 
+    // A memory limit below what the container uses is not set (best effort, 1.33+): the
+    // resize stays in progress with an error, the container keeps its limit and runs on.
+    let hog_id = id_of(&pod, "hog");
+    let too_small = resize("hog", json!({"limits": {"memory": "32Mi"}}));
+    pods.patch_resize("resizable", &PatchParams::default(), &too_small).await.unwrap();
+    let in_progress = eventually("PodResizeInProgress with an error", &gantry, || async {
+        let c = condition(&pods.get("resizable").await.ok()?, "PodResizeInProgress")?;
+        (c.reason.as_deref() == Some("Error")).then_some(c)
+    })
+    .await;
+    assert!(in_progress.message.as_deref().unwrap_or_default().contains("below current usage"), "{in_progress:?}");
+    assert_eq!(cgroup_limits(&env, &hog_id).await.1, 128 << 20, "not lowered");
+    // A limit above the usage is applied, and the resize completes.
+    let enough = resize("hog", json!({"limits": {"memory": "96Mi"}}));
+    pods.patch_resize("resizable", &PatchParams::default(), &enough).await.unwrap();
+    let pod = eventually("the hog's smaller limit applied", &gantry, || async {
+        let pod = pods.get("resizable").await.ok()?;
+        let done = reported_limits(&pod, "hog")?.1 == "96Mi" && condition(&pod, "PodResizeInProgress").is_none();
+        done.then_some(pod)
+    })
+    .await;
+    assert_eq!(cgroup_limits(&env, &hog_id).await.1, 96 << 20);
+    assert_eq!((status_of(&pod, "hog").unwrap().restart_count, id_of(&pod, "hog")), (0, hog_id));
+
     // Beyond any node: pending as Infeasible; the container keeps what it has.
     let huge = resize("app", json!({"requests": {"cpu": "100000"}, "limits": {"cpu": "100000"}}));
     pods.patch_resize("resizable", &PatchParams::default(), &huge).await.unwrap();
@@ -184,10 +217,10 @@ async fn resize_cpu_and_memory_in_place_restart_by_policy_and_infeasible() {
     })
     .await;
     assert_eq!((pending.status.as_str(), pending.reason.as_deref()), ("True", Some("Infeasible")));
-    // The pod's requests: 100000 CPUs for app, 100m for jvm.
+    // The pod's requests: 100000 CPUs for app, 100m each for jvm and hog.
     let message = pending.message.clone().unwrap_or_default();
     assert!(
-        message.starts_with("Node didn't have enough capacity: cpu, requested: 100000100, capacity: "),
+        message.starts_with("Node didn't have enough capacity: cpu, requested: 100000200, capacity: "),
         "{message}"
     );
     assert_eq!(cgroup_limits(&env, &app_id).await.0, 10_000);

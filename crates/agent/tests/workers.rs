@@ -525,3 +525,52 @@ fn restarted_agent_neither_loses_nor_repeats_a_resize() {
     drop(second_runtime);
     drop(node);
 }
+
+/// A resize that does not fit next to the other pods is Deferred, and admitted as soon as a
+/// pod leaves the node. The node's allocatable CPU is made 1 CPU with `systemReserved`.
+#[tokio::test(start_paused = true)]
+async fn a_deferred_resize_is_admitted_when_a_pod_leaves() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let mut settings = node.settings();
+    let cpus = gantry_agent::node::machine::MachineFacts::read(&settings.root_dir).num_cpus;
+    settings.system_reserved.insert("cpu".into(), format!("{}m", i128::from(cpus) * 1000 - 1000));
+    let shared = Shared::connect(&settings).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
+
+    let mut big = static_pod("big", &["app"]);
+    let requests = [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("700m".into()))];
+    big.spec.as_mut().unwrap().containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(requests.into()),
+        ..Default::default()
+    });
+    let pod = resizable_pod("100m", "250m");
+    send(&tx, &[&big, &pod]).await;
+    wait_status(&shared, "both pods running", |s| {
+        phase(s, &big).as_deref() == Some("Running") && phase(s, &pod).as_deref() == Some("Running")
+    })
+    .await;
+
+    let grown = resizable_pod("400m", "500m");
+    send(&tx, &[&big, &grown]).await;
+    wait_status(&shared, "the resize deferred", |s| {
+        condition(s, &pod, "PodResizePending").and_then(|c| c.reason).as_deref() == Some("Deferred")
+    })
+    .await;
+    let pending = condition(&shared, &pod, "PodResizePending").unwrap();
+    assert_eq!(
+        pending.message.as_deref(),
+        Some("Node didn't have enough resource: cpu, requested: 400, used: 700, capacity: 1000")
+    );
+    assert_eq!(app_resources(&shared, &pod)["limits"]["cpu"], "250m");
+
+    // The big pod leaves: its room goes to the waiting resize at once, not at the next resync.
+    let left_at = tokio::time::Instant::now();
+    send(&tx, &[&grown]).await;
+    wait_status(&shared, "the resize admitted and applied", |s| {
+        app_resources(s, &pod)["limits"]["cpu"] == "500m" && condition(s, &pod, "PodResizePending").is_none()
+    })
+    .await;
+    assert!(left_at.elapsed() < settings.sync_frequency, "admitted after {:?}", left_at.elapsed());
+}

@@ -128,6 +128,16 @@ impl Allocations {
         removed
     }
 
+    /// Forgets every pod for which `keep` is false (upstream `RemoveOrphanedPods`).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut state = self.state.lock().unwrap();
+        let before = state.pods.len();
+        state.pods.retain(|uid, _| keep(uid));
+        if state.pods.len() != before {
+            self.save(&state);
+        }
+    }
+
     /// Writes the checkpoint atomically (temporary file, then rename).
     fn save(&self, state: &Checkpoint) {
         let Some(path) = &self.path else { return };
@@ -186,7 +196,8 @@ mod tests {
         assert_eq!(requests["cpu"].0, "400m");
 
         // Room freed by a pod that is gone lets a deferred resize in.
-        assert!(restarted.remove("b"));
+        restarted.retain(|uid| uid != "b");
+        assert!(!restarted.remove("b"), "already forgotten");
         assert_eq!(restarted.try_resize(&pod("a", "600m")), Admission::Accept);
     }
 }

@@ -383,6 +383,10 @@ impl Agent {
             }
         }
         self.fingerprints.retain(|uid, _| snapshot.pods.contains_key(uid));
+        if sources_ready {
+            // Pods removed while the agent was down leave no allocation behind.
+            self.shared.allocations.retain(|uid| self.workers.contains_key(uid) || self.desired.contains_key(uid));
+        }
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
             self.collect_garbage(&snapshot.pods).await;

@@ -118,10 +118,11 @@ impl Worker {
         match self.apply_resize(&work, observed).await {
             Ok(()) => true,
             Err(error) => {
-                tracing::warn!(pod = %spec::full_name(&self.pod), %error, "cannot resize pod");
                 let generation = self.generation();
+                // Retried on every sync; logged and reported once per distinct error.
                 let already = self.resize.in_progress.as_ref().and_then(|c| c.message.as_deref()) == Some(&error);
                 if !already {
+                    tracing::warn!(pod = %spec::full_name(&self.pod), %error, "cannot resize pod");
                     let text = resize::event_message("Pod resize error", &self.pod, generation, &error);
                     self.shared.events.record(&self.desired, None, EventType::Warning, "ResizeError", &text);
                 }

@@ -186,17 +186,19 @@ fn validate_spec(pod: &Value, name: &str) -> Result<(), ApiError> {
     if pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|l| !l.is_empty()) {
         errs.push(FieldError::forbidden("spec.ephemeralContainers", "cannot be set on create"));
     }
+    let never = pod.pointer("/spec/restartPolicy").and_then(Value::as_str) == Some("Never");
     for list in ["initContainers", "containers"] {
         for (i, c) in pod.pointer(&format!("/spec/{list}")).and_then(Value::as_array).into_iter().flatten().enumerate()
         {
-            errs.extend(validate_resize_policy(c, &format!("spec.{list}[{i}].resizePolicy")));
+            errs.extend(validate_resize_policy(c, &format!("spec.{list}[{i}].resizePolicy"), never));
         }
     }
     if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid("Pod", "", name, errs)) }
 }
 
-/// `validateResizePolicy`: each of cpu and memory at most once, with a known restart policy.
-fn validate_resize_policy(c: &Value, field: &str) -> Vec<FieldError> {
+/// `validateResizePolicy`: each of cpu and memory at most once, with a known restart policy;
+/// only `NotRequired` in a pod that never restarts its containers.
+fn validate_resize_policy(c: &Value, field: &str, pod_never_restarts: bool) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let mut seen = Vec::new();
     for (j, p) in c.get("resizePolicy").and_then(Value::as_array).into_iter().flatten().enumerate() {
@@ -213,6 +215,12 @@ fn validate_resize_policy(c: &Value, field: &str) -> Vec<FieldError> {
                 &format!("{field}[{j}].restartPolicy"),
                 &p["restartPolicy"],
                 &["NotRequired", "RestartContainer"],
+            ));
+        } else if pod_never_restarts && p["restartPolicy"].as_str() != Some("NotRequired") {
+            errs.push(FieldError::invalid(
+                &format!("{field}[{j}].restartPolicy"),
+                &p["restartPolicy"],
+                "must be 'NotRequired' when `restartPolicy` is 'Never'",
             ));
         }
     }

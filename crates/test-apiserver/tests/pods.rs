@@ -497,4 +497,9 @@ async fn resize_is_validated_as_upstream() {
         "{}",
         e.message
     );
+    let mut never = resizable_pod("never");
+    never.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+    let e = status(pods.create(&PostParams::default(), &never).await.unwrap_err());
+    let want = r#"spec.containers[0].resizePolicy[0].restartPolicy: Invalid value: "RestartContainer": must be 'NotRequired' when `restartPolicy` is 'Never'"#;
+    assert!(e.message.contains(want), "{}", e.message);
 }

@@ -79,8 +79,18 @@ pub const MIN_GRACE_SECONDS: i64 = 2;
 /// spec's is replaced. Resources are left out, as upstream hashes containers since in-place
 /// resize: a resize is applied to the running container, not by replacing it.
 pub fn container_hash(container: &Container) -> String {
-    let without_resources = Container { resources: None, ..container.clone() };
-    let json = serde_json::to_vec(&without_resources).unwrap_or_default();
+    hash_of(&Container { resources: None, ..container.clone() })
+}
+
+/// Whether a running container labelled `running_hash` still matches its spec. Gantry
+/// releases before in-place resize hashed the resources too; accepting that hash as well
+/// keeps an upgrade from replacing every running container.
+pub fn hash_matches(container: &Container, running_hash: &str) -> bool {
+    running_hash == container_hash(container) || running_hash == hash_of(container)
+}
+
+fn hash_of(container: &Container) -> String {
+    let json = serde_json::to_vec(container).unwrap_or_default();
     hex::encode(&Md5::digest(&json)[..8])
 }
 
@@ -232,7 +242,13 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(container_hash(&a), container_hash(&b), "a resize is not a spec change");
+        let before_resize_support = hash_of(&b);
+        assert_ne!(before_resize_support, container_hash(&b));
+        assert!(hash_matches(&b, &before_resize_support), "an upgrade keeps running containers");
+        assert!(hash_matches(&b, &container_hash(&a)));
         b.args = Some(vec!["x".into()]);
         assert_ne!(container_hash(&a), container_hash(&b));
+        assert!(!hash_matches(&b, &container_hash(&a)));
+        assert!(!hash_matches(&b, &before_resize_support));
     }
 }

@@ -563,7 +563,7 @@ async fn a_deferred_resize_is_admitted_when_a_pod_leaves() {
     let mut settings = node.settings();
     let cpus = gantry_agent::node::machine::MachineFacts::read(&settings.root_dir).num_cpus;
     settings.system_reserved.insert("cpu".into(), format!("{}m", i128::from(cpus) * 1000 - 1000));
-    let shared = Shared::connect(&settings).await.expect("agent connects to the fake runtime");
+    let shared = Shared::connect(&settings, Arc::default()).await.expect("agent connects to the fake runtime");
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
 

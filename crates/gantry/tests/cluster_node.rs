@@ -233,6 +233,19 @@ async fn registers_the_node_with_node_info_and_a_renewed_lease() {
     })
     .await;
     assert!(reasons.iter().any(|r| r == "Starting"), "{reasons:?}");
+    // Written by the same recorder as pod events: upstream's source, reporting fields and count.
+    let list = events.list(&Default::default()).await.expect("events list");
+    let starting = list
+        .items
+        .iter()
+        .find(|e| e.involved_object.name.as_deref() == Some(name.as_str()) && e.reason.as_deref() == Some("Starting"))
+        .expect("the Starting event");
+    let source = starting.source.clone().unwrap_or_default();
+    assert_eq!((source.component.as_deref(), source.host.as_deref()), (Some("kubelet"), Some(name.as_str())));
+    assert_eq!(starting.reporting_component.as_deref(), Some("kubelet"));
+    assert_eq!(starting.reporting_instance.as_deref(), Some(name.as_str()));
+    assert_eq!(starting.involved_object.kind.as_deref(), Some("Node"));
+    assert!(starting.count.unwrap_or(0) >= 1, "{starting:?}");
     c.finish(agent, &name).await;
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
-use gantry_agent::events::NodeEventRecorder;
+use gantry_agent::events::Recorder;
 use gantry_agent::image::collector::ImageCollector;
 use gantry_agent::node::{self as node_side, Startup};
 use gantry_agent::source::SourceKind;
@@ -85,7 +85,7 @@ impl Node {
                 let strategy = settings.change_detection;
                 let (objects, watches) = ObjectSource::new(c.client.clone(), strategy, c.object_ttl.clone());
                 supervisor.spawn("object-watches", watches);
-                shared.with_api(c.client.clone(), objects, &settings.node_name, c.host_ip.clone())
+                shared.with_api(c.client.clone(), objects, c.events.clone(), c.host_ip.clone())
             }
             None => shared,
         };
@@ -164,7 +164,7 @@ fn spawn_housekeeping(supervisor: &mut Supervisor, settings: &Settings, shared: 
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();
     supervisor.spawn("status-file", async move { statuses.write_file_forever(root_dir).await });
-    let gc_events = cluster.map(|c| NodeEventRecorder::new(c.client.clone(), &settings.node_name));
+    let gc_events = cluster.map(|c| c.events.clone());
     let cri = shared.driver.cri().clone();
     let collector = ImageCollector::new(cri.clone(), settings.images.clone(), gc_events, &settings.node_name);
     supervisor.spawn("image-gc", collector.run());
@@ -181,6 +181,8 @@ struct Cluster {
     /// The Node's object TTL annotation (the `Cache` strategy's TTL).
     object_ttl: watch::Receiver<Option<std::time::Duration>>,
     mirrors: watch::Receiver<Vec<Pod>>,
+    /// Pod and node events (one recorder, one writer task).
+    events: Recorder,
 }
 
 async fn join_cluster(
@@ -202,7 +204,7 @@ async fn join_cluster(
     let pods = pod_source::run(client.clone(), settings.node_name.clone(), sources.tx.clone(), mirrors_tx);
     supervisor.spawn("api-pod-source", pods);
     let host_ip = node.host_ips.first().cloned();
-    Ok(Cluster { client, host_ip, node_uid: node.node_uid, object_ttl: node.object_ttl, mirrors })
+    Ok(Cluster { client, host_ip, node_uid: node.node_uid, object_ttl: node.object_ttl, mirrors, events: node.events })
 }
 
 impl Cluster {

@@ -161,11 +161,11 @@ impl Shared {
         self: Arc<Self>,
         client: kube::Client,
         objects: ObjectSource,
-        node: &str,
+        events: crate::events::Recorder,
         host_ip: Option<String>,
     ) -> Arc<Self> {
         let mut shared = Arc::into_inner(self).expect("with_api is called before workers start");
-        shared.events = crate::events::Recorder::to_api(client.clone(), node);
+        shared.events = events;
         shared.driver = shared.driver.with_objects(objects).with_events(shared.events.clone());
         shared.api = Some(ApiLink { client });
         shared.host_ip = host_ip;

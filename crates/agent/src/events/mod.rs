@@ -7,7 +7,6 @@ mod correlator;
 pub mod node;
 pub mod pod;
 
-pub use node::EventRecorder as NodeEventRecorder;
 pub use pod::Recorder;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

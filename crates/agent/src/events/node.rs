@@ -3,22 +3,16 @@
 //! `default` namespace, about the Node (whose reference upstream gives the
 //! node name as UID), from component `kubelet` on host `<node>`.
 //!
-//! Posting is best effort: an event that cannot be written is logged and
-//! dropped, never retried in a way that could hold up the node's loops.
+//! They go through the same [`super::Recorder`] as pod events: one writer task, upstream's
+//! correlator (counts, aggregation), best effort.
 
-use std::time::Duration;
-
+use super::NodeEvent;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
-use kube::{Api, Client};
-
-use super::{EventType, NodeEvent};
 
 pub const COMPONENT: &str = "kubelet";
 pub const EVENT_NAMESPACE: &str = "default";
-const POST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The Event object for `ev` (pure).
 pub fn event_object(node: &str, ev: &NodeEvent, now: Timestamp) -> Event {
@@ -49,41 +43,10 @@ pub fn event_object(node: &str, ev: &NodeEvent, now: Timestamp) -> Event {
     }
 }
 
-/// Writes node events to the API server (and the log).
-#[derive(Clone)]
-pub struct EventRecorder {
-    api: Api<Event>,
-    node: String,
-}
-
-impl EventRecorder {
-    pub fn new(client: Client, node: &str) -> Self {
-        EventRecorder { api: Api::namespaced(client, EVENT_NAMESPACE), node: node.to_string() }
-    }
-
-    pub async fn record(&self, ev: &NodeEvent) {
-        match ev.type_ {
-            EventType::Normal => tracing::info!(node = %self.node, reason = %ev.reason, "{}", ev.message),
-            EventType::Warning => tracing::warn!(node = %self.node, reason = %ev.reason, "{}", ev.message),
-        }
-        let event = event_object(&self.node, ev, Timestamp::now());
-        match tokio::time::timeout(POST_TIMEOUT, self.api.create(&PostParams::default(), &event)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(node = %self.node, reason = %ev.reason, error = %e, "cannot write event"),
-            Err(_) => tracing::debug!(node = %self.node, reason = %ev.reason, "cannot write event: timed out"),
-        }
-    }
-
-    pub async fn record_all(&self, events: &[NodeEvent]) {
-        for ev in events {
-            self.record(ev).await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::EventType;
 
     #[test]
     fn event_shape_matches_upstream() {

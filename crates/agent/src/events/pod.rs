@@ -13,9 +13,9 @@ use tokio::sync::mpsc;
 
 use gantry_vocab::spec;
 
-use super::EventType;
 use super::correlator::{Correlator, Outcome, event_name};
 use super::node::COMPONENT;
+use super::{EventType, NodeEvent};
 
 #[derive(Clone, Default)]
 pub struct Recorder {
@@ -31,6 +31,16 @@ impl Recorder {
         let (queue, events) = mpsc::unbounded_channel();
         tokio::spawn(write_events(client, events));
         Recorder { api: Some((queue, node.to_string())) }
+    }
+
+    /// An event about the Node, through the same writer and correlator as pod events.
+    pub fn record_node(&self, ev: &NodeEvent) {
+        let Some((queue, node)) = &self.api else {
+            log_node(None, ev);
+            return;
+        };
+        log_node(Some(node), ev);
+        let _ = queue.send(super::node::event_object(node, ev, Timestamp::now()));
     }
 
     pub fn record(&self, pod: &Pod, container: Option<&str>, kind: EventType, reason: &str, message: &str) {
@@ -101,6 +111,14 @@ async fn write(client: &kube::Client, outcome: Outcome) -> Result<(), kube::Erro
         }
     }
     api.create(&PostParams::default(), &event).await.map(drop)
+}
+
+fn log_node(node: Option<&str>, ev: &NodeEvent) {
+    let node = node.unwrap_or_default();
+    match ev.type_ {
+        EventType::Normal => tracing::info!(node, reason = %ev.reason, "{}", ev.message),
+        EventType::Warning => tracing::warn!(node, reason = %ev.reason, "{}", ev.message),
+    }
 }
 
 fn log(pod: &Pod, container: Option<&str>, kind: EventType, reason: &str, message: &str) {

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gantry_cri::{Cri, CriError, api};
 
 use super::gc::{FsUsage, ImageInfo, ImageRecords, Policy};
-use crate::events::NodeEventRecorder as EventRecorder;
+use crate::events::Recorder as EventRecorder;
 use crate::events::{EventType, NodeEvent};
 use gantry_config::ImageSettings;
 use gantry_pod::Nanos;
@@ -59,7 +59,7 @@ impl ImageCollector {
                     tracing::error!(node = %self.node, error = %e, "image garbage collection failed");
                     // Upstream only raises the event when the previous pass failed as well.
                     if failed_before {
-                        self.event("ImageGCFailed", e.to_string()).await;
+                        self.event("ImageGCFailed", e.to_string());
                     }
                     failed_before = true;
                 }
@@ -92,7 +92,7 @@ impl ImageCollector {
             }
         }
         if let Some(message) = plan.shortfall_message() {
-            self.event("FreeDiskSpaceFailed", message.clone()).await;
+            self.event("FreeDiskSpaceFailed", message.clone());
             return Err(GcError::Shortfall(message));
         }
         Ok(())
@@ -149,10 +149,10 @@ impl ImageCollector {
         fs_usage(Path::new(&mountpoint)).map_err(|e| GcError::ImageFs(format!("statfs {mountpoint}: {e}")))
     }
 
-    async fn event(&self, reason: &str, message: String) {
+    fn event(&self, reason: &str, message: String) {
         let ev = NodeEvent { type_: EventType::Warning, reason: reason.to_string(), message };
         match &self.events {
-            Some(recorder) => recorder.record(&ev).await,
+            Some(recorder) => recorder.record_node(&ev),
             None => tracing::warn!(node = %self.node, reason, "{}", ev.message),
         }
     }

@@ -26,7 +26,7 @@ use super::pressure::{self, PressureTracker};
 use super::runtime_state::RuntimeState;
 use super::status::{self, EventType, NodeEvent, NodeInputs, Pressure};
 use crate::api::ApiError;
-use crate::events::NodeEventRecorder as EventRecorder;
+use crate::events::Recorder as EventRecorder;
 use crate::image::node_images::{MAX_IMAGES, node_images};
 use gantry_config::Settings;
 
@@ -145,14 +145,14 @@ fn next_backoff(d: Duration) -> Duration {
 impl NodeController {
     /// `client` is used for the Node, its Lease and its events; give it the
     /// heartbeat client of [`crate::api::ApiClients`] (no QPS limit).
-    pub fn new(client: Client, settings: &Settings, cri: Cri) -> Self {
+    pub fn new(client: Client, settings: &Settings, cri: Cri, events: EventRecorder) -> Self {
         let facts = MachineFacts::read(&settings.root_dir);
         let lease_duration = Duration::from_secs(u64::from(settings.node_lease_duration_seconds));
         let request_timeout = settings.node_status_update_frequency.min(lease_duration).max(Duration::from_secs(1));
         NodeController {
             nodes: Api::all(client.clone()),
             leases: Api::namespaced(client.clone(), LEASE_NAMESPACE),
-            events: EventRecorder::new(client, &settings.node_name),
+            events,
             settings: settings.clone(),
             cri,
             facts,
@@ -290,13 +290,11 @@ impl NodeController {
     /// `--register-node=false` it only looks the Node up.
     pub async fn register(&self) -> Result<NodeRegistration, NodeError> {
         let name = self.node_name().to_string();
-        self.events
-            .record(&NodeEvent {
-                type_: EventType::Normal,
-                reason: "Starting".into(),
-                message: "Starting kubelet.".into(),
-            })
-            .await;
+        self.events.record_node(&NodeEvent {
+            type_: EventType::Normal,
+            reason: "Starting".into(),
+            message: "Starting kubelet.".into(),
+        });
         self.update_runtime_up().await;
         if !self.settings.register_node {
             let host_ips = internal_ips(&self.observe().await.addresses);
@@ -336,7 +334,7 @@ impl NodeController {
             Ok(created) => {
                 self.note_uid(&created);
                 tracing::info!(node = %name, uid = ?created.metadata.uid, "successfully registered node");
-                self.events.record_all(&events).await;
+                events.iter().for_each(|ev| self.events.record_node(ev));
                 return Ok(NodeRegistration { name, uid: created.metadata.uid, created: true, host_ips });
             }
             // Upstream also looks at the existing Node on 403: NodeRestriction
@@ -431,7 +429,7 @@ impl NodeController {
         self.patch_status(&old, &new).await?;
         state.last_report = Some(observed.now);
         tracing::debug!(node = %self.node_name(), changed, "node status reported");
-        self.events.record_all(&events).await;
+        events.iter().for_each(|ev| self.events.record_node(ev));
         Ok(())
     }
 

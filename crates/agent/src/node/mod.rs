@@ -57,6 +57,8 @@ pub struct NodeAgent {
     pub node_uid: watch::Receiver<Option<String>>,
     /// The Node's `node.alpha.kubernetes.io/ttl` annotation as last seen.
     pub object_ttl: watch::Receiver<Option<std::time::Duration>>,
+    /// The event recorder for the node's and its pods' events (one writer task).
+    pub events: crate::events::Recorder,
     /// Registration, then the status, lease and runtime loops; they run until
     /// aborted.
     pub task: JoinHandle<()>,
@@ -114,7 +116,9 @@ pub async fn start(
         ),
         Err(e) => return Err(e.into()),
     }
-    let controller = NodeController::new(clients.heartbeat.clone(), settings, cri);
+    // Pod and node events share one recorder: one writer task, one correlator.
+    let events = crate::events::Recorder::to_api(clients.client.clone(), node);
+    let controller = NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone());
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
     let host_ips = controller.host_ips().await;
@@ -134,5 +138,5 @@ pub async fn start(
             }
         }
     });
-    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, task })
+    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, task, events })
 }

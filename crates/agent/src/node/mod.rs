@@ -57,6 +57,8 @@ pub struct NodeAgent {
     pub node_uid: watch::Receiver<Option<String>>,
     /// The Node's `node.alpha.kubernetes.io/ttl` annotation as last seen.
     pub object_ttl: watch::Receiver<Option<std::time::Duration>>,
+    /// The node's addresses as last observed for its status.
+    pub addresses: watch::Receiver<Vec<k8s_openapi::api::core::v1::NodeAddress>>,
     /// Registration, then the status, lease and runtime loops; they run until
     /// aborted.
     pub task: JoinHandle<()>,
@@ -112,6 +114,7 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
     let controller = NodeController::new(clients.heartbeat.clone(), settings, cri);
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
+    let addresses = controller.addresses();
     let host_ips = controller.host_ips().await;
     let (registered, registration) = watch::channel(None);
     let node = node.clone();
@@ -129,5 +132,5 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
             }
         }
     });
-    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, task })
+    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, addresses, task })
 }

@@ -633,3 +633,57 @@ async fn the_node_api_serves_a_cluster_issued_certificate_once_approved_and_rota
     gantry.kill();
     cluster.cleanup(&env.node).await;
 }
+
+#[tokio::test]
+async fn static_pods_run_while_the_bootstrap_csr_waits_for_approval() {
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some(server) = cluster.test_server("a pending bootstrap CSR (the real cluster's approver would approve it)")
+    else {
+        return;
+    };
+    // A token group that may create CSRs but is not auto-approved: the request waits for a human.
+    const GROUP: &str = "system:bootstrappers:manual";
+    server.set_authorizer(|req| {
+        let manual = req.user.groups.iter().any(|g| g == GROUP);
+        if manual && req.resource == "certificatesigningrequests" && req.subresource.is_empty() {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        }
+    });
+    let admin = server.client(&User::Admin).await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, GROUP).await;
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let manifest = pod_yaml("early", "while true; do sleep 1; done", "");
+    std::fs::write(node.root.join("etc/kubernetes/manifests/early.yaml"), manifest).unwrap();
+    let gantry = node.start(&env);
+
+    // The static pod runs on containerd while the node's client certificate is still pending.
+    let pod = format!("early-{}", env.node);
+    let requester = format!("system:bootstrap:{id}");
+    let csr =
+        eventually("the pending bootstrap CSR", &gantry, || async { csrs_by(&admin, &requester).await.pop() }).await;
+    let running = eventually("the static pod running before the CSR is approved", &gantry, || async {
+        env.running(&pod).await.pop()
+    })
+    .await;
+    let csr = Api::<CertificateSigningRequest>::all(admin.clone()).get(&csr.metadata.name.unwrap()).await.unwrap();
+    assert!(!issued(&csr), "the CSR is still pending");
+    assert!(!node.kubelet_conf().exists(), "no kubelet.conf yet");
+
+    // Approved: the node joins, registers and mirrors the static pod, which it adopts as it runs.
+    approve(&admin, &csr.metadata.name.unwrap()).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("the Node registered after the approval", &gantry, || async {
+        nodes.get_opt(&env.node).await.ok().flatten()
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mirror = eventually("the mirror pod", &gantry, || async { pods.get_opt(&pod).await.ok().flatten() }).await;
+    let annotations = mirror.metadata.annotations.unwrap_or_default();
+    assert!(annotations.contains_key("kubernetes.io/config.mirror"), "{annotations:?}");
+    let now = env.running(&pod).await;
+    assert_eq!(now.iter().map(|c| &c.id).collect::<Vec<_>>(), [&running.id], "the same container, not restarted");
+}

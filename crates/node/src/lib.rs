@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
+use gantry_agent::api::bootstrap;
 use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, Purpose};
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
@@ -68,6 +69,14 @@ impl Node {
     /// fails (`Err` naming it).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
         let settings = &self.settings;
+        let mut shutdown = std::pin::pin!(shutdown);
+        if let Some(paths) = node_side::bootstrap_paths(settings)
+            && (settings.static_pod_path.is_some() || settings.static_pod_url.is_some())
+            && !bootstrap::has_valid_client_cert(&paths.kubeconfig)
+            && !static_pods_while_bootstrapping(settings, &paths, shutdown.as_mut()).await?
+        {
+            return Ok(());
+        }
         let shared = connect(settings).await?;
         let mut sources = agent::sources(settings);
         let mut supervisor = Supervisor::default();
@@ -124,6 +133,41 @@ impl Node {
         tracing::info!(node = %settings.node_name, "node agent ready");
         supervisor.run(shutdown).await?;
         Ok(())
+    }
+}
+
+/// TLS bootstrap on a node with static pods: they run (pod sources and workers only) while the
+/// node waits for its client certificate, as upstream's static pods do, since the CSR may wait
+/// for a human or the API server may be one of them. Once the certificate is there this
+/// phase's loops stop (running pods keep running) and the full node, started next, adopts the
+/// pods. `Ok(false)`: told to shut down meanwhile.
+async fn static_pods_while_bootstrapping(
+    settings: &Settings,
+    paths: &bootstrap::BootstrapPaths,
+    shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<bool, NodeError> {
+    let shared = connect(settings).await?;
+    let mut sources = agent::sources(settings);
+    let mut supervisor = Supervisor::default();
+    spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
+    let agent = Agent::new(shared, sources.kinds.clone(), &settings.node_name);
+    // Pods a maintenance held when the last run ended stay stopped meanwhile too.
+    agent.holds().send_replace(maintenance::load(&maintenance::holds_file(&settings.root_dir)));
+    drop(sources.tx);
+    supervisor.spawn("pod-workers", agent.run(sources.rx));
+    tracing::info!(node = %settings.node_name, "static pods run while the node waits for its client certificate (TLS bootstrap)");
+    let mut outcome = None;
+    let until = async {
+        tokio::select! {
+            result = bootstrap::load_client_cert(paths, &settings.node_name) => outcome = Some(result),
+            () = shutdown => {}
+        }
+    };
+    supervisor.run(until).await?;
+    match outcome {
+        Some(Ok(())) => Ok(true),
+        Some(Err(e)) => Err(node_side::NodeError::from(gantry_agent::api::ApiError::from(e)).into()),
+        None => Ok(false),
     }
 }
 

@@ -109,12 +109,15 @@ pub struct BootstrapPaths {
     pub cert_dir: PathBuf,
 }
 
+/// Whether `kubeconfig` holds a client certificate valid now (upstream's
+/// `isClientConfigStillValid`): if not, TLS bootstrap is needed.
+pub fn has_valid_client_cert(kubeconfig: &Path) -> bool {
+    kubeconfig_client_cert(kubeconfig).is_ok_and(|pem| cert_valid_at(&pem, jiff::Timestamp::now().as_second()).is_ok())
+}
+
 /// Makes sure `--kubeconfig` holds a valid client certificate, bootstrapping one if not.
 pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), BootstrapError> {
-    let now = jiff::Timestamp::now().as_second();
-    if let Ok(pem) = kubeconfig_client_cert(&paths.kubeconfig)
-        && cert_valid_at(&pem, now).is_ok()
-    {
+    if has_valid_client_cert(&paths.kubeconfig) {
         tracing::info!(kubeconfig = %paths.kubeconfig.display(), node = %node, "the kubeconfig has a valid client certificate; no bootstrap needed");
         return Ok(());
     }

@@ -90,12 +90,7 @@ pub enum Startup {
 /// the Node (retrying until the API server accepts it) and runs the status
 /// and lease loops.
 pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<NodeAgent, NodeError> {
-    if let (Some(bootstrap), Some(kubeconfig)) = (&settings.bootstrap_kubeconfig, &settings.kubeconfig) {
-        let paths = api::bootstrap::BootstrapPaths {
-            kubeconfig: kubeconfig.clone(),
-            bootstrap: bootstrap.clone(),
-            cert_dir: settings.server.cert_dir(&settings.root_dir),
-        };
+    if let Some(paths) = bootstrap_paths(settings) {
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
     }
     let clients = api::build(settings).await?;
@@ -133,4 +128,13 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
         }
     });
     Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, addresses, task })
+}
+
+/// Where TLS bootstrap reads and writes, with `--bootstrap-kubeconfig` and `--kubeconfig`.
+pub fn bootstrap_paths(settings: &Settings) -> Option<api::bootstrap::BootstrapPaths> {
+    Some(api::bootstrap::BootstrapPaths {
+        kubeconfig: settings.kubeconfig.clone()?,
+        bootstrap: settings.bootstrap_kubeconfig.clone()?,
+        cert_dir: settings.server.cert_dir(&settings.root_dir),
+    })
 }

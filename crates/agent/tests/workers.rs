@@ -407,3 +407,170 @@ async fn status_reports_the_runtimes_user_and_resources() {
         serde_json::json!([{"name": "data", "mountPath": "/data", "readOnly": true, "recursiveReadOnly": "Disabled"}])
     );
 }
+
+/// The pod of `status_reports_the_runtimes_user_and_resources`' shape with the given app
+/// resources, as a static pod (same UID for every variant: the resize is a spec update).
+fn resizable_pod(requests_cpu: &str, limits_cpu: &str) -> Pod {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "resized"},
+        "spec": {"containers": [{
+            "name": "app", "image": "registry.test/app:v1",
+            "resources": {"limits": {"cpu": "250m", "memory": "64Mi"}, "requests": {"cpu": "100m", "memory": "32Mi"}}
+        }]}
+    });
+    let path = "/etc/kubernetes/manifests/resized.json";
+    let pod = manifest::parse_pod(manifest.to_string().as_bytes(), path).expect("manifest parses");
+    let mut pod = static_pod::prepare(pod, &Origin::File(path), NODE).expect("static pod is valid");
+    let resources = pod.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap();
+    let cpu = |v: &str| k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.into());
+    resources.requests.as_mut().unwrap().insert("cpu".into(), cpu(requests_cpu));
+    resources.limits.as_mut().unwrap().insert("cpu".into(), cpu(limits_cpu));
+    pod
+}
+
+fn app_resources(shared: &Shared, pod: &Pod) -> serde_json::Value {
+    let status = shared.statuses.get(uid(pod)).and_then(|p| p.status);
+    let app = status.and_then(|s| s.container_statuses).and_then(|cs| cs.into_iter().next());
+    app.map(|a| serde_json::to_value(a.resources).unwrap()).unwrap_or_default()
+}
+
+fn condition(shared: &Shared, pod: &Pod, type_: &str) -> Option<k8s_openapi::api::core::v1::PodCondition> {
+    let status = shared.statuses.get(uid(pod))?.status?;
+    status.conditions?.into_iter().find(|c| c.type_ == type_)
+}
+
+/// A resize reaches the running container through UpdateContainerResources (no new container),
+/// is checkpointed, and a resize beyond the node's allocatable stays pending as Infeasible.
+#[tokio::test(start_paused = true)]
+async fn a_resize_updates_the_running_container_in_place() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let pod = resizable_pod("100m", "250m");
+    let (shared, tx) = node.agent().await;
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+
+    let resized = resizable_pod("100m", "500m");
+    assert_eq!(uid(&resized), uid(&pod));
+    send(&tx, &[&resized]).await;
+    wait_status(&shared, "the new CPU limit in the status", |s| {
+        app_resources(s, &pod)["limits"]["cpu"] == "500m" && condition(s, &pod, "PodResizeInProgress").is_none()
+    })
+    .await;
+    let calls = node.fake.calls();
+    assert_eq!(ops(&calls, "UpdateContainerResources").len(), 1, "{calls:#?}");
+    assert_eq!(ops(&calls, "CreateContainer").len(), 1, "resized in place, not re-created");
+    let checkpoint = std::fs::read_to_string(node.dir.path().join("root/allocated_pods_state")).unwrap();
+    assert!(checkpoint.contains(r#""cpu":"500m""#), "{checkpoint}");
+
+    // Far beyond any machine: infeasible, reported, and the container keeps its resources.
+    let huge = resizable_pod("100000", "100000");
+    send(&tx, &[&huge]).await;
+    wait_status(&shared, "PodResizePending", |s| condition(s, &pod, "PodResizePending").is_some()).await;
+    let pending = condition(&shared, &pod, "PodResizePending").unwrap();
+    assert_eq!((pending.status.as_str(), pending.reason.as_deref()), ("True", Some("Infeasible")));
+    assert!(
+        pending.message.as_deref().unwrap().starts_with("Node didn't have enough capacity: cpu, requested: 100000000"),
+        "{pending:?}"
+    );
+    assert_eq!(app_resources(&shared, &pod)["limits"]["cpu"], "500m");
+    assert_eq!(ops(&node.fake.calls(), "UpdateContainerResources").len(), 1);
+}
+
+/// A restarted agent keeps the resize it applied and the one it refused (the allocation
+/// checkpoint): it applies nothing again, and does not take the refused one as admitted.
+#[test]
+fn restarted_agent_neither_loses_nor_repeats_a_resize() {
+    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let node = server.block_on(Node::start());
+    node.fake.add_image("registry.test/app:v1");
+    let (pod, resized) = (resizable_pod("100m", "250m"), resizable_pod("100m", "500m"));
+    let infeasible = resizable_pod("100000", "100000");
+    let refused =
+        |s: &Shared| condition(s, &pod, "PodResizePending").and_then(|c| c.reason).as_deref() == Some("Infeasible");
+    let applied = |s: &Shared| {
+        app_resources(s, &pod)["limits"]["cpu"] == "500m" && condition(s, &pod, "PodResizeInProgress").is_none()
+    };
+
+    let first_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    first_runtime.block_on(async {
+        let (shared, tx) = node.agent().await;
+        send(&tx, &[&pod]).await;
+        wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+        send(&tx, &[&resized]).await;
+        wait_status(&shared, "the resize applied", applied).await;
+        send(&tx, &[&infeasible]).await;
+        wait_status(&shared, "the infeasible resize refused", refused).await;
+    });
+    drop(first_runtime);
+    assert_eq!(ops(&node.fake.calls(), "UpdateContainerResources").len(), 1);
+    let before = node.fake.calls().len();
+
+    let second_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    second_runtime.block_on(async {
+        let (shared, tx) = node.agent().await;
+        send(&tx, &[&infeasible]).await;
+        wait_status(&shared, "the pod under the second agent, its resize still refused", |s| {
+            phase(s, &pod).as_deref() == Some("Running") && applied(s) && refused(s)
+        })
+        .await;
+        let relisted = |calls: &[Call]| ops(&calls[before..], "ListPodSandbox").len() >= 3;
+        assert!(node.fake.wait_for_calls(PATIENCE, relisted).await);
+        assert!(applied(&shared), "still the allocated 500m");
+    });
+    let calls = node.fake.calls();
+    for op in ["UpdateContainerResources", "CreateContainer", "StopContainer"] {
+        assert_eq!(ops(&calls[before..], op).len(), 0, "the restarted agent must not call {op}");
+    }
+    drop(second_runtime);
+    drop(node);
+}
+
+/// A resize that does not fit next to the other pods is Deferred, and admitted as soon as a
+/// pod leaves the node. The node's allocatable CPU is made 1 CPU with `systemReserved`.
+#[tokio::test(start_paused = true)]
+async fn a_deferred_resize_is_admitted_when_a_pod_leaves() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let mut settings = node.settings();
+    let cpus = gantry_agent::node::machine::MachineFacts::read(&settings.root_dir).num_cpus;
+    settings.system_reserved.insert("cpu".into(), format!("{}m", i128::from(cpus) * 1000 - 1000));
+    let shared = Shared::connect(&settings).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
+
+    let mut big = static_pod("big", &["app"]);
+    let requests = [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("700m".into()))];
+    big.spec.as_mut().unwrap().containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(requests.into()),
+        ..Default::default()
+    });
+    let pod = resizable_pod("100m", "250m");
+    send(&tx, &[&big, &pod]).await;
+    wait_status(&shared, "both pods running", |s| {
+        phase(s, &big).as_deref() == Some("Running") && phase(s, &pod).as_deref() == Some("Running")
+    })
+    .await;
+
+    let grown = resizable_pod("400m", "500m");
+    send(&tx, &[&big, &grown]).await;
+    wait_status(&shared, "the resize deferred", |s| {
+        condition(s, &pod, "PodResizePending").and_then(|c| c.reason).as_deref() == Some("Deferred")
+    })
+    .await;
+    let pending = condition(&shared, &pod, "PodResizePending").unwrap();
+    assert_eq!(
+        pending.message.as_deref(),
+        Some("Node didn't have enough resource: cpu, requested: 400, used: 700, capacity: 1000")
+    );
+    assert_eq!(app_resources(&shared, &pod)["limits"]["cpu"], "250m");
+
+    // The big pod leaves: its room goes to the waiting resize at once, not at the next resync.
+    let left_at = tokio::time::Instant::now();
+    send(&tx, &[&grown]).await;
+    wait_status(&shared, "the resize admitted and applied", |s| {
+        app_resources(s, &pod)["limits"]["cpu"] == "500m" && condition(s, &pod, "PodResizePending").is_none()
+    })
+    .await;
+    assert!(left_at.elapsed() < settings.sync_frequency, "admitted after {:?}", left_at.elapsed());
+}

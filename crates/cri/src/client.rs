@@ -177,6 +177,8 @@ impl RuntimeClient {
         remove_container => "RemoveContainer": api::RemoveContainerRequest => api::RemoveContainerResponse;
         list_containers => "ListContainers": api::ListContainersRequest => api::ListContainersResponse;
         container_status => "ContainerStatus": api::ContainerStatusRequest => api::ContainerStatusResponse;
+        update_container_resources => "UpdateContainerResources":
+            api::UpdateContainerResourcesRequest => api::UpdateContainerResourcesResponse;
         exec_sync => "ExecSync": api::ExecSyncRequest => api::ExecSyncResponse;
         runtime_config => "RuntimeConfig": api::RuntimeConfigRequest => api::RuntimeConfigResponse;
     }

@@ -14,6 +14,7 @@ pub mod plan;
 pub mod probe;
 pub mod qos;
 pub mod requests;
+pub mod resize;
 pub mod resources;
 pub mod start_failure;
 pub mod status;

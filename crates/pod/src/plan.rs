@@ -168,7 +168,7 @@ impl Planner<'_> {
             match self.observed.latest_in(&c.name, &sandbox.id) {
                 None => self.start_or_back_off(c, false, &mut regular),
                 Some(i) if i.state == ContainerState::Running => {
-                    if i.spec_hash == spec::container_hash(c) {
+                    if spec::hash_matches(c, &i.spec_hash) {
                         alive += 1;
                     } else {
                         regular.kill_containers.push(kill(i, KillReason::SpecChanged));
@@ -238,7 +238,7 @@ impl Planner<'_> {
     /// the start.
     fn keep_sidecar(&self, c: &Container, latest: Option<&ContainerInfo>, actions: &mut PodActions) -> bool {
         match latest {
-            Some(i) if i.state == ContainerState::Running && i.spec_hash == spec::container_hash(c) => {
+            Some(i) if i.state == ContainerState::Running && spec::hash_matches(c, &i.spec_hash) => {
                 return probe::status_of(c, true, self.health.get(&i.id)).0;
             }
             Some(i) if i.state == ContainerState::Running => {

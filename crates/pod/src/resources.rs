@@ -66,7 +66,7 @@ pub fn container(c: &Container) -> CgroupValues {
 /// The pod's total of one amount (upstream `PodRequests`/`PodLimits`): regular containers and
 /// sidecars run together, so they add up; a regular init container runs alone next to the
 /// sidecars declared before it. The pod needs the larger of the two.
-fn pod_total(pod: &Pod, amount: impl Fn(&Container) -> Option<i128>) -> i128 {
+pub(crate) fn pod_total(pod: &Pod, amount: impl Fn(&Container) -> Option<i128>) -> i128 {
     let mut running: i128 = spec::containers(pod).iter().filter_map(&amount).sum();
     let mut sidecars_so_far = 0;
     let mut init_peak = 0;

@@ -281,7 +281,16 @@ fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatu
 
 /// Conditions others set on the pod (e.g. `DisruptionTarget`, readiness gates) are kept.
 fn foreign_conditions(pod: &Pod) -> impl Iterator<Item = PodCondition> + '_ {
-    const OWNED: [&str; 5] = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
+    // The resize conditions are the kubelet's too; the worker adds them (`resize`).
+    const OWNED: [&str; 7] = [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "Ready",
+        "ContainersReady",
+        "PodScheduled",
+        "PodResizePending",
+        "PodResizeInProgress",
+    ];
     let existing = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
     existing.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned()
 }

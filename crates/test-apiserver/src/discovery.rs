@@ -55,7 +55,9 @@ fn subresource_kind(rt: &ResourceType, sub: Subresource) -> (&str, &str, &str, V
         Subresource::Eviction => ("policy", "v1", "Eviction", vec!["create"]),
         Subresource::Binding => ("", "v1", "Binding", vec!["create"]),
         Subresource::Token => ("authentication.k8s.io", "v1", "TokenRequest", vec!["create"]),
-        Subresource::EphemeralContainers => (&rt.group, &rt.version, &rt.kind, vec!["get", "patch", "update"]),
+        Subresource::EphemeralContainers | Subresource::Resize => {
+            (&rt.group, &rt.version, &rt.kind, vec!["get", "patch", "update"])
+        }
     }
 }
 

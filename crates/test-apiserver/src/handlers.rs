@@ -422,7 +422,7 @@ impl Call {
         match verb {
             "create" => self.create(headers, body),
             "update" => {
-                if !matches!(self.sub(), "" | "status" | "approval" | "ephemeralcontainers") {
+                if !matches!(self.sub(), "" | "status" | "approval" | "ephemeralcontainers" | "resize") {
                     return Err(ApiError::method_not_allowed(
                         "the server does not allow this method on the requested resource",
                     ));
@@ -513,7 +513,7 @@ impl Call {
     }
 
     fn patch(&self, headers: &HeaderMap, body: &[u8]) -> ApiResult<Response<Body>> {
-        if !matches!(self.sub(), "" | "status" | "approval" | "ephemeralcontainers") {
+        if !matches!(self.sub(), "" | "status" | "approval" | "ephemeralcontainers" | "resize") {
             return Err(ApiError::method_not_allowed(
                 "the server does not allow this method on the requested resource",
             ));

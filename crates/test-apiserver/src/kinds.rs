@@ -78,6 +78,7 @@ pub fn prepare_update(_inner: &StoreInner, ctx: &WriteCtx<'_>, existing: &Value,
         (("", "pods"), "") => pods::validate_update(existing, new)?,
         (("", "pods"), "status") => pods::validate_status(new)?,
         (("", "pods"), "ephemeralcontainers") => pods::add_ephemeral_containers(existing, new)?,
+        (("", "pods"), "resize") => crate::resize::validate(existing, new)?,
         (("", "secrets"), _) => fold_string_data(new),
         (("", "services"), "") => prepare_service(_inner, new, Some(existing))?,
         // spec.finalizers changes only through the finalize subresource (not served here).

@@ -33,6 +33,7 @@ mod patch;
 mod pdb;
 mod pki;
 mod pods;
+mod resize;
 mod resources;
 mod reviews;
 mod routes;

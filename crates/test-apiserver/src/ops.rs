@@ -337,6 +337,9 @@ fn isolate_subresource(ctx: &WriteCtx<'_>, existing: &Value, mut obj: Value) -> 
         }
         return out;
     }
+    if ctx.subresource == "resize" {
+        return crate::resize::keep_resize_fields(existing, &obj);
+    }
     if matches!(ctx.subresource, "status" | "approval") {
         if rt.custom {
             let mut out = existing.clone();

@@ -94,11 +94,35 @@ fn default_requests_to_limits(c: &mut Map<String, Value>) {
     }
 }
 
+/// `setDefaultResizePolicy` (1.33+): a container that requests or limits cpu or memory gets
+/// `NotRequired` for each such resource its `resizePolicy` does not name.
+fn default_resize_policy(c: &mut Map<String, Value>) {
+    let named = |c: &Map<String, Value>, r: &str| {
+        c.get("resizePolicy")
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|p| p.get("resourceName").and_then(Value::as_str) == Some(r)))
+    };
+    let uses = |c: &Map<String, Value>, r: &str| {
+        ["requests", "limits"]
+            .iter()
+            .any(|k| c.get("resources").and_then(|res| res.get(*k)).and_then(|m| m.get(r)).is_some())
+    };
+    for r in ["cpu", "memory"] {
+        if uses(c, r) && !named(c, r) {
+            let list = c.entry("resizePolicy").or_insert_with(|| json!([]));
+            if let Some(l) = list.as_array_mut() {
+                l.push(json!({"resourceName": r, "restartPolicy": "NotRequired"}));
+            }
+        }
+    }
+}
+
 pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiError> {
     let mirror = is_mirror(pod);
     let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
     let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
     validate_spec(pod, &name)?;
+    let windows = pod.pointer("/spec/os/name").and_then(Value::as_str) == Some("windows");
     let spec = pod["spec"].as_object_mut().expect("validated");
     set_default(spec, "restartPolicy", json!("Always"));
     set_default(spec, "terminationGracePeriodSeconds", json!(DEFAULT_GRACE_SECONDS));
@@ -121,6 +145,11 @@ pub fn prepare_create(inner: &StoreInner, pod: &mut Value) -> Result<(), ApiErro
                 default_container(c);
                 if list != "ephemeralContainers" {
                     default_requests_to_limits(c);
+                }
+                let resizable =
+                    list == "containers" || c.get("restartPolicy").and_then(Value::as_str) == Some("Always");
+                if resizable && !windows {
+                    default_resize_policy(c);
                 }
             }
         }
@@ -157,7 +186,45 @@ fn validate_spec(pod: &Value, name: &str) -> Result<(), ApiError> {
     if pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|l| !l.is_empty()) {
         errs.push(FieldError::forbidden("spec.ephemeralContainers", "cannot be set on create"));
     }
+    let never = pod.pointer("/spec/restartPolicy").and_then(Value::as_str) == Some("Never");
+    for list in ["initContainers", "containers"] {
+        for (i, c) in pod.pointer(&format!("/spec/{list}")).and_then(Value::as_array).into_iter().flatten().enumerate()
+        {
+            errs.extend(validate_resize_policy(c, &format!("spec.{list}[{i}].resizePolicy"), never));
+        }
+    }
     if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid("Pod", "", name, errs)) }
+}
+
+/// `validateResizePolicy`: each of cpu and memory at most once, with a known restart policy;
+/// only `NotRequired` in a pod that never restarts its containers.
+fn validate_resize_policy(c: &Value, field: &str, pod_never_restarts: bool) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mut seen = Vec::new();
+    for (j, p) in c.get("resizePolicy").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let name = &p["resourceName"];
+        match name.as_str() {
+            Some(n @ ("cpu" | "memory")) if seen.contains(&n) => {
+                errs.push(FieldError::duplicate(&format!("{field}[{j}].resourceName"), name));
+            }
+            Some(n @ ("cpu" | "memory")) => seen.push(n),
+            _ => errs.push(FieldError::not_supported(&format!("{field}[{j}].resourceName"), name, &["cpu", "memory"])),
+        }
+        if !matches!(p["restartPolicy"].as_str(), Some("NotRequired" | "RestartContainer")) {
+            errs.push(FieldError::not_supported(
+                &format!("{field}[{j}].restartPolicy"),
+                &p["restartPolicy"],
+                &["NotRequired", "RestartContainer"],
+            ));
+        } else if pod_never_restarts && p["restartPolicy"].as_str() != Some("NotRequired") {
+            errs.push(FieldError::invalid(
+                &format!("{field}[{j}].restartPolicy"),
+                &p["restartPolicy"],
+                "must be 'NotRequired' when `restartPolicy` is 'Never'",
+            ));
+        }
+    }
+    errs
 }
 
 /// DefaultTolerationSeconds: tolerate not-ready/unreachable nodes for 300s unless set.
@@ -255,7 +322,7 @@ fn token_volume(name: &str) -> Value {
 }
 
 /// QoS class from container requests/limits (quantities compared as written).
-fn qos_class(spec: &Value) -> &'static str {
+pub fn qos_class(spec: &Value) -> &'static str {
     let containers: Vec<&Value> = ["initContainers", "containers"]
         .iter()
         .flat_map(|l| spec.get(*l).and_then(Value::as_array).into_iter().flatten())

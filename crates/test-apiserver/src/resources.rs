@@ -19,6 +19,8 @@ pub enum Subresource {
     /// certificatesigningrequests/approval
     Approval,
     EphemeralContainers,
+    /// pods/resize (in-place resize, KEP-1287)
+    Resize,
 }
 
 impl Subresource {
@@ -30,6 +32,7 @@ impl Subresource {
             Subresource::Token => "token",
             Subresource::Approval => "approval",
             Subresource::EphemeralContainers => "ephemeralcontainers",
+            Subresource::Resize => "resize",
         }
     }
 }
@@ -150,7 +153,16 @@ fn builtins() -> Vec<Builtin> {
     vec![
         b("", "v1", "namespaces", "Namespace", false, &["ns"], &[Status], &["status.phase"]),
         b("", "v1", "nodes", "Node", false, &["no"], &[Status], &["spec.unschedulable"]),
-        b("", "v1", "pods", "Pod", true, &["po"], &[Status, Eviction, Binding, EphemeralContainers], POD_FIELDS),
+        b(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            true,
+            &["po"],
+            &[Status, Eviction, Binding, EphemeralContainers, Resize],
+            POD_FIELDS,
+        ),
         b("", "v1", "events", "Event", true, &["ev"], &[], EVENT_FIELDS),
         b("", "v1", "configmaps", "ConfigMap", true, &["cm"], &[], &[]),
         b("", "v1", "secrets", "Secret", true, &[], &[], &["type"]),

@@ -78,6 +78,15 @@ impl FieldError {
         FieldError { field: field.into(), reason: "FieldValueNotFound", detail: format!("Not found: {value}") }
     }
 
+    pub fn not_supported(field: &str, value: &Value, supported: &[&str]) -> Self {
+        let quoted: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+        FieldError {
+            field: field.into(),
+            reason: "FieldValueNotSupported",
+            detail: format!("Unsupported value: {value}: supported values: {}", quoted.join(", ")),
+        }
+    }
+
     fn message(&self) -> String {
         format!("{}: {}", self.field, self.detail)
     }

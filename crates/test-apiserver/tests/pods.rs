@@ -359,3 +359,147 @@ async fn kubelet_status_fields_are_stored_and_validated() {
 fn status_of(r: kube::Result<Pod>) -> Box<kube::core::Status> {
     status(r.unwrap_err())
 }
+
+/// A Burstable pod with one regular container and one sidecar, both with cpu/memory
+/// requests and limits.
+fn resizable_pod(name: &str) -> Pod {
+    let resources =
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}});
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": "n", "automountServiceAccountToken": false,
+            "initContainers": [
+                {"name": "init", "image": "busybox", "resources": resources},
+                {"name": "side", "image": "busybox", "restartPolicy": "Always", "resources": resources}
+            ],
+            "containers": [{"name": "app", "image": "busybox", "resources": resources,
+                "resizePolicy": [{"resourceName": "memory", "restartPolicy": "RestartContainer"}]}]
+        }
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn resize_changes_only_cpu_and_memory_through_its_subresource() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = pods.create(&PostParams::default(), &resizable_pod("r")).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    // setDefaultResizePolicy: NotRequired for each used resource the container does not name.
+    let policy = serde_json::to_value(&created.spec.as_ref().unwrap().containers[0].resize_policy).unwrap();
+    assert_eq!(
+        policy,
+        json!([{"resourceName": "memory", "restartPolicy": "RestartContainer"}, {"resourceName": "cpu", "restartPolicy": "NotRequired"}])
+    );
+    let init = created.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    assert_eq!(init[0].resize_policy, None, "not for regular init containers");
+    assert_eq!(init[1].resize_policy.as_ref().map(Vec::len), Some(2), "sidecars get both");
+
+    // The main resource keeps refusing resource changes.
+    let grow = json!({"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": "300m"}}}]}});
+    let e = status(pods.patch("r", &PatchParams::default(), &Patch::Strategic(grow.clone())).await.unwrap_err());
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("pod updates may not change fields"), "{}", e.message);
+
+    // The resize subresource takes it, and a sidecar's too; the generation counts it.
+    let resized = pods.patch_resize("r", &PatchParams::default(), &Patch::Strategic(grow)).await.unwrap();
+    let spec = resized.spec.clone().unwrap();
+    let limits = spec.containers[0].resources.as_ref().unwrap().limits.clone().unwrap();
+    assert_eq!(limits["cpu"].0, "300m");
+    assert_eq!(limits["memory"].0, "128Mi", "strategic merge keeps the rest");
+    assert_eq!(resized.metadata.generation, Some(2));
+    let side = json!({"spec": {"initContainers": [{"name": "side", "resources": {"requests": {"memory": "100Mi"}}}]}});
+    let resized = pods.patch_resize("r", &PatchParams::default(), &Patch::Strategic(side)).await.unwrap();
+    let sidecar = &resized.spec.clone().unwrap().init_containers.unwrap()[1];
+    assert_eq!(sidecar.resources.as_ref().unwrap().requests.as_ref().unwrap()["memory"].0, "100Mi");
+    assert_eq!(pods.get_resize("r").await.unwrap().metadata.resource_version, resized.metadata.resource_version);
+
+    // Anything else in the request is ignored, as upstream's resize strategy drops it.
+    let mut other = resized.clone();
+    other.spec.as_mut().unwrap().containers[0].image = Some("other".into());
+    other.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+    let kept = pods.replace_resize("r", &PostParams::default(), &other).await.unwrap();
+    assert_eq!(kept.spec.unwrap().containers[0].image.as_deref(), Some("busybox"));
+    assert_eq!(kept.metadata.labels, None);
+}
+
+#[tokio::test]
+async fn resize_is_validated_as_upstream() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &resizable_pod("r")).await.unwrap();
+    let refused = |patch: serde_json::Value| {
+        let pods = pods.clone();
+        async move {
+            let e =
+                status(pods.patch_resize("r", &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap_err());
+            assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"), "{}", e.message);
+            e.message
+        }
+    };
+    let app = |resources: serde_json::Value| json!({"spec": {"containers": [{"name": "app", "resources": resources}]}});
+
+    // As upstream's e2e: a BestEffort pod cannot gain a request.
+    create_pod(&client, "default", "best-effort", Some("n")).await;
+    let e = status(
+        pods.patch_resize(
+            "best-effort",
+            &PatchParams::default(),
+            &Patch::Strategic(app(json!({"requests": {"memory": "40Mi"}}))),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert!(
+        e.message
+            .contains(r#"spec: Invalid value: "BestEffort": Pod QOS Class may not change as a result of resizing"#),
+        "{}",
+        e.message
+    );
+    let m = refused(app(json!({"limits": {"ephemeral-storage": "1Gi"}}))).await;
+    assert!(m.contains("spec: Forbidden: only cpu and memory resources are mutable"), "{m}");
+    let m = refused(app(json!({"limits": {"memory": null}}))).await;
+    assert!(m.contains("spec.containers[0].resources.limits: Forbidden: resource limits cannot be removed"), "{m}");
+    let m = refused(app(json!({"requests": {"cpu": "300m"}}))).await;
+    assert!(
+        m.contains(r#"spec.containers[0].resources.requests: Invalid value: "300m": must be less than or equal to cpu limit of 200m"#),
+        "{m}"
+    );
+    let init = json!({"spec": {"initContainers": [{"name": "init", "resources": {"limits": {"cpu": "300m"}}}]}});
+    let m = refused(init).await;
+    assert!(m.contains("spec: Forbidden: resources for non-sidecar init containers are immutable"), "{m}");
+    let policy = json!({"spec": {"containers": [{"name": "app", "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "RestartContainer"}]}]}});
+    let m = refused(policy).await;
+    assert!(m.contains("spec: Forbidden: only cpu and memory resources are mutable"), "{m}");
+
+    // Static pods cannot be resized.
+    let mut mirror = resizable_pod("mirror");
+    mirror.metadata.annotations = Some([("kubernetes.io/config.mirror".to_string(), "x".to_string())].into());
+    pods.create(&PostParams::default(), &mirror).await.unwrap();
+    let e = status(
+        pods.patch_resize("mirror", &PatchParams::default(), &Patch::Strategic(app(json!({})))).await.unwrap_err(),
+    );
+    assert!(e.message.contains("Forbidden: static pods cannot be resized"), "{}", e.message);
+
+    // resizePolicy values are checked on create.
+    let mut bad = resizable_pod("bad");
+    bad.spec.as_mut().unwrap().containers[0].resize_policy =
+        Some(vec![serde_json::from_value(json!({"resourceName": "disk", "restartPolicy": "Sometimes"})).unwrap()]);
+    let e = status(pods.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert!(
+        e.message.contains(r#"spec.containers[0].resizePolicy[0].restartPolicy: Unsupported value: "Sometimes": supported values: "NotRequired", "RestartContainer""#),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains(r#"spec.containers[0].resizePolicy[0].resourceName: Unsupported value: "disk""#),
+        "{}",
+        e.message
+    );
+    let mut never = resizable_pod("never");
+    never.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+    let e = status(pods.create(&PostParams::default(), &never).await.unwrap_err());
+    let want = r#"spec.containers[0].resizePolicy[0].restartPolicy: Invalid value: "RestartContainer": must be 'NotRequired' when `restartPolicy` is 'Never'"#;
+    assert!(e.message.contains(want), "{}", e.message);
+}

@@ -703,11 +703,19 @@ impl RuntimeService for Service {
         Ok(Response::new(ReopenContainerLogResponse {}))
     }
 
+    /// Applies the new Linux resources: the container reports them from then on.
     async fn update_container_resources(
         &self,
-        _: Request<UpdateContainerResourcesRequest>,
+        request: Request<UpdateContainerResourcesRequest>,
     ) -> Result<Response<UpdateContainerResourcesResponse>, Status> {
-        unimplemented("UpdateContainerResources")
+        let request = request.into_inner();
+        let _call = self.enter_container("UpdateContainerResources", &request.container_id).await?;
+        let mut state = self.lock();
+        let Some(c) = state.containers.iter_mut().find(|c| c.id == request.container_id) else {
+            return Err(not_found("container", &request.container_id));
+        };
+        c.resources = request.linux.map(|l| ContainerResources { linux: Some(l), ..Default::default() });
+        Ok(Response::new(UpdateContainerResourcesResponse {}))
     }
 
     async fn exec(&self, _: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {

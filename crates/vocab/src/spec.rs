@@ -76,8 +76,20 @@ pub fn termination_grace_seconds(pod: &Pod) -> i64 {
 pub const MIN_GRACE_SECONDS: i64 = 2;
 
 /// A stable hash of a container's spec; a running container whose hash differs from its
-/// spec's is replaced.
+/// spec's is replaced. Resources are left out, as upstream hashes containers since in-place
+/// resize: a resize is applied to the running container, not by replacing it.
 pub fn container_hash(container: &Container) -> String {
+    hash_of(&Container { resources: None, ..container.clone() })
+}
+
+/// Whether a running container labelled `running_hash` still matches its spec. Gantry
+/// releases before in-place resize hashed the resources too; accepting that hash as well
+/// keeps an upgrade from replacing every running container.
+pub fn hash_matches(container: &Container, running_hash: &str) -> bool {
+    running_hash == container_hash(container) || running_hash == hash_of(container)
+}
+
+fn hash_of(container: &Container) -> String {
     let json = serde_json::to_vec(container).unwrap_or_default();
     hex::encode(&Md5::digest(&json)[..8])
 }
@@ -223,7 +235,20 @@ mod tests {
         let a = container("busybox:1", None);
         let mut b = a.clone();
         assert_eq!(container_hash(&a), container_hash(&b));
+        b.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(
+                [("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()))].into(),
+            ),
+            ..Default::default()
+        });
+        assert_eq!(container_hash(&a), container_hash(&b), "a resize is not a spec change");
+        let before_resize_support = hash_of(&b);
+        assert_ne!(before_resize_support, container_hash(&b));
+        assert!(hash_matches(&b, &before_resize_support), "an upgrade keeps running containers");
+        assert!(hash_matches(&b, &container_hash(&a)));
         b.args = Some(vec!["x".into()]);
         assert_ne!(container_hash(&a), container_hash(&b));
+        assert!(!hash_matches(&b, &container_hash(&a)));
+        assert!(!hash_matches(&b, &before_resize_support));
     }
 }

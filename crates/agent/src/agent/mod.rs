@@ -1,6 +1,7 @@
 //! The node agent in standalone mode: sources in, one worker per pod, a relist that notices
 //! runtime changes (the PLEG), orphan clean-up and garbage collection.
 
+pub mod allocation;
 mod holds;
 mod prober;
 pub mod runonce;
@@ -70,6 +71,13 @@ fn kubepods_limits(settings: &Settings) -> Option<gantry_pod::resources::CgroupV
     limits
 }
 
+/// The node's allocatable CPU and memory, which pod resizes are admitted against.
+fn node_allocatable(settings: &Settings) -> gantry_pod::resize::Amounts {
+    let facts = crate::node::machine::MachineFacts::read(&settings.root_dir);
+    let a = crate::node::status::allocatable(settings, crate::node::status::capacity(settings, &facts));
+    gantry_pod::resize::Amounts { cpu_milli: a.cpu_milli, memory: a.memory }
+}
+
 /// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
 fn check_cgroup_version(fail_cgroup_v1: bool) -> Result<(), AgentError> {
     use crate::runtime::cgroups::{self, Hierarchy};
@@ -97,6 +105,8 @@ pub struct Shared {
     /// Set in cluster mode: final pod deletion and events go to the API server.
     pub api: Option<ApiLink>,
     pub events: crate::events::Recorder,
+    /// The resources allocated to each pod (in-place resize admission), checkpointed.
+    pub allocations: allocation::Allocations,
 }
 
 impl Shared {
@@ -126,6 +136,7 @@ impl Shared {
         .await?;
         driver.check_runtime_cgroup_driver().await?;
         let events = crate::events::Recorder::default();
+        let allocations = allocation::Allocations::load(&settings.root_dir, node_allocatable(settings));
         Ok(Arc::new(Shared {
             driver: driver.with_events(events.clone()),
             observer,
@@ -135,6 +146,7 @@ impl Shared {
             sync_frequency: settings.sync_frequency,
             api: None,
             events,
+            allocations,
         }))
     }
 
@@ -257,6 +269,10 @@ impl Agent {
                 Some(update) = updates.recv() => self.apply(update),
                 Some(uid) = self.done_rx.recv() => {
                     self.workers.remove(&uid);
+                    if self.shared.allocations.remove(&uid) {
+                        // Room freed: deferred resizes are tried again.
+                        self.workers.values().for_each(|h| drop(h.tx.send(worker::Msg::Wake)));
+                    }
                     if self.held.worker_done(&uid) {
                         self.publish_statics();
                     }
@@ -367,6 +383,10 @@ impl Agent {
             }
         }
         self.fingerprints.retain(|uid, _| snapshot.pods.contains_key(uid));
+        if sources_ready {
+            // Pods removed while the agent was down leave no allocation behind.
+            self.shared.allocations.retain(|uid| self.workers.contains_key(uid) || self.desired.contains_key(uid));
+        }
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
             self.collect_garbage(&snapshot.pods).await;

@@ -9,6 +9,8 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 
+mod resize;
+
 use super::Shared;
 use super::prober::Probers;
 use crate::events::EventType;
@@ -74,7 +76,11 @@ fn start(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>
 }
 
 struct Worker {
+    /// The pod with its allocated resources: what the worker runs.
     pod: Arc<Pod>,
+    /// The pod as its source defines it (its resources may wait for a resize).
+    desired: Arc<Pod>,
+    resize: resize::ResizeState,
     shared: Arc<Shared>,
     backoff: Backoff,
     /// Why containers are not running, from the last attempt to start them.
@@ -92,7 +98,9 @@ struct Worker {
 impl Worker {
     fn new(pod: Arc<Pod>, shared: Arc<Shared>, probers: Probers) -> Self {
         Worker {
+            desired: pod.clone(),
             pod,
+            resize: Default::default(),
             shared,
             backoff: Backoff::default(),
             waiting: HashMap::new(),
@@ -110,11 +118,16 @@ impl Worker {
         if let Err((reason, message)) = Box::pin(self.admit()).await {
             return Box::pin(self.rejected(reason, &message, rx)).await;
         }
+        self.shared.allocations.admit(&self.desired);
+        self.pod = Arc::new(self.shared.allocations.apply(&self.desired));
         loop {
             let wait = Box::pin(self.sync()).await;
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(Msg::Update(pod)) => self.pod = pod,
+                    Some(Msg::Update(pod)) => {
+                        self.pod = Arc::new(self.shared.allocations.apply(&pod));
+                        self.desired = pod;
+                    }
                     Some(Msg::Wake) => {}
                     Some(Msg::Terminate) | None => return Box::pin(self.terminate()).await,
                 },
@@ -158,6 +171,7 @@ impl Worker {
     /// Brings the pod one step closer to its spec; returns how long to wait before the next
     /// look (absent any message).
     async fn sync(&mut self) -> Duration {
+        self.allocate_resize();
         for _ in 0..MAX_ROUNDS {
             let observed = match self.shared.observer.pod(spec::uid(&self.pod)).await {
                 Ok(observed) => observed,
@@ -180,6 +194,9 @@ impl Worker {
             {
                 if let Some(sandbox) = observed.current_sandbox() {
                     self.shared.driver.refresh_volumes(&self.pod, sandbox.ip.as_deref()).await;
+                }
+                if self.actuate_resize(&observed).await {
+                    continue;
                 }
                 self.publish(&observed, &health, now);
                 self.error_delay = None;
@@ -431,6 +448,7 @@ impl Worker {
             previous: previous.as_ref(),
             now,
         });
+        let status = self.resize.add_conditions(status);
         let old_phase = previous.as_ref().and_then(|s| s.phase.clone());
         if old_phase != status.phase {
             tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = spec::uid(&self.pod), phase = status.phase.as_deref().unwrap_or_default(), "pod phase changed");
@@ -440,7 +458,7 @@ impl Worker {
         {
             gantry_metrics::METRICS.pod_start_duration.observe(seen.elapsed().as_secs_f64());
         }
-        self.shared.statuses.set(&self.pod, status);
+        self.shared.statuses.set(&self.desired, status);
     }
 
     /// Stops the pod with its grace period, then removes its containers, sandboxes and files.

@@ -65,7 +65,7 @@ pub fn sandbox_config(
     }
 }
 
-fn linux_resources(v: resources::CgroupValues, oom_score_adj: i64) -> api::LinuxContainerResources {
+pub(crate) fn linux_resources(v: resources::CgroupValues, oom_score_adj: i64) -> api::LinuxContainerResources {
     api::LinuxContainerResources {
         cpu_period: v.cpu_period,
         cpu_quota: v.cpu_quota,

@@ -1,5 +1,7 @@
 //! Executes the core's actions through CRI.
 
+mod resize;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

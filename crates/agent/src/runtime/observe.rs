@@ -122,6 +122,12 @@ impl Observer {
         Ok((ip, more))
     }
 
+    /// Drops what is cached of a container, so that the next look asks the runtime again (its
+    /// resources changed).
+    pub fn forget(&self, container_id: &str) {
+        self.containers.lock().unwrap().remove(container_id);
+    }
+
     /// `None` when the container vanished between list and status.
     async fn container_info(&self, c: api::Container) -> Result<Option<ContainerInfo>, CriError> {
         let state = state_of(c.state);

@@ -43,7 +43,7 @@ pub fn user(user: Option<&LinuxUser>) -> Option<ContainerUser> {
 }
 
 /// `resources` of a running container (gate `InPlacePodVerticalScaling`, beta and on in 1.33+):
-/// the allocated requests and limits (the spec, as Gantry does not resize in place), with the
+/// the allocated requests and limits (the worker passes the pod with its allocation), with the
 /// CPU limit, memory limit and CPU request replaced by what the runtime reports it applied.
 /// `allocatedResources` is not reported: its gate (`InPlacePodVerticalScalingAllocatedStatus`)
 /// is deprecated and off in 1.34.

@@ -74,6 +74,10 @@ pub struct ServerSettings {
     pub tls_cipher_suites: Vec<String>,
     /// `--cert-dir`; None = `<root-dir>/pki`.
     pub cert_dir: Option<PathBuf>,
+    /// `serverTLSBootstrap` / `--rotate-server-certificates`, default false: the serving
+    /// certificate comes from the API server (signer `kubernetes.io/kubelet-serving`), not from
+    /// `tlsCertFile` or a self-signed pair.
+    pub server_tls_bootstrap: bool,
     /// `authentication.x509.clientCAFile` / `--client-ca-file`.
     pub client_ca_file: Option<PathBuf>,
     /// `authentication.webhook.enabled` / `--authentication-token-webhook`.
@@ -105,6 +109,7 @@ impl Default for ServerSettings {
             tls_min_version: TlsVersion::default(),
             tls_cipher_suites: Vec::new(),
             cert_dir: None,
+            server_tls_bootstrap: false,
             client_ca_file: None,
             webhook_authentication: true,
             webhook_cache_ttl: DEFAULT_WEBHOOK_CACHE_TTL,
@@ -224,7 +229,7 @@ impl ServerSettings {
         let opt = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "<none>".to_string(), |p| p.display().to_string());
         format!(
             "enableServer={} enableDebuggingHandlers={} address={} readOnlyPort={} healthzPort={} healthzBindAddress={} tlsCertFile={} \
-             clientCAFile={} anonymousAuth={} authenticationTokenWebhook={} authorizationMode={:?}",
+             serverTLSBootstrap={} clientCAFile={} anonymousAuth={} authenticationTokenWebhook={} authorizationMode={:?}",
             self.enabled,
             self.debugging_handlers,
             self.address,
@@ -232,6 +237,7 @@ impl ServerSettings {
             self.healthz_port,
             self.healthz_bind_address,
             opt(&self.tls_cert_file),
+            self.server_tls_bootstrap,
             opt(&self.client_ca_file),
             self.anonymous,
             self.webhook_authentication,
@@ -268,6 +274,9 @@ impl ServerSettings {
         }
         if let Some(f) = c.tls_private_key_file.as_deref() {
             self.tls_private_key_file = path(f);
+        }
+        if let Some(b) = c.server_tls_bootstrap {
+            self.server_tls_bootstrap = b;
         }
         if let Some(v) = c.tls_min_version.as_deref().filter(|v| !v.is_empty()) {
             self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("tlsMinVersion", e.to_string()))?;
@@ -334,6 +343,9 @@ impl ServerSettings {
         }
         if let Some(f) = &s.tls_private_key_file {
             self.tls_private_key_file = path(f);
+        }
+        if let Some(b) = s.rotate_server_certificates {
+            self.server_tls_bootstrap = b;
         }
         if let Some(v) = &s.tls_min_version {
             self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("--tls-min-version", e.to_string()))?;

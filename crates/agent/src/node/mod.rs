@@ -59,6 +59,8 @@ pub struct NodeAgent {
     pub object_ttl: watch::Receiver<Option<std::time::Duration>>,
     /// The event recorder for the node's and its pods' events (one writer task).
     pub events: crate::events::Recorder,
+    /// The node's addresses as last observed for its status.
+    pub addresses: watch::Receiver<Vec<k8s_openapi::api::core::v1::NodeAddress>>,
     /// Registration, then the status, lease and runtime loops; they run until
     /// aborted.
     pub task: JoinHandle<()>,
@@ -95,12 +97,7 @@ pub async fn start(
     startup: Startup,
     metrics: &std::sync::Arc<gantry_metrics::Metrics>,
 ) -> Result<NodeAgent, NodeError> {
-    if let (Some(bootstrap), Some(kubeconfig)) = (&settings.bootstrap_kubeconfig, &settings.kubeconfig) {
-        let paths = api::bootstrap::BootstrapPaths {
-            kubeconfig: kubeconfig.clone(),
-            bootstrap: bootstrap.clone(),
-            cert_dir: settings.server.cert_dir(&settings.root_dir),
-        };
+    if let Some(paths) = bootstrap_paths(settings) {
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
     }
     let clients = api::build(settings, metrics).await?;
@@ -121,6 +118,7 @@ pub async fn start(
     let controller = NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone());
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
+    let addresses = controller.addresses();
     let host_ips = controller.host_ips().await;
     let (registered, registration) = watch::channel(None);
     let node = node.clone();
@@ -138,5 +136,14 @@ pub async fn start(
             }
         }
     });
-    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, task, events })
+    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, addresses, task, events })
+}
+
+/// Where TLS bootstrap reads and writes, with `--bootstrap-kubeconfig` and `--kubeconfig`.
+pub fn bootstrap_paths(settings: &Settings) -> Option<api::bootstrap::BootstrapPaths> {
+    Some(api::bootstrap::BootstrapPaths {
+        kubeconfig: settings.kubeconfig.clone()?,
+        bootstrap: settings.bootstrap_kubeconfig.clone()?,
+        cert_dir: settings.server.cert_dir(&settings.root_dir),
+    })
 }

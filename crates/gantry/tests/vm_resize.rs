@@ -3,8 +3,9 @@
 //! mode over the VM's only network path (qemu's restricted user network, one forward to the
 //! server's port). The host patches the `resize` subresource as `kubectl patch --subresource
 //! resize` does and asserts on the API status and on the guest's cgroup v2 files (`cpu.max`,
-//! `memory.max` of the pod and container cgroups), which the guest script `vm/resize.sh`
-//! samples into the 9p share.
+//! `memory.max` of the pod and container cgroups; with the systemd driver also the pod slice's
+//! `CPUQuotaPerSecUSec` and `MemoryMax` as systemd holds them), which the guest script
+//! `vm/resize.sh` samples into the 9p share.
 //!
 //! Needs root and the VM image (`scripts/vm build`, which `scripts/test` runs); otherwise the
 //! test prints SKIPPED, and fails under `CI=true`.
@@ -102,18 +103,24 @@ fn cgroup_paths(driver: &str, uid: &str, container_id: &str) -> (String, String)
     }
 }
 
-/// Waits until the guest saw `cpu.max` and `memory.max` on both the pod's and the container's
-/// cgroup (the pod has this one container, so its limits are the same).
-async fn cgroups_show(share: &Path, driver: &str, paths: &(String, String), cpu_max: &str, memory_max: u64) {
-    let want = (cpu_max.to_string(), memory_max.to_string());
+/// Waits until the guest saw the CPU limit (`cpu_millis`) and `memory_max` in `cpu.max` and
+/// `memory.max` of both the pod's and the container's cgroup (the pod has this one container,
+/// so its limits are the same), and with the systemd driver in the pod slice's properties too,
+/// since systemd would restore its own values over files written behind its back.
+async fn cgroups_show(share: &Path, driver: &str, paths: &(String, String), cpu_millis: u32, memory_max: u64) {
+    let want = (format!("{} 100000", cpu_millis * 100), memory_max.to_string());
+    let want_slice = (Some(format!("{cpu_millis}ms")), Some(memory_max.to_string()));
     let mut seen = HashMap::new();
     let (pod, container) = paths;
+    let slice = format!("unit:{}", pod.rsplit('/').next().unwrap());
     let found = tokio::time::timeout(STEP, async {
         loop {
             seen = cgroups(share, driver);
             let get = |path: &String, file: &str| seen.get(&(path.clone(), file.to_string())).cloned();
             let of = |path| Some((get(path, "cpu.max")?, get(path, "memory.max")?));
-            if of(pod).as_ref() == Some(&want) && of(container).as_ref() == Some(&want) {
+            let unit = (get(&slice, "CPUQuotaPerSecUSec"), get(&slice, "MemoryMax"));
+            let slice_ok = driver != "systemd" || unit == want_slice;
+            if of(pod).as_ref() == Some(&want) && of(container).as_ref() == Some(&want) && slice_ok {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -147,12 +154,11 @@ async fn resize_case(pods: &Api<Pod>, share: &Path, driver: &str) {
     let container_id = status_of(&running).and_then(|s| s.container_id).unwrap();
     let id = container_id.trim_start_matches("containerd://").to_string();
     let paths = cgroup_paths(driver, running.metadata.uid.as_deref().unwrap(), &id);
-    cgroups_show(share, driver, &paths, "20000 100000", 128 << 20).await;
+    cgroups_show(share, driver, &paths, 200, 128 << 20).await;
 
-    for (cpu, memory, cpu_max, memory_max) in
-        [("400m", "256Mi", "40000 100000", 256 << 20), ("100m", "96Mi", "10000 100000", 96 << 20)]
-    {
-        let patch = json!({"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": cpu, "memory": memory}}}]}});
+    for (cpu, memory, cpu_millis, memory_max) in [("400m", "256Mi", 400, 256 << 20), ("100m", "96Mi", 100, 96 << 20)] {
+        let patch =
+            json!({"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": cpu, "memory": memory}}}]}});
         pods.patch_resize(&name, &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
         let pod = until(&format!("{name}: limits {cpu}/{memory} reported"), || async {
             let pod = pods.get(&name).await.ok()?;
@@ -166,7 +172,7 @@ async fn resize_case(pods: &Api<Pod>, share: &Path, driver: &str) {
             (0, Some(container_id.as_str())),
             "{driver}: resized in place to {cpu}/{memory}"
         );
-        cgroups_show(share, driver, &paths, cpu_max, memory_max).await;
+        cgroups_show(share, driver, &paths, cpu_millis, memory_max).await;
     }
 
     pods.delete(&name, &DeleteParams::default()).await.unwrap();

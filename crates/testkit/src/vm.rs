@@ -111,7 +111,8 @@ impl Running {
 
     /// Waits until the VM powered off (`scripts/vm` enforces the timeout).
     pub fn wait(mut self) -> Result<VmRun> {
-        let status = self.child.wait().map_err(|source| TestkitError::Io { context: "wait for scripts/vm".into(), source })?;
+        let status =
+            self.child.wait().map_err(|source| TestkitError::Io { context: "wait for scripts/vm".into(), source })?;
         let elapsed = self.started.elapsed();
         let exit = status.code().unwrap_or(125);
         tracing::info!(exit, elapsed_ms = elapsed.as_millis() as u64, dir = %self.dir.display(), "VM run finished");

@@ -2,7 +2,7 @@
 # The guest half of crates/gantry/tests/vm_resize.rs. Runs as root inside the systemd VM
 # (scripts/vm, started with VM_FORWARD): the real Gantry joins the host test's API server, which
 # it reaches at 10.0.2.100:6443 (the VM's only network peer), once per cgroup driver. While a
-# case runs it copies the pod cgroups' limits to /mnt/host/results/<case>/cgroups every second;
+# case runs it copies the pod cgroups' limits (and the pod slices' properties) to /mnt/host/results/<case>/cgroups every second;
 # the host drives the resize through the API, asserts, and ends the case by writing
 # results/<case>/done (or results/abort). It asserts nothing itself.
 set -uo pipefail
@@ -58,8 +58,16 @@ dump_cgroups() {
   local d f
   find "$1" -type d 2>/dev/null | sort | while read -r d; do
     for f in cpu.max memory.max; do
-      [ -r "$d/$f" ] && echo "${d#"$CG"} $f $(cat "$d/$f")"
+      [ -r "$d/$f" ] && echo "${d#"$CG"} $f $(cat "$d/$f" 2>/dev/null)"
     done
+  done
+}
+
+# "unit:<slice> <property> <value>" for the pod slices: what systemd itself holds.
+dump_slices() {
+  local u
+  systemctl list-units --all --plain --no-legend 'kubepods-*pod*.slice' | awk '{print $1}' | while read -r u; do
+    systemctl show -p CPUQuotaPerSecUSec -p MemoryMax "$u" | sed "s#^\([^=]*\)=#unit:$u \1 #"
   done
 }
 
@@ -81,7 +89,7 @@ CFG
     --root-dir=$ROOT --hostname-override=vm-node -v=4 2>>"$c/gantry.log" &
   GANTRY_PID=$!
   # A sample a second of what the kernel holds; the host polls it with a deadline.
-  while :; do dump_cgroups "$CG/$2" >"$c/cgroups.tmp"; mv "$c/cgroups.tmp" "$c/cgroups"; sleep 1; done &
+  while :; do { dump_cgroups "$CG/$2"; dump_slices; } >"$c/cgroups.tmp"; mv "$c/cgroups.tmp" "$c/cgroups"; sleep 1; done &
   dumper=$!
   touch "$c/ready"
   wait_for 900 test -e "$c/done" -o -e "$R/abort" || log "the host never finished case $1"

@@ -81,6 +81,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "tlsPrivateKeyFile",
     "tlsCipherSuites",
     "tlsMinVersion",
+    "serverTLSBootstrap",
     "authentication",
     "authorization",
     "healthzPort",

@@ -272,6 +272,10 @@ pub struct ServerFlags {
     #[arg(long, value_name = "FILE")]
     pub tls_private_key_file: Option<String>,
 
+    /// Request the node API's serving certificate from the API server (a CertificateSigningRequest for signer kubernetes.io/kubelet-serving, to be approved), and rotate it before it expires. (serverTLSBootstrap) [default: false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    pub rotate_server_certificates: Option<bool>,
+
     /// Minimum TLS version: VersionTLS12 or VersionTLS13 (VersionTLS10/11 are served as 1.2). (tlsMinVersion) [default: VersionTLS12]
     #[arg(long, value_name = "VERSION")]
     pub tls_min_version: Option<String>,
@@ -497,7 +501,6 @@ pub const UPSTREAM_BOOL_FLAGS: &[&str] = &[
     "make-iptables-util-chains",
     "protect-kernel-defaults",
     "register-schedulable",
-    "rotate-server-certificates",
 ];
 
 /// Hidden compatibility flags; see the module documentation.

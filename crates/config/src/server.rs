@@ -65,6 +65,10 @@ pub struct ServerSettings {
     pub tls_cipher_suites: Vec<String>,
     /// `--cert-dir`; None = `<root-dir>/pki`.
     pub cert_dir: Option<PathBuf>,
+    /// `serverTLSBootstrap` / `--rotate-server-certificates`, default false: the serving
+    /// certificate comes from the API server (signer `kubernetes.io/kubelet-serving`), not from
+    /// `tlsCertFile` or a self-signed pair.
+    pub server_tls_bootstrap: bool,
     /// `authentication.x509.clientCAFile` / `--client-ca-file`.
     pub client_ca_file: Option<PathBuf>,
     /// `authentication.webhook.enabled` / `--authentication-token-webhook`.
@@ -96,6 +100,7 @@ impl Default for ServerSettings {
             tls_min_version: TlsVersion::default(),
             tls_cipher_suites: Vec::new(),
             cert_dir: None,
+            server_tls_bootstrap: false,
             client_ca_file: None,
             webhook_authentication: true,
             webhook_cache_ttl: DEFAULT_WEBHOOK_CACHE_TTL,
@@ -215,7 +220,7 @@ impl ServerSettings {
         let opt = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "<none>".to_string(), |p| p.display().to_string());
         format!(
             "enableServer={} enableDebuggingHandlers={} address={} readOnlyPort={} healthzPort={} healthzBindAddress={} tlsCertFile={} \
-             clientCAFile={} anonymousAuth={} authenticationTokenWebhook={} authorizationMode={:?}",
+             serverTLSBootstrap={} clientCAFile={} anonymousAuth={} authenticationTokenWebhook={} authorizationMode={:?}",
             self.enabled,
             self.debugging_handlers,
             self.address,
@@ -223,6 +228,7 @@ impl ServerSettings {
             self.healthz_port,
             self.healthz_bind_address,
             opt(&self.tls_cert_file),
+            self.server_tls_bootstrap,
             opt(&self.client_ca_file),
             self.anonymous,
             self.webhook_authentication,
@@ -259,6 +265,9 @@ impl ServerSettings {
         }
         if let Some(f) = c.tls_private_key_file.as_deref() {
             self.tls_private_key_file = path(f);
+        }
+        if let Some(b) = c.server_tls_bootstrap {
+            self.server_tls_bootstrap = b;
         }
         if let Some(v) = c.tls_min_version.as_deref().filter(|v| !v.is_empty()) {
             self.tls_min_version = TlsVersion::parse(v).map_err(|reason| invalid("tlsMinVersion", reason))?;
@@ -325,6 +334,9 @@ impl ServerSettings {
         }
         if let Some(f) = &s.tls_private_key_file {
             self.tls_private_key_file = path(f);
+        }
+        if let Some(b) = s.rotate_server_certificates {
+            self.server_tls_bootstrap = b;
         }
         if let Some(v) = &s.tls_min_version {
             self.tls_min_version = TlsVersion::parse(v).map_err(|reason| invalid("--tls-min-version", reason))?;

@@ -680,6 +680,16 @@ fn rotate_certificates_defaults_true_with_a_config_file_and_the_flag_wins() {
 }
 
 #[test]
+fn server_tls_bootstrap_from_the_file_or_the_rotate_server_certificates_flag() {
+    let tls_bootstrap = |flags: &[&str], file: Option<&str>| ok(flags, file).server.server_tls_bootstrap;
+    assert!(!tls_bootstrap(&[], None));
+    assert!(!tls_bootstrap(&[], Some("")));
+    assert!(tls_bootstrap(&[], Some("serverTLSBootstrap: true\n")));
+    assert!(tls_bootstrap(&["--rotate-server-certificates"], None));
+    assert!(!tls_bootstrap(&["--rotate-server-certificates=false"], Some("serverTLSBootstrap: true\n")));
+}
+
+#[test]
 fn change_detection_strategy() {
     let body = |v: &str| format!("configMapAndSecretChangeDetectionStrategy: {v}\n");
     assert_eq!(ok(&[], Some(&body("Get"))).change_detection, ChangeDetection::Get);

@@ -250,6 +250,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("tlsPrivateKeyFile", "tls_private_key_file", "crates/server/src/tls.rs"),
     ("tlsCipherSuites", "tls_cipher_suites", "crates/server/src/tls.rs"),
     ("tlsMinVersion", "tls_min_version", "crates/server/src/tls.rs"),
+    ("serverTLSBootstrap", "server_tls_bootstrap", "crates/node/src/lib.rs"),
     ("authentication", "anonymous", "crates/server/src/authn.rs"),
     ("authorization", "authorization_mode", "crates/server/src/authz.rs"),
     ("healthzPort", "healthz_port", "crates/server/src/lib.rs"),

@@ -456,3 +456,234 @@ async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps
     assert!(gantry.try_exit().is_none(), "the agent never restarted: {}", tail(&gantry.log(), 30));
     assert!(!gantry.log().contains("stopping the node agent"), "{}", tail(&gantry.log(), 30));
 }
+
+/// The node's serving CSRs (signer kubernetes.io/kubelet-serving), oldest first.
+async fn serving_csrs(admin: &Client, node: &str) -> Vec<CertificateSigningRequest> {
+    let mut made = csrs_by(admin, &format!("system:node:{node}")).await;
+    made.retain(|c| c.spec.signer_name == "kubernetes.io/kubelet-serving");
+    made.sort_by_key(|c| c.metadata.creation_timestamp.clone().map(|t| t.0));
+    made
+}
+
+fn issued(csr: &CertificateSigningRequest) -> bool {
+    csr.status.as_ref().is_some_and(|s| s.certificate.is_some())
+}
+
+/// What an operator does for serving CSRs: `kubectl certificate approve <name>`.
+async fn approve(admin: &Client, name: &str) {
+    let approve = Patch::Merge(json!({"status": {"conditions": [
+        {"type": "Approved", "status": "True", "reason": "E2EApprove", "message": "approved by the tls_bootstrap test"}
+    ]}}));
+    Api::<CertificateSigningRequest>::all(admin.clone())
+        .patch_subresource("approval", name, &PatchParams::default(), &approve)
+        .await
+        .unwrap();
+}
+
+/// The cluster CA (PEM) of a kubeconfig: what the API server trusts the node API with
+/// (`--kubelet-certificate-authority` on a kubeadm cluster).
+fn cluster_ca(kubeconfig: &Path) -> Vec<u8> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let cluster = kc.clusters[0].cluster.clone().unwrap();
+    match (&cluster.certificate_authority_data, &cluster.certificate_authority) {
+        (Some(data), _) => STANDARD.decode(data.trim()).unwrap(),
+        (None, Some(file)) => std::fs::read(file).unwrap(),
+        (None, None) => panic!("the kubeconfig names no CA"),
+    }
+}
+
+/// The certificate the node API presents on 127.0.0.1:`port` to a client that verifies it
+/// against `ca_pem` for the name 127.0.0.1, as the API server does before `kubectl logs`; the
+/// handshake error otherwise.
+async fn served_certificate(port: u16, ca_pem: &[u8]) -> std::io::Result<Vec<u8>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await?;
+    Ok(tls.get_ref().1.peer_certificates().unwrap()[0].to_vec())
+}
+
+/// (DNS names, IPs) in a certificate or request's subject alternative names.
+fn alt_names(san: Option<&x509_parser::extensions::SubjectAlternativeName>) -> (Vec<String>, Vec<String>) {
+    use x509_parser::extensions::GeneralName;
+    let (mut dns, mut ips) = (Vec::new(), Vec::new());
+    for name in san.map(|s| s.general_names.as_slice()).unwrap_or_default() {
+        match name {
+            GeneralName::DNSName(d) => dns.push(d.to_string()),
+            GeneralName::IPAddress(b) if b.len() == 4 => {
+                ips.push(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).unwrap()).to_string())
+            }
+            _ => {}
+        }
+    }
+    (dns, ips)
+}
+
+#[tokio::test]
+async fn the_node_api_serves_a_cluster_issued_certificate_once_approved_and_rotates_it() {
+    use x509_parser::prelude::FromDer;
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    // On the test server, short lifetimes make the serving certificate rotate during the test
+    // (the client certificate rotates too; the rotation test covers it).
+    const LIFETIME: std::time::Duration = std::time::Duration::from_secs(20);
+    let rotates = match cluster.test_server("serving certificate rotation (needs the test signer's short lifetime)") {
+        Some(server) => {
+            server.set_signing_duration(LIFETIME);
+            true
+        }
+        None => false,
+    };
+    let admin = cluster.admin().await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
+    if let Cluster::Real(_) = cluster {
+        kubeadm_bindings(&admin).await;
+    }
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let (port, healthz_port) = (common::node_api::free_port(), common::node_api::free_port());
+    let config = node.root.join("var/lib/kubelet/config.yaml");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "enableServer: false\n",
+        &format!("serverTLSBootstrap: true\naddress: 127.0.0.1\nport: {port}\nhealthzPort: {healthz_port}\n"),
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut args = node.args(&env);
+    args.push("--node-ip=127.0.0.1".into());
+    let mut gantry = Gantry::start(&args, &node.log());
+
+    // The request: the node's own identity, upstream's signer, usages, subject and names.
+    let csr = eventually("a serving CSR", &gantry, || async { serving_csrs(&admin, &env.node).await.pop() }).await;
+    let name = csr.metadata.name.clone().unwrap();
+    assert_eq!(csr.spec.usages.clone().unwrap(), ["digital signature", "server auth"]);
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&csr.spec.request.0).unwrap();
+    let (_, request) = x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents).unwrap();
+    let info = &request.certification_request_info;
+    assert_eq!(info.subject.to_string(), format!("O=system:nodes, CN=system:node:{}", env.node));
+    let san = request.requested_extensions().into_iter().flatten().find_map(|e| match e {
+        x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) => Some(san),
+        _ => None,
+    });
+    assert_eq!(
+        alt_names(san),
+        (vec![env.node.clone()], vec!["127.0.0.1".to_string()]),
+        "the node's Hostname and InternalIP"
+    );
+
+    // Until someone approves it, the secure port listens but completes no handshake.
+    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    eventually("the healthz port to answer", &gantry, || async {
+        (plain.get(format!("http://127.0.0.1:{healthz_port}/healthz")).send().await.ok()?.status() == 200).then_some(())
+    })
+    .await;
+    let ca = cluster_ca(&cluster.admin_kubeconfig(&env.ctd.dir()));
+    tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("the secure port listens");
+    let refused = served_certificate(port, &ca).await;
+    assert!(refused.is_err(), "no TLS before the serving certificate is approved");
+    assert!(!issued(&serving_csrs(&admin, &env.node).await[0]), "serving CSRs wait for approval");
+    assert!(!node.cert_dir().join("kubelet.crt").exists(), "no self-signed fallback");
+
+    // Approved, as `kubectl certificate approve`: the cluster-issued certificate is served.
+    approve(&admin, &name).await;
+    let der = eventually("the issued serving certificate served", &gantry, || async {
+        served_certificate(port, &ca).await.ok()
+    })
+    .await;
+    let (_, served) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let (_, ca_block) = x509_parser::pem::parse_x509_pem(&ca).unwrap();
+    let ca_cert = ca_block.parse_x509().unwrap();
+    assert_eq!(served.issuer(), ca_cert.subject(), "issued by the cluster CA");
+    let san = served.subject_alternative_name().unwrap().map(|s| s.value);
+    assert_eq!(alt_names(san), (vec![env.node.clone()], vec!["127.0.0.1".to_string()]));
+    let current = std::fs::read_link(node.cert_dir().join("kubelet-server-current.pem")).unwrap();
+    assert!(current.file_name().unwrap().to_str().unwrap().starts_with("kubelet-server-20"), "{current:?}");
+
+    if rotates {
+        // Before the first certificate expires a second request comes; approved, its
+        // certificate replaces the first on the same, never restarted, process.
+        let first_serial = served.raw_serial().to_vec();
+        let renewal = eventually("a second serving CSR", &gantry, || async {
+            let made = serving_csrs(&admin, &env.node).await;
+            (made.len() >= 2).then(|| made[1].metadata.name.clone().unwrap())
+        })
+        .await;
+        approve(&admin, &renewal).await;
+        eventually("the renewed serving certificate served", &gantry, || async {
+            let der = served_certificate(port, &ca).await.ok()?;
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+            (cert.raw_serial() != first_serial.as_slice()).then_some(())
+        })
+        .await;
+        assert!(gantry.log().contains("serving certificate rotated"), "{}", tail(&gantry.log(), 30));
+        assert!(gantry.try_exit().is_none(), "the agent never restarted: {}", tail(&gantry.log(), 30));
+    }
+    let _ = Api::<Secret>::namespaced(admin.clone(), "kube-system")
+        .delete(&format!("bootstrap-token-{id}"), &DeleteParams::default())
+        .await;
+    gantry.kill();
+    cluster.cleanup(&env.node).await;
+}
+
+#[tokio::test]
+async fn static_pods_run_while_the_bootstrap_csr_waits_for_approval() {
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some(server) = cluster.test_server("a pending bootstrap CSR (the real cluster's approver would approve it)")
+    else {
+        return;
+    };
+    // A token group that may create CSRs but is not auto-approved: the request waits for a human.
+    const GROUP: &str = "system:bootstrappers:manual";
+    server.set_authorizer(|req| {
+        let manual = req.user.groups.iter().any(|g| g == GROUP);
+        if manual && req.resource == "certificatesigningrequests" && req.subresource.is_empty() {
+            Decision::Allow
+        } else {
+            Decision::NoOpinion(String::new())
+        }
+    });
+    let admin = server.client(&User::Admin).await;
+    let (id, secret) = new_token();
+    create_token(&admin, &id, &secret, GROUP).await;
+    let node = KubeadmNode::new(&env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let manifest = pod_yaml("early", "while true; do sleep 1; done", "");
+    std::fs::write(node.root.join("etc/kubernetes/manifests/early.yaml"), manifest).unwrap();
+    let gantry = node.start(&env);
+
+    // The static pod runs on containerd while the node's client certificate is still pending.
+    let pod = format!("early-{}", env.node);
+    let requester = format!("system:bootstrap:{id}");
+    let csr =
+        eventually("the pending bootstrap CSR", &gantry, || async { csrs_by(&admin, &requester).await.pop() }).await;
+    let running = eventually("the static pod running before the CSR is approved", &gantry, || async {
+        env.running(&pod).await.pop()
+    })
+    .await;
+    let csr = Api::<CertificateSigningRequest>::all(admin.clone()).get(&csr.metadata.name.unwrap()).await.unwrap();
+    assert!(!issued(&csr), "the CSR is still pending");
+    assert!(!node.kubelet_conf().exists(), "no kubelet.conf yet");
+
+    // Approved: the node joins, registers and mirrors the static pod, which it adopts as it runs.
+    approve(&admin, &csr.metadata.name.unwrap()).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("the Node registered after the approval", &gantry, || async {
+        nodes.get_opt(&env.node).await.ok().flatten()
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mirror = eventually("the mirror pod", &gantry, || async { pods.get_opt(&pod).await.ok().flatten() }).await;
+    let annotations = mirror.metadata.annotations.unwrap_or_default();
+    assert!(annotations.contains_key("kubernetes.io/config.mirror"), "{annotations:?}");
+    let now = env.running(&pod).await;
+    assert_eq!(now.iter().map(|c| &c.id).collect::<Vec<_>>(), [&running.id], "the same container, not restarted");
+}

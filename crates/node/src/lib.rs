@@ -13,6 +13,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
+use gantry_agent::api::bootstrap;
+use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, Purpose};
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::NodeEventRecorder;
@@ -38,6 +40,10 @@ pub enum NodeError {
     Cluster(#[from] node_side::NodeError),
     #[error("cannot start the node API server: {0}")]
     Server(#[from] server::ServerError),
+    #[error(
+        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {reason}"
+    )]
+    ServingCert { reason: String },
     #[error(transparent)]
     Task(#[from] TaskFault),
 }
@@ -63,13 +69,33 @@ impl Node {
     /// fails (`Err` naming it).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
         let settings = &self.settings;
+        let mut shutdown = std::pin::pin!(shutdown);
+        if let Some(paths) = node_side::bootstrap_paths(settings)
+            && (settings.static_pod_path.is_some() || settings.static_pod_url.is_some())
+            && !bootstrap::has_valid_client_cert(&paths.kubeconfig)
+            && !static_pods_while_bootstrapping(settings, &paths, shutdown.as_mut()).await?
+        {
+            return Ok(());
+        }
         let shared = connect(settings).await?;
         let mut sources = agent::sources(settings);
         let mut supervisor = Supervisor::default();
         spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
+        let serving_cert = serving_certificate(settings)?;
         let cluster = match settings.kubeconfig {
-            Some(_) => Some(join_cluster(settings, &shared, &mut sources, &mut supervisor).await?),
-            None => None,
+            Some(_) => {
+                Some(join_cluster(settings, &shared, &mut sources, serving_cert.clone(), &mut supervisor).await?)
+            }
+            None => {
+                if serving_cert.is_some() {
+                    tracing::warn!(
+                        node = %settings.node_name,
+                        "serverTLSBootstrap needs --kubeconfig to request a serving certificate; the node API serves \
+                         only a certificate already in --cert-dir (kubelet-server-current.pem)"
+                    );
+                }
+                None
+            }
         };
         let shared = match &cluster {
             Some(c) => {
@@ -86,7 +112,8 @@ impl Node {
             );
         }
         if settings.server.enabled {
-            let serving = serve(settings, &shared, cluster.as_ref().map(|c| c.client.clone())).await?;
+            let client = cluster.as_ref().map(|c| c.client.clone());
+            let serving = serve(settings, &shared, client, serving_cert).await?;
             spawn_all(&mut supervisor, serving.tasks);
         }
         spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
@@ -106,6 +133,41 @@ impl Node {
         tracing::info!(node = %settings.node_name, "node agent ready");
         supervisor.run(shutdown).await?;
         Ok(())
+    }
+}
+
+/// TLS bootstrap on a node with static pods: they run (pod sources and workers only) while the
+/// node waits for its client certificate, as upstream's static pods do, since the CSR may wait
+/// for a human or the API server may be one of them. Once the certificate is there this
+/// phase's loops stop (running pods keep running) and the full node, started next, adopts the
+/// pods. `Ok(false)`: told to shut down meanwhile.
+async fn static_pods_while_bootstrapping(
+    settings: &Settings,
+    paths: &bootstrap::BootstrapPaths,
+    shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<bool, NodeError> {
+    let shared = connect(settings).await?;
+    let mut sources = agent::sources(settings);
+    let mut supervisor = Supervisor::default();
+    spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
+    let agent = Agent::new(shared, sources.kinds.clone(), &settings.node_name);
+    // Pods a maintenance held when the last run ended stay stopped meanwhile too.
+    agent.holds().send_replace(maintenance::load(&maintenance::holds_file(&settings.root_dir)));
+    drop(sources.tx);
+    supervisor.spawn("pod-workers", agent.run(sources.rx));
+    tracing::info!(node = %settings.node_name, "static pods run while the node waits for its client certificate (TLS bootstrap)");
+    let mut outcome = None;
+    let until = async {
+        tokio::select! {
+            result = bootstrap::load_client_cert(paths, &settings.node_name) => outcome = Some(result),
+            () = shutdown => {}
+        }
+    };
+    supervisor.run(until).await?;
+    match outcome {
+        Some(Ok(())) => Ok(true),
+        Some(Err(e)) => Err(node_side::NodeError::from(gantry_agent::api::ApiError::from(e)).into()),
+        None => Ok(false),
     }
 }
 
@@ -142,12 +204,35 @@ async fn serve(
     settings: &Settings,
     shared: &Shared,
     client: Option<kube::Client>,
+    serving_cert: Option<Arc<CurrentCert>>,
 ) -> Result<server::Serving, NodeError> {
     let cri = shared.driver.cri().clone();
     let host_ip = shared.host_ip.as_deref().and_then(|ip| ip.parse().ok());
     let pods = Arc::new(AgentPods(shared.statuses.clone()));
     let state = server::ServerState::new(settings, cri, pods, host_ip, client);
-    Ok(server::bind_all(settings, state).await?)
+    let resolver = serving_cert.map(|c| c as Arc<dyn server::tls::ResolvesServerCert>);
+    Ok(server::bind_all(settings, state, resolver).await?)
+}
+
+/// With `serverTLSBootstrap` (and the node API on), the serving certificate the API server
+/// issues: `<cert-dir>/kubelet-server-current.pem`, else `tlsCertFile` as upstream's store.
+fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, NodeError> {
+    let s = &settings.server;
+    if !(s.enabled && s.server_tls_bootstrap) {
+        return Ok(None);
+    }
+    let fallback = match (&s.tls_cert_file, &s.tls_private_key_file) {
+        (Some(cert), Some(key)) => {
+            let read = |path: &std::path::Path| {
+                std::fs::read(path).map_err(|e| NodeError::ServingCert { reason: format!("{}: {e}", path.display()) })
+            };
+            Some([read(cert)?, b"\n".to_vec(), read(key)?].concat())
+        }
+        _ => None,
+    };
+    let cert = CurrentCert::serving(&s.cert_dir(&settings.root_dir), fallback.as_deref())
+        .map_err(|reason| NodeError::ServingCert { reason })?;
+    Ok(Some(Arc::new(cert)))
 }
 
 /// The status file, image garbage collection and log rotation.
@@ -178,6 +263,7 @@ async fn join_cluster(
     settings: &Settings,
     shared: &Shared,
     sources: &mut Sources,
+    serving_cert: Option<Arc<CurrentCert>>,
     supervisor: &mut Supervisor,
 ) -> Result<Cluster, NodeError> {
     // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
@@ -186,6 +272,17 @@ async fn join_cluster(
     supervisor.adopt("node-status", node.task);
     if let Some(rotation) = node.clients.rotation.clone() {
         supervisor.spawn("certificate-rotation", rotation.run());
+    }
+    if let Some(cert) = serving_cert {
+        let rotation = CertificateRotation {
+            client: node.clients.heartbeat.clone(),
+            cert,
+            cert_dir: settings.server.cert_dir(&settings.root_dir),
+            bootstrap: None,
+            node: settings.node_name.clone(),
+            purpose: Purpose::Serving { addresses: node.addresses.clone() },
+        };
+        supervisor.spawn("serving-certificate-rotation", Arc::new(rotation).run());
     }
     let client = node.clients.client.clone();
     let (mirrors_tx, mirrors) = watch::channel(Vec::new());

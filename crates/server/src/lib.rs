@@ -145,13 +145,25 @@ pub struct Serving {
 
 /// Binds every configured port (an error names the address, as upstream fails start-up when
 /// it cannot listen) and returns the accept loops; nothing is served until they run.
-pub async fn bind_all(settings: &Settings, state: ServerState) -> Result<Serving, ServerError> {
+/// `serving_cert`: the certificate resolver of `serverTLSBootstrap`; `None` serves
+/// `tlsCertFile` or a self-signed certificate.
+pub async fn bind_all(
+    settings: &Settings,
+    state: ServerState,
+    serving_cert: Option<Arc<dyn tls::ResolvesServerCert>>,
+) -> Result<Serving, ServerError> {
     let s = &settings.server;
-    // The node's addresses: `--node-ip`, and in cluster mode the InternalIP it registered.
-    let mut node_ips = settings.node_ips.clone();
-    node_ips.extend(state.inner.host_ip);
-    node_ips.dedup();
-    let tls = tls::server_config(s, settings, &node_ips).await?;
+    let cert = match serving_cert {
+        Some(resolver) => tls::ServingCert::Resolver(resolver),
+        None => {
+            // The node's addresses: `--node-ip`, and in cluster mode the InternalIP it registered.
+            let mut node_ips = settings.node_ips.clone();
+            node_ips.extend(state.inner.host_ip);
+            node_ips.dedup();
+            tls::ServingCert::Files { node_ips }
+        }
+    };
+    let tls = tls::server_config(s, settings, cert).await?;
     let (secure, secure_addr) = bind(SocketAddr::new(s.address, settings.port), "port").await?;
     let healthz = match s.healthz_port {
         0 => None,

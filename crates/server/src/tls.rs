@@ -2,7 +2,8 @@
 //!
 //! With `tlsCertFile`/`tlsPrivateKeyFile` those files are served. Without them, as upstream,
 //! a self-signed pair is written to `<cert-dir>/kubelet.crt` and `kubelet.key` for the
-//! node's hostname and addresses, and reused on the next start. With
+//! node's hostname and addresses, and reused on the next start. With `serverTLSBootstrap` the
+//! caller gives a certificate resolver instead ([`ServingCert::Resolver`]). With
 //! `authentication.x509.clientCAFile`, client certificates are asked for and, when presented,
 //! verified against that bundle during the handshake (a certificate from another CA fails
 //! the handshake); clients without one go on to token or anonymous authentication.
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+pub use rustls::server::ResolvesServerCert;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{SupportedCipherSuite, SupportedProtocolVersion};
 
@@ -117,16 +119,24 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
-/// The rustls configuration of the secure port (HTTP/1.1: upgrades need it). `node_ips` go
-/// into a generated certificate.
+/// Where the secure port's certificate comes from.
+#[derive(Debug)]
+pub enum ServingCert {
+    /// `tlsCertFile`/`tlsPrivateKeyFile`, or the self-signed pair in `--cert-dir`; `node_ips`
+    /// go into a generated certificate.
+    Files { node_ips: Vec<IpAddr> },
+    /// Chosen at each handshake (`serverTLSBootstrap`: the certificate the API server issued,
+    /// rotated without a restart). When it has none the handshake fails: no fallback to a
+    /// self-signed certificate, as upstream.
+    Resolver(Arc<dyn ResolvesServerCert>),
+}
+
+/// The rustls configuration of the secure port (HTTP/1.1: upgrades need it).
 pub async fn server_config(
     s: &ServerSettings,
     settings: &Settings,
-    node_ips: &[IpAddr],
+    cert: ServingCert,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let (cert_path, key_path) = serving_files(s, settings, node_ips).await?;
-    let certs = load_certs(&cert_path, "tlsCertFile")?;
-    let key = load_key(&key_path)?;
     let (provider, versions) = protocol(s);
     let provider = Arc::new(provider);
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -146,9 +156,17 @@ pub async fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| TlsError::Config(format!("{} and {}: {e}", cert_path.display(), key_path.display())))?;
+    let mut config = match cert {
+        ServingCert::Files { node_ips } => {
+            let (cert_path, key_path) = serving_files(s, settings, &node_ips).await?;
+            let certs = load_certs(&cert_path, "tlsCertFile")?;
+            let key = load_key(&key_path)?;
+            builder
+                .with_single_cert(certs, key)
+                .map_err(|e| TlsError::Config(format!("{} and {}: {e}", cert_path.display(), key_path.display())))?
+        }
+        ServingCert::Resolver(resolver) => builder.with_cert_resolver(resolver),
+    };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -34,7 +34,9 @@ use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 /// The key kept while a request is pending.
 pub const PENDING_KEY_FILE: &str = "kubelet-client.key.tmp";
-/// The symlink to the current certificate and key.
+/// The prefix of the client certificate files in `--cert-dir` (`<prefix>-<time>.pem`).
+pub const CLIENT_FILE_PREFIX: &str = "kubelet-client";
+/// The symlink to the current client certificate and key.
 pub const CURRENT_PEM_FILE: &str = "kubelet-client-current.pem";
 /// How long the wait for an issued certificate lasts (upstream: one hour).
 pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -107,18 +109,21 @@ pub struct BootstrapPaths {
     pub cert_dir: PathBuf,
 }
 
+/// Whether `kubeconfig` holds a client certificate valid now (upstream's
+/// `isClientConfigStillValid`): if not, TLS bootstrap is needed.
+pub fn has_valid_client_cert(kubeconfig: &Path) -> bool {
+    kubeconfig_client_cert(kubeconfig).is_ok_and(|pem| cert_valid_at(&pem, jiff::Timestamp::now().as_second()).is_ok())
+}
+
 /// Makes sure `--kubeconfig` holds a valid client certificate, bootstrapping one if not.
 pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), BootstrapError> {
-    let now = jiff::Timestamp::now().as_second();
-    if let Ok(pem) = kubeconfig_client_cert(&paths.kubeconfig)
-        && cert_valid_at(&pem, now).is_ok()
-    {
+    if has_valid_client_cert(&paths.kubeconfig) {
         tracing::info!(kubeconfig = %paths.kubeconfig.display(), node = %node, "the kubeconfig has a valid client certificate; no bootstrap needed");
         return Ok(());
     }
     let bootstrap = BootstrapClient::load(&paths.bootstrap).await?;
     let key = pending_key(&paths.cert_dir)?;
-    let request = certificate_request(&key, node).map_err(|e| BootstrapError::Write {
+    let request = certificate_request(&key, node, &CertNames::default()).map_err(|e| BootstrapError::Write {
         path: paths.cert_dir.join(PENDING_KEY_FILE),
         reason: format!("cannot make a certificate request with this key: {e}"),
     })?;
@@ -130,7 +135,7 @@ pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), 
     let cert_pem = wait_for_certificate(&api, &name, APPROVAL_TIMEOUT).await?;
     cert_valid_at(cert_pem.as_bytes(), jiff::Timestamp::now().as_second())
         .map_err(|reason| BootstrapError::BadCertificate { name: name.clone(), reason })?;
-    let pem_path = write_current(&paths.cert_dir, &cert_pem, &key.serialize_pem())?;
+    let pem_path = write_current(&paths.cert_dir, CLIENT_FILE_PREFIX, &cert_pem, &key.serialize_pem())?;
     write_private(&paths.kubeconfig, bootstrap.kubeconfig_for(&pem_path).as_bytes())?;
     let _ = std::fs::remove_file(paths.cert_dir.join(PENDING_KEY_FILE));
     tracing::info!(csr = %name, cert = %pem_path.display(), kubeconfig = %paths.kubeconfig.display(), "client certificate issued; kubeconfig written");
@@ -375,12 +380,25 @@ fn pending_key(cert_dir: &Path) -> Result<KeyPair, BootstrapError> {
     Ok(key)
 }
 
-/// The PEM certificate request for `node` (ECDSA P-256, no extensions, as the kubelet's).
-pub fn certificate_request(key: &KeyPair, node: &str) -> Result<String, rcgen::Error> {
+/// The names a serving certificate covers (upstream's request template: the node's DNS names
+/// and IPs, each sorted). Empty for a client certificate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertNames {
+    pub dns: Vec<String>,
+    pub ips: Vec<std::net::IpAddr>,
+}
+
+/// The PEM certificate request for `node` (ECDSA P-256, as the kubelet's): subject
+/// `CN=system:node:<node>, O=system:nodes`, and `names` as subject alternative names.
+pub fn certificate_request(key: &KeyPair, node: &str, names: &CertNames) -> Result<String, rcgen::Error> {
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
     params.distinguished_name.push(DnType::OrganizationName, "system:nodes");
     params.distinguished_name.push(DnType::CommonName, format!("system:node:{node}"));
+    for dns in &names.dns {
+        params.subject_alt_names.push(rcgen::SanType::DnsName(dns.clone().try_into()?));
+    }
+    params.subject_alt_names.extend(names.ips.iter().map(|ip| rcgen::SanType::IpAddress(*ip)));
     params.serialize_request(key)?.pem()
 }
 
@@ -449,17 +467,23 @@ pub fn cert_valid_at(pem: &[u8], now: i64) -> Result<(), String> {
     if seen == 0 { Err("no certificate".into()) } else { Ok(()) }
 }
 
-/// Writes `<cert-dir>/kubelet-client-<time>.pem` and swaps the `kubelet-client-current.pem`
-/// symlink to it (a rename, so readers never see a missing link). Returns the link's path.
-pub(crate) fn write_current(cert_dir: &Path, cert_pem: &str, key_pem: &str) -> Result<PathBuf, BootstrapError> {
+/// Writes `<cert-dir>/<prefix>-<time>.pem` and swaps the `<prefix>-current.pem` symlink to it
+/// (a rename, so readers never see a missing link), as upstream's certificate file store.
+/// Returns the link's path.
+pub(crate) fn write_current(
+    cert_dir: &Path,
+    prefix: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<PathBuf, BootstrapError> {
     let stamp = jiff::Zoned::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
-    let file = cert_dir.join(format!("kubelet-client-{stamp}.pem"));
+    let file = cert_dir.join(format!("{prefix}-{stamp}.pem"));
     let mut contents = cert_pem.trim_end().to_string();
     contents.push('\n');
     contents.push_str(key_pem);
     write_private(&file, contents.as_bytes())?;
-    let link = cert_dir.join(CURRENT_PEM_FILE);
-    let tmp = cert_dir.join(format!(".{CURRENT_PEM_FILE}.tmp"));
+    let link = cert_dir.join(format!("{prefix}-current.pem"));
+    let tmp = cert_dir.join(format!(".{prefix}-current.pem.tmp"));
     let werr = |path: &Path| {
         let path = path.to_path_buf();
         move |e: std::io::Error| BootstrapError::Write { path, reason: e.to_string() }

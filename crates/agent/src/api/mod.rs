@@ -152,11 +152,19 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
     let rotating = match (settings.rotate_certificates, client_identity(&config)) {
         (true, Some(identity)) => {
             let cert_dir = settings.server.cert_dir(&settings.root_dir);
-            let current = rotation::CurrentClientCert::new(&cert_dir, Some(&identity))
+            let current = rotation::CurrentCert::client(&cert_dir, Some(&identity))
                 .map_err(|reason| ApiError::InvalidKubeconfig { path: path.clone(), reason })?;
             Some(Arc::new(current))
         }
-        _ => None,
+        (true, None) => {
+            tracing::info!(
+                kubeconfig = %path.display(), user = %user,
+                "rotateCertificates is on, but the kubeconfig authenticates without a client certificate (token or exec \
+                 plugin): no client certificate rotation"
+            );
+            None
+        }
+        (false, _) => None,
     };
     let builder = |config: kube::Config| match &rotating {
         Some(current) => rotating_client_builder(config, current.clone()).map_err(invalid),
@@ -174,6 +182,7 @@ pub async fn build(settings: &Settings) -> Result<ApiClients, ApiError> {
         cert_dir: settings.server.cert_dir(&settings.root_dir),
         bootstrap: settings.bootstrap_kubeconfig.clone(),
         node: settings.node_name.clone(),
+        purpose: rotation::Purpose::Client,
     });
     Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path, rotation: rotation.map(Arc::new) })
 }
@@ -201,7 +210,7 @@ fn client_identity(config: &kube::Config) -> Option<Vec<u8>> {
 /// connection from `current`, so that a rotated certificate is used without a restart.
 fn rotating_client_builder(
     config: kube::Config,
-    current: Arc<rotation::CurrentClientCert>,
+    current: Arc<rotation::CurrentCert>,
 ) -> Result<ClientBuilder<GenericService>, kube::Error> {
     use http_body_util::BodyExt;
     use kube::client::ConfigExt;

@@ -85,6 +85,8 @@ pub struct NodeController {
     uid: watch::Sender<Option<String>>,
     /// The Node's `node.alpha.kubernetes.io/ttl` annotation (the object cache TTL).
     object_ttl: watch::Sender<Option<Duration>>,
+    /// The node's addresses as last observed for its status (the serving certificate's names).
+    addresses: watch::Sender<Vec<NodeAddress>>,
     runtime: Mutex<RuntimeState>,
     runtime_changed: Notify,
     pressure: Mutex<PressureTracker>,
@@ -148,6 +150,7 @@ impl NodeController {
             facts,
             uid: watch::channel(None).0,
             object_ttl: watch::channel(None).0,
+            addresses: watch::channel(Vec::new()).0,
             runtime: Mutex::new(RuntimeState::default()),
             runtime_changed: Notify::new(),
             pressure: Mutex::new(PressureTracker::default()),
@@ -173,6 +176,12 @@ impl NodeController {
     /// The Node's object TTL annotation as last seen (`None` without one).
     pub fn object_ttl(&self) -> watch::Receiver<Option<Duration>> {
         self.object_ttl.subscribe()
+    }
+
+    /// The node's addresses as last observed (upstream's `getLastObservedNodeAddresses`);
+    /// changes only when they do.
+    pub fn addresses(&self) -> watch::Receiver<Vec<NodeAddress>> {
+        self.addresses.subscribe()
     }
 
     fn note_uid(&self, node: &Node) {
@@ -249,6 +258,15 @@ impl NodeController {
         let pressure = self.pressure.lock().unwrap_or_else(|e| e.into_inner()).update(observed, now);
         let s = &self.settings;
         let addresses = self.detector.lock().await.detect(&s.node_ips, &s.node_name, &s.hostname).await;
+        if let Ok(found) = &addresses {
+            self.addresses.send_if_modified(|last| {
+                let changed = last != found;
+                if changed {
+                    last.clone_from(found);
+                }
+                changed
+            });
+        }
         let images = match self.cri.images.list_images(ListImagesRequest::default()).await {
             Ok(list) => Some(node_images(&list.images, MAX_IMAGES)),
             Err(e) => {

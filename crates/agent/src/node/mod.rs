@@ -57,6 +57,8 @@ pub struct NodeAgent {
     pub node_uid: watch::Receiver<Option<String>>,
     /// The Node's `node.alpha.kubernetes.io/ttl` annotation as last seen.
     pub object_ttl: watch::Receiver<Option<std::time::Duration>>,
+    /// The node's addresses as last observed for its status.
+    pub addresses: watch::Receiver<Vec<k8s_openapi::api::core::v1::NodeAddress>>,
     /// Registration, then the status, lease and runtime loops; they run until
     /// aborted.
     pub task: JoinHandle<()>,
@@ -88,12 +90,7 @@ pub enum Startup {
 /// the Node (retrying until the API server accepts it) and runs the status
 /// and lease loops.
 pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<NodeAgent, NodeError> {
-    if let (Some(bootstrap), Some(kubeconfig)) = (&settings.bootstrap_kubeconfig, &settings.kubeconfig) {
-        let paths = api::bootstrap::BootstrapPaths {
-            kubeconfig: kubeconfig.clone(),
-            bootstrap: bootstrap.clone(),
-            cert_dir: settings.server.cert_dir(&settings.root_dir),
-        };
+    if let Some(paths) = bootstrap_paths(settings) {
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
     }
     let clients = api::build(settings).await?;
@@ -112,6 +109,7 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
     let controller = NodeController::new(clients.heartbeat.clone(), settings, cri);
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
+    let addresses = controller.addresses();
     let host_ips = controller.host_ips().await;
     let (registered, registration) = watch::channel(None);
     let node = node.clone();
@@ -129,5 +127,14 @@ pub async fn start(settings: &Settings, cri: Cri, startup: Startup) -> Result<No
             }
         }
     });
-    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, task })
+    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, addresses, task })
+}
+
+/// Where TLS bootstrap reads and writes, with `--bootstrap-kubeconfig` and `--kubeconfig`.
+pub fn bootstrap_paths(settings: &Settings) -> Option<api::bootstrap::BootstrapPaths> {
+    Some(api::bootstrap::BootstrapPaths {
+        kubeconfig: settings.kubeconfig.clone()?,
+        bootstrap: settings.bootstrap_kubeconfig.clone()?,
+        cert_dir: settings.server.cert_dir(&settings.root_dir),
+    })
 }

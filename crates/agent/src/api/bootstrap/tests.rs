@@ -32,7 +32,7 @@ fn csr_name_is_stable_per_key_and_subject() {
 #[test]
 fn request_names_the_node() {
     let key = KeyPair::generate().unwrap();
-    let pem = certificate_request(&key, "n1").unwrap();
+    let pem = certificate_request(&key, "n1", &CertNames::default()).unwrap();
     let (_, block) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
     assert_eq!(block.label, "CERTIFICATE REQUEST");
     use x509_parser::prelude::FromDer;
@@ -96,7 +96,7 @@ fn written_kubeconfig_points_at_the_current_pem() {
     let dir = tempfile::tempdir().unwrap();
     let pem = cert_between(0, 4_000_000_000);
     let key = KeyPair::generate().unwrap();
-    let link = write_current(dir.path(), &pem, &key.serialize_pem()).unwrap();
+    let link = write_current(dir.path(), CLIENT_FILE_PREFIX, &pem, &key.serialize_pem()).unwrap();
     assert_eq!(link, dir.path().join(CURRENT_PEM_FILE));
     let target = std::fs::read_link(&link).unwrap();
     let file_name = target.file_name().unwrap().to_str().unwrap().to_string();
@@ -132,12 +132,12 @@ fn spec_for(request: &str) -> CertificateSigningRequestSpec {
 #[test]
 fn a_request_made_again_with_the_same_key_is_compatible() {
     let key = KeyPair::generate().unwrap();
-    let first = spec_for(&certificate_request(&key, "n1").unwrap());
-    let again = spec_for(&certificate_request(&key, "n1").unwrap());
+    let first = spec_for(&certificate_request(&key, "n1", &CertNames::default()).unwrap());
+    let again = spec_for(&certificate_request(&key, "n1", &CertNames::default()).unwrap());
     let existing = CertificateSigningRequest { spec: first, ..Default::default() };
     assert!(compatible(&existing, &again).is_ok());
-    let other_key = spec_for(&certificate_request(&KeyPair::generate().unwrap(), "n1").unwrap());
+    let other_key = spec_for(&certificate_request(&KeyPair::generate().unwrap(), "n1", &CertNames::default()).unwrap());
     assert_eq!(compatible(&existing, &other_key).unwrap_err(), "its public key differs");
-    let other_node = spec_for(&certificate_request(&key, "n2").unwrap());
+    let other_node = spec_for(&certificate_request(&key, "n2", &CertNames::default()).unwrap());
     assert_eq!(compatible(&existing, &other_node).unwrap_err(), "its subject differs");
 }

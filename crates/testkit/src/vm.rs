@@ -80,9 +80,54 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A TCP port of the host the guest may reach, and nothing else: qemu's user networking in
+/// restricted mode, with one forward from `guest` (an address on the guest's 10.0.2.0/24
+/// network) to `127.0.0.1:host_port`. The guest configures its interface itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Forward {
+    pub guest: std::net::SocketAddrV4,
+    pub host_port: u16,
+}
+
 /// Boots the VM, runs `guest_script` in it with `files` (copied by file name) on the share,
 /// and waits until it powered off, at most `timeout`. `run_dir` must not exist yet.
 pub fn run(guest_script: &Path, files: &[PathBuf], run_dir: &Path, timeout: Duration) -> Result<VmRun> {
+    spawn(guest_script, files, run_dir, timeout, None)?.wait()
+}
+
+/// A VM booting or running; [`wait`](Self::wait) for it to power off.
+#[derive(Debug)]
+pub struct Running {
+    dir: PathBuf,
+    child: std::process::Child,
+    started: Instant,
+}
+
+impl Running {
+    /// The guest's `/mnt/host`, which the test may read and write while the VM runs.
+    pub fn share(&self) -> PathBuf {
+        self.dir.join("share")
+    }
+
+    /// Waits until the VM powered off (`scripts/vm` enforces the timeout).
+    pub fn wait(mut self) -> Result<VmRun> {
+        let status =
+            self.child.wait().map_err(|source| TestkitError::Io { context: "wait for scripts/vm".into(), source })?;
+        let elapsed = self.started.elapsed();
+        let exit = status.code().unwrap_or(125);
+        tracing::info!(exit, elapsed_ms = elapsed.as_millis() as u64, dir = %self.dir.display(), "VM run finished");
+        Ok(VmRun { dir: self.dir, exit, elapsed })
+    }
+}
+
+/// Starts what [`run`] does without waiting, with the guest's network `forward` if any.
+pub fn spawn(
+    guest_script: &Path,
+    files: &[PathBuf],
+    run_dir: &Path,
+    timeout: Duration,
+    forward: Option<Forward>,
+) -> Result<Running> {
     std::fs::create_dir_all(run_dir).ctx(|| format!("create {}", run_dir.display()))?;
     let log = std::fs::File::create(run_dir.join("vm.log")).ctx(|| "create vm.log".into())?;
     let mut cmd = Command::new(script());
@@ -95,12 +140,12 @@ pub fn run(guest_script: &Path, files: &[PathBuf], run_dir: &Path, timeout: Dura
         .stdout(log.try_clone().ctx(|| "dup vm.log".into())?)
         .stderr(log)
         .stdin(Stdio::null());
+    if let Some(Forward { guest, host_port }) = forward {
+        cmd.env("VM_FORWARD", format!("{guest}={host_port}"));
+    }
     let started = Instant::now();
-    let status = cmd.status().map_err(|source| TestkitError::Io { context: "spawn scripts/vm run".into(), source })?;
-    let elapsed = started.elapsed();
-    let exit = status.code().unwrap_or(125);
-    tracing::info!(exit, elapsed_ms = elapsed.as_millis() as u64, dir = %run_dir.display(), "VM run finished");
-    Ok(VmRun { dir: run_dir.to_path_buf(), exit, elapsed })
+    let child = cmd.spawn().map_err(|source| TestkitError::Io { context: "spawn scripts/vm run".into(), source })?;
+    Ok(Running { dir: run_dir.to_path_buf(), child, started })
 }
 
 /// One boot for a test file's cases: `None` (SKIPPED, or a failure under `CI=true`) when the
@@ -112,6 +157,18 @@ pub fn boot_for_test(
     files: impl FnOnce(&Path) -> Vec<PathBuf>,
     timeout: Duration,
 ) -> Option<VmRun> {
+    Some(finish_for_test(start_for_test(test, guest_script, files, timeout, None)?))
+}
+
+/// As [`boot_for_test`], but returns once the VM is starting, for a test that works with the
+/// guest while it runs (over the share, or the `forward`); end with [`finish_for_test`].
+pub fn start_for_test(
+    test: &str,
+    guest_script: &Path,
+    files: impl FnOnce(&Path) -> Vec<PathBuf>,
+    timeout: Duration,
+    forward: Option<Forward>,
+) -> Option<Running> {
     crate::init_test_tracing();
     if let Some(reason) = missing_prerequisite() {
         crate::prereq::skip_or_panic(&reason);
@@ -121,7 +178,12 @@ pub fn boot_for_test(
     let dir = tempfile::Builder::new().prefix(&format!("{test}-")).tempdir().expect("a run directory").keep();
     let mut shared = files(&dir);
     shared.extend(images.into_iter().map(|i| i.path));
-    let run = run(guest_script, &shared, &dir.join("run"), timeout).expect("start the VM");
+    Some(spawn(guest_script, &shared, &dir.join("run"), timeout, forward).expect("start the VM"))
+}
+
+/// Waits for a VM from [`start_for_test`] to power off; the run's figures go to stderr.
+pub fn finish_for_test(running: Running) -> VmRun {
+    let run = running.wait().expect("run the VM");
     // Straight to stderr so a normal `cargo test` run shows the figures.
     use std::io::Write;
     let _ = writeln!(
@@ -131,5 +193,5 @@ pub fn boot_for_test(
         run.boot_seconds(),
         run.results().display()
     );
-    Some(run)
+    run
 }

@@ -602,3 +602,148 @@ async fn a_deferred_resize_is_admitted_when_a_pod_leaves() {
     .await;
     assert!(left_at.elapsed() < settings.sync_frequency, "admitted after {:?}", left_at.elapsed());
 }
+
+/// A pod whose container `app` has an exec liveness probe every `period` seconds that
+/// fails after `failure_threshold` failures in a row, and no initial delay.
+fn probed_pod(name: &str, period: i32, failure_threshold: i32) -> Pod {
+    let manifest = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{
+            "name": "app", "image": "registry.test/app:v1",
+            "livenessProbe": {"exec": {"command": ["check"]}, "periodSeconds": period, "failureThreshold": failure_threshold}
+        }]}
+    });
+    let path = format!("/etc/kubernetes/manifests/{name}.json");
+    let pod = manifest::parse_pod(manifest.to_string().as_bytes(), &path).expect("manifest parses");
+    static_pod::prepare(pod, &Origin::File(&path), NODE).expect("static pod is valid")
+}
+
+/// A container whose liveness probe keeps failing is probed every period, killed once the
+/// failures reach the threshold (not before), and re-created in the same sandbox, with
+/// upstream's `Unhealthy` and `Killing` events.
+#[tokio::test(start_paused = true)]
+async fn failing_liveness_probe_kills_and_recreates_the_container() {
+    capture_events();
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/app:v1");
+    let unhealthy = gantry_cri::api::ExecSyncResponse { exit_code: 1, stdout: b"not ok".to_vec(), stderr: Vec::new() };
+    node.fake.set_exec_result("app", unhealthy);
+    let (_shared, tx) = node.agent().await;
+    let pod = probed_pod("unwell", 5, 3);
+    send(&tx, &[&pod]).await;
+
+    let created = |n: usize| move |calls: &[Call]| ops(calls, "CreateContainer").len() >= n;
+    assert!(node.fake.advance_until(Duration::from_secs(30), created(2)).await, "re-created after the kill");
+    let calls = node.fake.calls();
+    let execs: Vec<_> = ops(&calls, "ExecSync").into_iter().map(|c| c.at).collect();
+    let stops = ops(&calls, "StopContainer");
+    assert_eq!(stops.len(), 1, "{calls:#?}");
+    let stopped = stops[0].at;
+    let before_stop: Vec<_> = execs.iter().filter(|&&at| at <= stopped).collect();
+    assert_eq!(before_stop.len(), 3, "killed at the third failure: {execs:?}");
+    let gaps: Vec<Duration> = before_stop.windows(2).map(|w| *w[1] - *w[0]).collect();
+    let about = |gap: Duration, secs: u64| {
+        gap >= Duration::from_secs(secs) && gap <= Duration::from_secs(secs) + Duration::from_millis(500)
+    };
+    assert!(gaps.iter().all(|&g| about(g, 5)), "probed every period: {gaps:?}");
+    assert!(stopped - *before_stop[2] <= Duration::from_secs(1), "killed right after the third failure");
+    assert_eq!(ops(&calls, "RunPodSandbox").len(), 1, "a probe kill does not recreate the sandbox");
+    let starts = ops(&calls, "StartContainer");
+    assert_eq!(starts.len(), 2, "{calls:#?}");
+
+    let events = events_of(uid(&pod));
+    let reasons: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    let killing = reasons.iter().position(|r| *r == "Killing").expect("a Killing event");
+    assert_eq!(reasons[..killing].iter().filter(|r| **r == "Unhealthy").count(), 3, "events: {events:?}");
+    let failed = events.iter().find(|e| e.0 == "Unhealthy").unwrap();
+    assert_eq!(failed.1, "Liveness probe failed: not ok");
+    assert_eq!(events[killing].1, "Container app failed liveness probe, will be restarted");
+    assert_eq!(reasons[killing + 1..].iter().filter(|r| **r == "Started").count(), 1, "events: {events:?}");
+}
+
+/// With nothing changing, a pod's worker looks at its pod again every `syncFrequency` (its own
+/// `ListPodSandbox` for the pod's UID), not sooner, while the node-wide relist runs every second.
+#[tokio::test(start_paused = true)]
+async fn an_idle_pod_is_resynced_every_sync_frequency() {
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/app:v1");
+    let mut settings = node.settings();
+    settings.sync_frequency = Duration::from_secs(25);
+    let shared = Shared::connect(&settings, Arc::default()).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
+    let pod = static_pod("idle", &["app"]);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    send(&tx, &[&pod]).await;
+    let started = |calls: &[Call]| !ops(calls, "StartContainer").is_empty();
+    assert!(node.fake.advance_until(Duration::from_secs(5), started).await, "the pod starts");
+    // The relist after the start wakes the worker once more; then the pod is idle.
+    node.fake.advance(Duration::from_secs(3)).await;
+    let syncs = |calls: &[Call]| calls.iter().filter(|c| c.op == "ListPodSandbox" && c.pod == name).count();
+    let before = syncs(&node.fake.calls());
+
+    let again = |calls: &[Call]| syncs(calls) > before;
+    assert!(node.fake.advance_until(Duration::from_secs(60), again).await, "resynced");
+    node.fake.advance(Duration::from_secs(30)).await;
+    let calls = node.fake.calls();
+    let at: Vec<_> = calls.iter().filter(|c| c.op == "ListPodSandbox" && c.pod == name).map(|c| c.at).collect();
+    let last_before = at[before - 1];
+    let resyncs: Vec<Duration> = at[before - 1..].windows(2).map(|w| w[1] - w[0]).collect();
+    let about = |gap: &Duration| *gap >= Duration::from_secs(25) && *gap <= Duration::from_millis(25_500);
+    assert!(resyncs.len() >= 2 && resyncs.iter().all(about), "every 25 s: {resyncs:?}");
+    let relists = calls.iter().filter(|c| c.op == "ListPodSandbox" && c.pod.is_empty() && c.at > last_before).count();
+    assert!(relists >= 50, "the relist ran meanwhile without waking the worker: {relists}");
+    assert_eq!(ops(&calls, "StartContainer").len(), 1, "an idle resync changes nothing");
+}
+
+/// What an agent leaves behind when no source defines its pod any more (the manifest went
+/// while the agent was down) is stopped and removed by the next agent's relist, but only once
+/// every source reported: until then the pod may still be wanted. The first agent runs in its
+/// own runtime on real time; the second on a held paused clock.
+#[test]
+fn orphaned_pod_is_stopped_and_removed_once_the_sources_reported() {
+    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let node = server.block_on(Node::start());
+    node.fake.add_image("registry.test/app:v1");
+    let pod = static_pod("orphan", &["app"]);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+
+    let first_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    first_runtime.block_on(async {
+        let (shared, tx) = node.agent().await;
+        send(&tx, &[&pod]).await;
+        wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+    });
+    drop(first_runtime);
+    let before = node.fake.calls().len();
+
+    let second_runtime = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+    second_runtime.block_on(async {
+        let _clock = ManualClock::hold();
+        let (_shared, tx) = node.agent().await;
+        node.fake.advance(Duration::from_secs(5)).await;
+        let calls = node.fake.calls();
+        assert!(ops(&calls[before..], "ListPodSandbox").len() >= 5, "the relist runs");
+        assert_eq!(ops(&calls[before..], "StopContainer").len(), 0, "nothing stopped before the sources reported");
+
+        send(&tx, &[]).await;
+        let removed = |calls: &[Call]| count(&calls[before..], "RemovePodSandbox", &name) >= 1;
+        assert!(node.fake.advance_until(Duration::from_secs(3), removed).await, "the orphan is removed");
+        let calls = node.fake.calls();
+        let order: Vec<&str> = calls[before..]
+            .iter()
+            .filter(|c| c.pod == name && c.op != "ListPodSandbox")
+            .map(|c| c.op)
+            .filter(|op| op.starts_with("Stop") || op.starts_with("Remove"))
+            .collect();
+        assert_eq!(order, ["StopContainer", "StopPodSandbox", "RemoveContainer", "RemovePodSandbox"]);
+        assert!(node.fake.containers().is_empty() && node.fake.sandboxes().is_empty());
+        for op in ["RunPodSandbox", "CreateContainer", "StartContainer"] {
+            assert_eq!(ops(&calls[before..], op).len(), 0, "nothing is started for an orphan ({op})");
+        }
+    });
+    drop(second_runtime);
+    drop(node);
+}

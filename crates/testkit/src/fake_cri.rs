@@ -23,6 +23,9 @@ use tokio::sync::watch;
 pub use tonic::Code;
 use tonic::{Request, Response, Status};
 
+/// The sandbox label upstream's kubelet (and Gantry) puts the pod's UID in.
+const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+
 /// What the fake calls itself in `Version`.
 pub const RUNTIME_NAME: &str = "fake-cri";
 
@@ -32,6 +35,7 @@ pub struct Call {
     /// The CRI method, as upstream names it (`RunPodSandbox`, `CreateContainer`, …).
     pub op: &'static str,
     /// The pod (sandbox metadata name) the call is about; empty for node-wide calls.
+    /// `ListPodSandbox` names the pod its label selector picks by UID, if any.
     pub pod: String,
     /// The container (metadata name) the call is about; empty if none.
     pub container: String,
@@ -327,6 +331,14 @@ fn not_found(kind: &str, id: &str) -> Status {
 }
 
 impl State {
+    /// The pod a label selector picks by its UID (a pod worker's own listing), else empty (a
+    /// node-wide relist).
+    fn pod_selected(&self, selector: &HashMap<String, String>) -> String {
+        let Some(uid) = selector.get(POD_UID_LABEL) else { return String::new() };
+        let sandbox = self.sandboxes.iter().find(|s| s.labels.get(POD_UID_LABEL) == Some(uid));
+        sandbox.and_then(|s| s.metadata.as_ref()).map(|m| m.name.clone()).unwrap_or_default()
+    }
+
     fn id(&mut self, prefix: &str) -> String {
         self.next_id += 1;
         format!("{prefix}{:016x}", self.next_id)
@@ -524,7 +536,8 @@ impl RuntimeService for Service {
         request: Request<ListPodSandboxRequest>,
     ) -> Result<Response<ListPodSandboxResponse>, Status> {
         let filter = request.into_inner().filter.unwrap_or_default();
-        let _call = self.enter("ListPodSandbox", String::new(), String::new()).await?;
+        let pod = self.lock().pod_selected(&filter.label_selector);
+        let _call = self.enter("ListPodSandbox", pod, String::new()).await?;
         let items = self
             .lock()
             .sandboxes

@@ -747,3 +747,35 @@ fn orphaned_pod_is_stopped_and_removed_once_the_sources_reported() {
     drop(second_runtime);
     drop(node);
 }
+
+/// The container garbage collection runs every minute from the agent's start, not sooner: a
+/// crash-looping container's dead instances stay until a pass, which keeps the newest only.
+#[tokio::test(start_paused = true)]
+async fn dead_containers_are_collected_every_gc_period() {
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/app:v1");
+    node.fake.exit_on_start("app", 1);
+    let started = tokio::time::Instant::now();
+    let (_shared, tx) = node.agent().await;
+    let pod = static_pod("collected", &["app"]);
+    send(&tx, &[&pod]).await;
+
+    let removed = |n: usize| move |calls: &[Call]| ops(calls, "RemoveContainer").len() >= n;
+    assert!(node.fake.advance_until(Duration::from_secs(70), removed(1)).await, "a first pass");
+    node.fake.advance(Duration::from_secs(1)).await;
+    let calls = node.fake.calls();
+    let first: Vec<_> = ops(&calls, "RemoveContainer").into_iter().map(|c| c.at - started).collect();
+    let around =
+        |at: &Duration, secs: u64| *at >= Duration::from_secs(secs) && *at <= Duration::from_millis(secs * 1000 + 1100);
+    assert!(first.iter().all(|at| around(at, 60)), "removed at the GC period: {first:?}");
+    // Started at about 0, 1, 11 and 31 s: the three older ones go.
+    assert_eq!((ops(&calls, "StartContainer").len(), first.len()), (4, 3), "{calls:#?}");
+    assert_eq!(node.fake.containers().len(), 1, "the newest dead container stays");
+
+    assert!(node.fake.advance_until(Duration::from_secs(70), removed(4)).await, "a second pass");
+    let calls = node.fake.calls();
+    let second = ops(&calls, "RemoveContainer")[3].at - started;
+    assert!(around(&second, 120), "the next pass a period later: {second:?}");
+    assert_eq!(ops(&calls, "RemovePodSandbox").len(), 0, "the pod's sandbox is in use");
+}

@@ -11,13 +11,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use gantry_cri::CriError;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::mpsc;
+// tokio's: the same as std's in production, and stepped with the clock in paused-clock tests.
+use tokio::time::Instant;
 
 use crate::cluster::ApiLink;
 use crate::cluster::maintenance::HoldInput;

@@ -779,3 +779,46 @@ async fn dead_containers_are_collected_every_gc_period() {
     assert!(around(&second, 120), "the next pass a period later: {second:?}");
     assert_eq!(ops(&calls, "RemovePodSandbox").len(), 0, "the pod's sandbox is in use");
 }
+
+/// The image garbage collector looks at the images at once, makes its first pass 10 s later
+/// (removing the unused images older than `imageMaximumGCAge`) and the next 5 minutes after
+/// that, not sooner. It runs alone against the fake here, so the clock moves in big steps.
+#[tokio::test(start_paused = true)]
+async fn image_gc_passes_ten_seconds_after_start_then_every_five_minutes() {
+    use gantry_agent::image::collector::ImageCollector;
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/old:v1");
+    node.fake.add_image("registry.test/pause:3.10");
+    let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
+    let settings = gantry_config::ImageSettings {
+        maximum_gc_age: Duration::from_secs(3600),
+        pod_infra_container_image: Some("registry.test/pause:3.10".into()),
+        ..Default::default()
+    };
+    let (started, listed) = (tokio::time::Instant::now(), node.fake.calls_of("ListImages").len());
+    tokio::spawn(ImageCollector::new(cri, settings, None, NODE).run());
+    let fake = &node.fake;
+    let passes = || fake.calls_of("ImageFsInfo").len();
+    let step = |by: Duration| async move {
+        fake.settle().await;
+        tokio::time::advance(by).await;
+        fake.settle().await;
+    };
+
+    step(Duration::from_millis(9_900)).await;
+    assert_eq!(fake.calls_of("ListImages").len(), listed + 1, "the images present at startup are recorded");
+    assert_eq!(passes(), 0, "no pass before 10 s");
+    step(Duration::from_millis(100)).await;
+    assert_eq!(passes(), 1, "a pass at 10 s");
+    let removed = fake.calls_of("RemoveImage");
+    assert_eq!(removed.len(), 1, "only the unused image goes, the sandbox image stays");
+    let left: Vec<_> = fake.images().into_iter().flat_map(|i| i.repo_tags).collect();
+    assert_eq!(left, ["registry.test/pause:3.10"]);
+
+    step(Duration::from_millis(299_900)).await;
+    assert_eq!(passes(), 1, "no pass before five minutes more: {:?}", started.elapsed());
+    step(Duration::from_millis(100)).await;
+    assert_eq!(passes(), 2, "the next pass five minutes later");
+    assert_eq!(fake.calls_of("RemoveImage").len(), 1, "nothing more to remove");
+}

@@ -68,6 +68,8 @@ struct State {
     exit_on_start: HashMap<String, i32>,
     /// Container name → what `ExecSync` in it answers.
     exec: HashMap<String, ExecSyncResponse>,
+    /// Where `ImageFsInfo` says the images are: the socket's directory, a real filesystem.
+    image_fs: PathBuf,
 }
 
 #[derive(Clone)]
@@ -102,7 +104,8 @@ fn now_nanos() -> i64 {
 impl FakeCri {
     /// Serves both CRI services on `socket` (replacing a stale socket file).
     pub async fn start(socket: &Path) -> crate::Result<Self> {
-        let state = Arc::new(Mutex::new(State::default()));
+        let image_fs = socket.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let state = Arc::new(Mutex::new(State { image_fs, ..State::default() }));
         let changed = watch::Sender::new(0);
         let service = Service { state: state.clone(), changed: changed.clone() };
         let incoming = crate::cri::serve_socket(socket)?;
@@ -192,6 +195,11 @@ impl FakeCri {
     /// The containers the fake holds now.
     pub fn containers(&self) -> Vec<ContainerStatus> {
         lock(&self.state).containers.clone()
+    }
+
+    /// The images the fake holds now.
+    pub fn images(&self) -> Vec<Image> {
+        lock(&self.state).images.clone()
     }
 
     /// The sandboxes the fake holds now.
@@ -858,7 +866,14 @@ impl ImageService for Service {
 
     async fn image_fs_info(&self, _: Request<ImageFsInfoRequest>) -> Result<Response<ImageFsInfoResponse>, Status> {
         let _call = self.enter("ImageFsInfo", String::new(), String::new()).await?;
-        Ok(Response::new(ImageFsInfoResponse::default()))
+        let mountpoint = self.lock().image_fs.display().to_string();
+        let fs = FilesystemUsage {
+            timestamp: now_nanos(),
+            fs_id: Some(FilesystemIdentifier { mountpoint }),
+            used_bytes: Some(UInt64Value { value: self.lock().images.iter().map(|i| i.size).sum() }),
+            ..Default::default()
+        };
+        Ok(Response::new(ImageFsInfoResponse { image_filesystems: vec![fs], ..Default::default() }))
     }
 }
 

@@ -295,12 +295,11 @@ async fn a_wrong_token_or_missing_bootstrap_kubeconfig_stops_start_up() {
     assert!(!node.kubelet_conf().exists(), "no kubelet.conf without a certificate");
 }
 
-#[tokio::test]
-async fn a_denied_csr_is_named_in_the_start_up_error() {
-    let Some((env, mut cluster)) = cluster::setup().await else { return };
-    let Some(server) = cluster.test_server("denied CSR (the real cluster's approver would approve it)") else {
-        return;
-    };
+/// A kubeadm node layout whose bootstrap token's group may create CSRs but is not
+/// auto-approved, so its client CSR waits for a human: the admin client, the token id and the
+/// node. `None` (the case skipped) on a real cluster, whose approver would approve it.
+async fn node_awaiting_approval(cluster: &mut Cluster, env: &Env, case: &str) -> Option<(Client, String, KubeadmNode)> {
+    let server = cluster.test_server(case)?;
     // A token group that may create CSRs but is not auto-approved: the request waits for a human.
     const GROUP: &str = "system:bootstrappers:manual";
     server.set_authorizer(|req| {
@@ -314,8 +313,19 @@ async fn a_denied_csr_is_named_in_the_start_up_error() {
     let admin = server.client(&User::Admin).await;
     let (id, secret) = new_token();
     create_token(&admin, &id, &secret, GROUP).await;
-    let node = KubeadmNode::new(&env);
+    let node = KubeadmNode::new(env);
     bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    Some((admin, id, node))
+}
+
+#[tokio::test]
+async fn a_denied_csr_is_named_in_the_start_up_error() {
+    let Some((env, mut cluster)) = cluster::setup().await else { return };
+    let Some((admin, id, node)) =
+        node_awaiting_approval(&mut cluster, &env, "denied CSR (the real cluster's approver would approve it)").await
+    else {
+        return;
+    };
     let mut gantry = node.start(&env);
 
     let requester = format!("system:bootstrap:{id}");
@@ -637,25 +647,15 @@ async fn the_node_api_serves_a_cluster_issued_certificate_once_approved_and_rota
 #[tokio::test]
 async fn static_pods_run_while_the_bootstrap_csr_waits_for_approval() {
     let Some((env, mut cluster)) = cluster::setup().await else { return };
-    let Some(server) = cluster.test_server("a pending bootstrap CSR (the real cluster's approver would approve it)")
+    let Some((admin, id, node)) = node_awaiting_approval(
+        &mut cluster,
+        &env,
+        "a pending bootstrap CSR (the real cluster's approver would approve it)",
+    )
+    .await
     else {
         return;
     };
-    // A token group that may create CSRs but is not auto-approved: the request waits for a human.
-    const GROUP: &str = "system:bootstrappers:manual";
-    server.set_authorizer(|req| {
-        let manual = req.user.groups.iter().any(|g| g == GROUP);
-        if manual && req.resource == "certificatesigningrequests" && req.subresource.is_empty() {
-            Decision::Allow
-        } else {
-            Decision::NoOpinion(String::new())
-        }
-    });
-    let admin = server.client(&User::Admin).await;
-    let (id, secret) = new_token();
-    create_token(&admin, &id, &secret, GROUP).await;
-    let node = KubeadmNode::new(&env);
-    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
     let manifest = pod_yaml("early", "while true; do sleep 1; done", "");
     std::fs::write(node.root.join("etc/kubernetes/manifests/early.yaml"), manifest).unwrap();
     let gantry = node.start(&env);

@@ -148,6 +148,10 @@ pub fn spawn(
     Ok(Running { dir: run_dir.to_path_buf(), child, started })
 }
 
+/// The file next to a guest script that holds what the guest scripts share; it goes on the
+/// share as `/mnt/host/lib.sh`.
+const GUEST_LIBRARY: &str = "lib.sh";
+
 /// One boot for a test file's cases: `None` (SKIPPED, or a failure under `CI=true`) when the
 /// VM cannot run here. Otherwise the guest gets `guest_script`, the test images and the files
 /// `files` makes in a fresh directory named after `test`; the run's figures go to stderr.
@@ -178,6 +182,11 @@ pub fn start_for_test(
     let dir = tempfile::Builder::new().prefix(&format!("{test}-")).tempdir().expect("a run directory").keep();
     let mut shared = files(&dir);
     shared.extend(images.into_iter().map(|i| i.path));
+    // The guest scripts' shared helpers, which they source from the share.
+    let library = guest_script.with_file_name(GUEST_LIBRARY);
+    if library.exists() {
+        shared.push(library);
+    }
     Some(spawn(guest_script, &shared, &dir.join("run"), timeout, forward).expect("start the VM"))
 }
 

@@ -4,33 +4,13 @@
 # and records what it sees under /mnt/host/results/<case>/ for the host-side test to assert on.
 # It asserts nothing itself; a non-zero exit only means the guest could not be set up.
 set -uo pipefail
-H=/mnt/host
-R=$H/results
+. /mnt/host/lib.sh
 ROOT=/var/lib/gantry
 MANIFESTS=/etc/gantry/manifests
 CONFIG=/etc/gantry/config.yaml
 POD_LOGS=/var/log/pods
 CG=/sys/fs/cgroup
 GANTRY_PID=
-
-log() { echo "[$(cut -d' ' -f1 /proc/uptime)s] $*"; }
-
-# wait_for SECONDS COMMAND...: polls COMMAND every 0.2 s until it succeeds; fails after SECONDS.
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.2
-  done
-}
-
-# The runtime's cgroup driver: SystemdCgroup = true|false in containerd's runc options.
-containerd_systemd_cgroup() {
-  sed -i "s/SystemdCgroup = .*/SystemdCgroup = $1/" /etc/containerd/config.toml
-  systemctl restart containerd
-  wait_for 60 ctr version >/dev/null 2>&1
-}
 
 setup() {
   install -m 0755 $H/gantry /usr/local/bin/gantry

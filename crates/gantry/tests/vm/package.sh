@@ -5,20 +5,8 @@
 # file layout, and removes it again. It records what it sees under /mnt/host/results/; the host
 # side asserts. A non-zero exit only means the guest could not be set up.
 set -uo pipefail
-H=/mnt/host
-R=$H/results
+. /mnt/host/lib.sh
 POD_LOGS=/var/log/pods
-
-log() { echo "[$(cut -d' ' -f1 /proc/uptime)s] $*"; }
-
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.2
-  done
-}
 
 # Packages with the Go kubelet's file layout (the `kubelet` package ships the binary and the
 # unit, `kubeadm` the drop-in). Their binary only says who it is: no cluster is needed to check

@@ -6,31 +6,12 @@
 # the host drives the resize through the API, asserts, and ends the case by writing
 # results/<case>/done (or results/abort). It asserts nothing itself.
 set -uo pipefail
-H=/mnt/host
-R=$H/results
+. /mnt/host/lib.sh
 ROOT=/var/lib/gantry
 CONFIG=/etc/gantry/config.yaml
 KUBECONFIG=/etc/gantry/kubeconfig
 CG=/sys/fs/cgroup
 GANTRY_PID=
-
-log() { echo "[$(cut -d' ' -f1 /proc/uptime)s] $*"; }
-
-# wait_for SECONDS COMMAND...: polls COMMAND every 0.2 s until it succeeds; fails after SECONDS.
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.2
-  done
-}
-
-containerd_systemd_cgroup() {
-  sed -i "s/SystemdCgroup = .*/SystemdCgroup = $1/" /etc/containerd/config.toml
-  systemctl restart containerd
-  wait_for 60 ctr version >/dev/null 2>&1
-}
 
 # The NIC on qemu's restricted user network; the API server's certificate names `kubernetes`.
 network() {

@@ -58,10 +58,19 @@ impl Node {
 
     /// [`Node::agent`] recording its metrics into `metrics`.
     async fn agent_recording_into(&self, metrics: Arc<Metrics>) -> (Arc<Shared>, mpsc::Sender<SourceUpdate>) {
+        let (shared, tx, _task) = self.agent_task(metrics).await;
+        (shared, tx)
+    }
+
+    /// [`Node::agent`], with the agent loop's task, which a test may stop as a supervisor does.
+    async fn agent_task(
+        &self,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<Shared>, mpsc::Sender<SourceUpdate>, tokio::task::JoinHandle<()>) {
         let shared = Shared::connect(&self.settings(), metrics).await.expect("agent connects to the fake runtime");
         let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
-        (shared, tx)
+        let task = tokio::spawn(Agent::new(shared.clone(), vec![SourceKind::File], NODE).run(rx));
+        (shared, tx, task)
     }
 }
 
@@ -275,6 +284,34 @@ fn restarted_agent_adopts_running_containers() {
     assert_eq!(node.fake.containers().len(), 1);
     drop(second_runtime);
     drop(node);
+}
+
+/// An agent stopped by its supervisor (shutdown, or the TLS bootstrap phase handing over)
+/// leaves its pods running: its workers stop with it instead of terminating their pods, and
+/// the next agent adopts them.
+#[tokio::test]
+async fn a_stopped_agent_leaves_its_pods_running() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let pod = static_pod("kept", &["app"]);
+    let running = |shared: &Shared| phase(shared, &pod).as_deref() == Some("Running");
+    let (shared, tx, first) = node.agent_task(Arc::default()).await;
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run under the first agent", running).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let before = node.fake.calls().len();
+
+    let (shared, tx) = node.agent().await;
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run under the next agent", running).await;
+    let relisted = |calls: &[Call]| ops(&calls[before..], "ListPodSandbox").len() >= 3;
+    assert!(node.fake.wait_for_calls(PATIENCE, relisted).await);
+    let calls = node.fake.calls();
+    for op in ["StopContainer", "RemoveContainer", "StopPodSandbox", "CreateContainer"] {
+        assert_eq!(ops(&calls[before..], op).len(), 0, "nothing may call {op} after the first agent stopped");
+    }
+    assert_eq!(node.fake.containers().len(), 1);
 }
 
 /// The events of a normal start come in upstream's order: Pulling, Pulled, Created, Started.

@@ -282,6 +282,7 @@ async fn join_cluster(
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let node = node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics).await?;
     supervisor.adopt("node-status", node.task);
+    supervisor.adopt("event-writer", node.event_writer);
     if let Some(rotation) = node.clients.rotation.clone() {
         supervisor.spawn("certificate-rotation", rotation.run());
     }

@@ -18,6 +18,7 @@ use gantry_cri::CriError;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::mpsc;
+use tokio::task::{JoinError, JoinSet};
 // tokio's: the same as std's in production, and stepped with the clock in paused-clock tests.
 use tokio::time::Instant;
 
@@ -220,6 +221,9 @@ pub struct Agent {
     holds_rx: tokio::sync::watch::Receiver<HoldInput>,
     /// Static pods held by node maintenances.
     held: holds::Holds,
+    /// The pod workers' tasks. Declared before `workers` so that, when the agent is dropped,
+    /// they are aborted before their handles close.
+    tasks: JoinSet<()>,
     workers: HashMap<String, worker::Handle>,
     done_tx: mpsc::UnboundedSender<String>,
     done_rx: mpsc::UnboundedReceiver<String>,
@@ -245,6 +249,7 @@ impl Agent {
             holds_rx: holds.subscribe(),
             holds,
             held: holds::Holds::default(),
+            tasks: JoinSet::new(),
             workers: HashMap::new(),
             done_tx,
             done_rx,
@@ -285,6 +290,7 @@ impl Agent {
                     }
                     self.reconcile();
                 }
+                Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
                 _ = relist.tick() => self.housekeeping().await,
             }
@@ -334,13 +340,13 @@ impl Agent {
             match self.workers.get_mut(uid) {
                 None if deleting => {
                     if self.finished.insert(uid.clone()) {
-                        let handle = worker::spawn_terminator(pod.clone(), self.shared.clone(), self.done_tx.clone());
+                        let handle = worker::spawn_terminator(pod.clone(), self.shared.clone(), self.done_tx.clone(), &mut self.tasks);
                         self.workers.insert(uid.clone(), handle);
                     }
                 }
                 None => {
                     tracing::info!(pod = %spec::full_name(pod), pod_uid = %uid, "adding pod");
-                    let handle = worker::spawn(pod.clone(), self.shared.clone(), self.done_tx.clone());
+                    let handle = worker::spawn(pod.clone(), self.shared.clone(), self.done_tx.clone(), &mut self.tasks);
                     self.workers.insert(uid.clone(), handle);
                 }
                 Some(h) if !h.terminating => {
@@ -407,7 +413,7 @@ impl Agent {
     fn stop_orphan(&mut self, uid: &str, identity: Option<&PodIdentity>) {
         let pod = orphan_pod(uid, identity);
         tracing::info!(pod = %spec::full_name(&pod), pod_uid = uid, "stopping pod that no source defines any more");
-        let handle = worker::spawn_terminator(Arc::new(pod), self.shared.clone(), self.done_tx.clone());
+        let handle = worker::spawn_terminator(Arc::new(pod), self.shared.clone(), self.done_tx.clone(), &mut self.tasks);
         self.workers.insert(uid.to_string(), handle);
     }
 
@@ -430,6 +436,15 @@ impl Agent {
 }
 
 /// A pod object good enough to stop what the runtime still runs for a vanished pod.
+/// A pod worker that panicked takes the agent down with it, by the supervisor's rule (logged
+/// by name, the agent stops, systemd restarts it, pods keep running): its pod would otherwise
+/// be left without a worker.
+fn worker_failed(e: JoinError) {
+    if e.is_panic() {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
 fn orphan_pod(uid: &str, identity: Option<&PodIdentity>) -> Pod {
     let identity =
         identity.cloned().unwrap_or(PodIdentity { name: String::new(), namespace: String::new(), grace_seconds: 30 });

@@ -59,7 +59,9 @@ pub async fn run(shared: Arc<Shared>, mut updates: mpsc::Receiver<SourceUpdate>)
     let pods: Vec<Arc<Pod>> = Merger::default().apply(update, &now).pods.into_values().map(Arc::new).collect();
     tracing::info!(pods = pods.len(), "processing manifest with pods");
     let (done_tx, _done_rx) = mpsc::unbounded_channel();
-    let _workers: Vec<_> = pods.iter().map(|p| worker::spawn(p.clone(), shared.clone(), done_tx.clone())).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    let _workers: Vec<_> =
+        pods.iter().map(|p| worker::spawn(p.clone(), shared.clone(), done_tx.clone(), &mut tasks)).collect();
     Ok(join_all(pods.iter().map(|p| wait_running(&shared, p))).await)
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 mod resize;
 
@@ -48,21 +49,38 @@ pub struct Handle {
 }
 
 /// Starts the worker; `done` receives the UID once the pod has been terminated and removed.
-pub fn spawn(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
-    start(pod, shared, done, false)
+pub fn spawn(
+    pod: Arc<Pod>,
+    shared: Arc<Shared>,
+    done: mpsc::UnboundedSender<String>,
+    tasks: &mut JoinSet<()>,
+) -> Handle {
+    start(pod, shared, done, tasks, false)
 }
 
 /// A worker that only stops and removes a pod (one that no source defines any more).
-pub fn spawn_terminator(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>) -> Handle {
-    start(pod, shared, done, true)
+pub fn spawn_terminator(
+    pod: Arc<Pod>,
+    shared: Arc<Shared>,
+    done: mpsc::UnboundedSender<String>,
+    tasks: &mut JoinSet<()>,
+) -> Handle {
+    start(pod, shared, done, tasks, true)
 }
 
-fn start(pod: Arc<Pod>, shared: Arc<Shared>, done: mpsc::UnboundedSender<String>, terminating: bool) -> Handle {
+/// The worker runs in `tasks`, its owner's: it stops when the owner does.
+fn start(
+    pod: Arc<Pod>,
+    shared: Arc<Shared>,
+    done: mpsc::UnboundedSender<String>,
+    tasks: &mut JoinSet<()>,
+    terminating: bool,
+) -> Handle {
     let (tx, rx) = mpsc::unbounded_channel();
     let uid = spec::uid(&pod).to_string();
     let probers = Probers::new(&tx);
     let handle = Handle { tx, pod: pod.clone(), terminating };
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let worker = Worker::new(pod, shared, probers);
         if terminating {
             drop(rx);
@@ -129,7 +147,10 @@ impl Worker {
                         self.desired = pod;
                     }
                     Some(Msg::Wake) => {}
-                    Some(Msg::Terminate) | None => return Box::pin(self.terminate()).await,
+                    Some(Msg::Terminate) => return Box::pin(self.terminate()).await,
+                    // The agent is gone (shutting down, or the TLS bootstrap phase handing its
+                    // pods over): the pod keeps running, and the next agent adopts it.
+                    None => return,
                 },
                 _ = tokio::time::sleep(wait) => {}
             }
@@ -163,7 +184,8 @@ impl Worker {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.pod = pod,
                 Some(Msg::Wake) => {}
-                Some(Msg::Terminate) | None => return self.terminate().await,
+                Some(Msg::Terminate) => return self.terminate().await,
+                None => return,
             }
         }
     }

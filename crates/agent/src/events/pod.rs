@@ -24,13 +24,13 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// A recorder that also publishes to the API server, reporting as the kubelet on `node`.
-    /// One writer task correlates and writes the events in order (as upstream's broadcaster);
-    /// it ends when the last recorder is dropped.
-    pub fn to_api(client: kube::Client, node: &str) -> Self {
+    /// A recorder that also publishes to the API server, reporting as the kubelet on `node`,
+    /// and its writer: the one task that correlates and writes the events in order (as
+    /// upstream's broadcaster), for the caller to run under its supervisor. The writer ends
+    /// when the last recorder is dropped.
+    pub fn to_api(client: kube::Client, node: &str) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (queue, events) = mpsc::unbounded_channel();
-        tokio::spawn(write_events(client, events));
-        Recorder { api: Some((queue, node.to_string())) }
+        (Recorder { api: Some((queue, node.to_string())) }, write_events(client, events))
     }
 
     /// An event about the Node, through the same writer and correlator as pod events.

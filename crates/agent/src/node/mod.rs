@@ -57,8 +57,11 @@ pub struct NodeAgent {
     pub node_uid: watch::Receiver<Option<String>>,
     /// The Node's `node.alpha.kubernetes.io/ttl` annotation as last seen.
     pub object_ttl: watch::Receiver<Option<std::time::Duration>>,
-    /// The event recorder for the node's and its pods' events (one writer task).
+    /// The event recorder for the node's and its pods' events.
     pub events: crate::events::Recorder,
+    /// The recorder's writer task, for the caller's supervisor to adopt; it runs until the
+    /// last recorder is dropped.
+    pub event_writer: JoinHandle<()>,
     /// The node's addresses as last observed for its status.
     pub addresses: watch::Receiver<Vec<k8s_openapi::api::core::v1::NodeAddress>>,
     /// Registration, then the status, lease and runtime loops; they run until
@@ -114,7 +117,7 @@ pub async fn start(
         Err(e) => return Err(e.into()),
     }
     // Pod and node events share one recorder: one writer task, one correlator.
-    let events = crate::events::Recorder::to_api(clients.client.clone(), node);
+    let (events, event_writer) = crate::events::Recorder::to_api(clients.client.clone(), node);
     let controller = NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone());
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
@@ -136,7 +139,17 @@ pub async fn start(
             }
         }
     });
-    Ok(NodeAgent { clients, host_ips, registration, node_uid, object_ttl, addresses, task, events })
+    Ok(NodeAgent {
+        clients,
+        host_ips,
+        registration,
+        node_uid,
+        object_ttl,
+        addresses,
+        task,
+        events,
+        event_writer: tokio::spawn(event_writer),
+    })
 }
 
 /// Where TLS bootstrap reads and writes, with `--bootstrap-kubeconfig` and `--kubeconfig`.

@@ -340,7 +340,12 @@ impl Agent {
             match self.workers.get_mut(uid) {
                 None if deleting => {
                     if self.finished.insert(uid.clone()) {
-                        let handle = worker::spawn_terminator(pod.clone(), self.shared.clone(), self.done_tx.clone(), &mut self.tasks);
+                        let handle = worker::spawn_terminator(
+                            pod.clone(),
+                            self.shared.clone(),
+                            self.done_tx.clone(),
+                            &mut self.tasks,
+                        );
                         self.workers.insert(uid.clone(), handle);
                     }
                 }
@@ -413,7 +418,8 @@ impl Agent {
     fn stop_orphan(&mut self, uid: &str, identity: Option<&PodIdentity>) {
         let pod = orphan_pod(uid, identity);
         tracing::info!(pod = %spec::full_name(&pod), pod_uid = uid, "stopping pod that no source defines any more");
-        let handle = worker::spawn_terminator(Arc::new(pod), self.shared.clone(), self.done_tx.clone(), &mut self.tasks);
+        let handle =
+            worker::spawn_terminator(Arc::new(pod), self.shared.clone(), self.done_tx.clone(), &mut self.tasks);
         self.workers.insert(uid.to_string(), handle);
     }
 

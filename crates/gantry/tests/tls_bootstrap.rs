@@ -186,6 +186,20 @@ async fn csrs_by(admin: &Client, user: &str) -> Vec<CertificateSigningRequest> {
     all.items.into_iter().filter(|c| c.spec.username.as_deref() == Some(user)).collect()
 }
 
+/// A kubeadm node layout whose bootstrap kubeconfig holds a new token of `group`, with
+/// kubeadm's bindings on a real cluster (the test server has them built in): the token id and
+/// the node.
+async fn node_with_token(admin: &Client, cluster: &Cluster, env: &Env, group: &str) -> (String, KubeadmNode) {
+    let (id, secret) = new_token();
+    create_token(admin, &id, &secret, group).await;
+    if let Cluster::Real(_) = cluster {
+        kubeadm_bindings(admin).await;
+    }
+    let node = KubeadmNode::new(env);
+    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    (id, node)
+}
+
 fn bound_pod(node: &str, name: &str) -> Pod {
     let spec = format!("  nodeName: {node}\n  automountServiceAccountToken: false\n");
     serde_yaml_ng::from_str(&pod_yaml(name, "while true; do sleep 1; done", &spec)).unwrap()
@@ -220,13 +234,7 @@ async fn wait_exit(gantry: &mut Gantry, log: &Path, what: &str) -> String {
 async fn joins_with_a_bootstrap_token_runs_a_pod_and_restarts_without_a_new_csr() {
     let Some((env, cluster)) = cluster::setup().await else { return };
     let admin = cluster.admin().await;
-    let (id, secret) = new_token();
-    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
-    if let Cluster::Real(_) = cluster {
-        kubeadm_bindings(&admin).await;
-    }
-    let node = KubeadmNode::new(&env);
-    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let (id, node) = node_with_token(&admin, &cluster, &env, KUBEADM_GROUP).await;
     let mut gantry = node.start(&env);
 
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -311,10 +319,7 @@ async fn node_awaiting_approval(cluster: &mut Cluster, env: &Env, case: &str) ->
         }
     });
     let admin = server.client(&User::Admin).await;
-    let (id, secret) = new_token();
-    create_token(&admin, &id, &secret, GROUP).await;
-    let node = KubeadmNode::new(env);
-    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let (id, node) = node_with_token(&admin, cluster, env, GROUP).await;
     Some((admin, id, node))
 }
 
@@ -365,10 +370,7 @@ async fn an_expired_client_certificate_is_bootstrapped_again_at_start_up() {
     };
     server.set_signing_duration(std::time::Duration::from_secs(3));
     let admin = server.client(&User::Admin).await;
-    let (id, secret) = new_token();
-    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
-    let node = KubeadmNode::new(&env);
-    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let (id, node) = node_with_token(&admin, &cluster, &env, KUBEADM_GROUP).await;
     let mut gantry = node.start(&env);
     let requester = format!("system:bootstrap:{id}");
     eventually("the first certificate", &gantry, || async {
@@ -414,10 +416,7 @@ async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps
     const LIFETIME: std::time::Duration = std::time::Duration::from_secs(8);
     server.set_signing_duration(LIFETIME);
     let admin = server.client(&User::Admin).await;
-    let (id, secret) = new_token();
-    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
-    let node = KubeadmNode::new(&env);
-    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let (id, node) = node_with_token(&admin, &cluster, &env, KUBEADM_GROUP).await;
     // config.yaml does not set rotateCertificates: with a config file it defaults to true.
     let mut gantry = node.start(&env);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -554,13 +553,7 @@ async fn the_node_api_serves_a_cluster_issued_certificate_once_approved_and_rota
         None => false,
     };
     let admin = cluster.admin().await;
-    let (id, secret) = new_token();
-    create_token(&admin, &id, &secret, KUBEADM_GROUP).await;
-    if let Cluster::Real(_) = cluster {
-        kubeadm_bindings(&admin).await;
-    }
-    let node = KubeadmNode::new(&env);
-    bootstrap_kubeconfig(&cluster.admin_kubeconfig(&env.ctd.dir()), &format!("{id}.{secret}"), &node.bootstrap_conf());
+    let (id, node) = node_with_token(&admin, &cluster, &env, KUBEADM_GROUP).await;
     let (port, healthz_port) = (common::node_api::free_port(), common::node_api::free_port());
     let config = node.root.join("var/lib/kubelet/config.yaml");
     let text = std::fs::read_to_string(&config).unwrap().replace(

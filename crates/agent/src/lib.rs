@@ -12,7 +12,8 @@
 //! - `image`: pulls, pull secrets, image GC;
 //! - `runtime`: pod spec → CRI calls (the driver), volumes, probes' actions, hooks;
 //! - `node`: Node registration, status, Lease;
-//! - `agent`: the agent loop and one worker per pod.
+//! - `agent`: the agent loop and one worker per pod;
+//! - `shutdown`: graceful node shutdown (logind inhibitor lock, pods stopped by priority).
 
 pub mod agent;
 pub mod api;
@@ -22,5 +23,6 @@ pub mod events;
 pub mod image;
 pub mod node;
 pub mod runtime;
+pub mod shutdown;
 pub mod source;
 pub mod status_store;

@@ -19,11 +19,13 @@ pub struct StatusStore {
     pods: Mutex<BTreeMap<String, Pod>>,
     /// Bumped on every change; each consumer (status file, API status sync) subscribes.
     version: watch::Sender<u64>,
+    /// The latest version the API server has in full (cluster mode).
+    reported: watch::Sender<u64>,
 }
 
 impl Default for StatusStore {
     fn default() -> Self {
-        StatusStore { pods: Mutex::default(), version: watch::Sender::new(0) }
+        StatusStore { pods: Mutex::default(), version: watch::Sender::new(0), reported: watch::Sender::new(0) }
     }
 }
 
@@ -56,6 +58,27 @@ impl StatusStore {
 
     pub fn all(&self) -> Vec<Pod> {
         self.pods.lock().unwrap().values().cloned().collect()
+    }
+
+    /// The current version (see [`subscribe`](Self::subscribe)).
+    pub fn version(&self) -> u64 {
+        *self.version.borrow()
+    }
+
+    /// The API status sync reported every status of `version`.
+    pub fn mark_reported(&self, version: u64) {
+        self.reported.send_if_modified(|v| {
+            let newer = version > *v;
+            if newer {
+                *v = version;
+            }
+            newer
+        });
+    }
+
+    /// Returns once the API server has every status of `version` (or a later one).
+    pub async fn reported(&self, version: u64) {
+        let _ = self.reported.subscribe().wait_for(|v| *v >= version).await;
     }
 
     /// A receiver that sees every change from now on.

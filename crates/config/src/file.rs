@@ -87,6 +87,9 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "healthzPort",
     "healthzBindAddress",
     "enableDebuggingHandlers",
+    "shutdownGracePeriod",
+    "shutdownGracePeriodCriticalPods",
+    "shutdownGracePeriodByPodPriority",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field
@@ -329,7 +332,6 @@ pub struct CrashLoopBackOffConfig {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-#[allow(dead_code)]
 pub struct ShutdownGracePeriodByPodPriority {
     pub priority: Option<i32>,
     pub shutdown_grace_period_seconds: Option<i64>,

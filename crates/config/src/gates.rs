@@ -19,23 +19,36 @@ pub enum Gate {
     /// KEP-4004: do not report `status.nodeInfo.kubeProxyVersion`.
     /// Default: true.
     DisableNodeKubeProxyVersion,
+    /// Graceful node shutdown (`shutdownGracePeriod`, logind inhibitor). Default: true.
+    GracefulNodeShutdown,
+    /// `shutdownGracePeriodByPodPriority`. Default: true.
+    GracefulNodeShutdownBasedOnPodPriority,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 2] = [Gate::LegacyNodeRunOnceMode, Gate::DisableNodeKubeProxyVersion];
+    pub const ALL: [Gate; 4] = [
+        Gate::LegacyNodeRunOnceMode,
+        Gate::DisableNodeKubeProxyVersion,
+        Gate::GracefulNodeShutdown,
+        Gate::GracefulNodeShutdownBasedOnPodPriority,
+    ];
 
     /// The gate's name as written in `--feature-gates` and `featureGates`.
     pub const fn name(self) -> &'static str {
         match self {
             Gate::LegacyNodeRunOnceMode => "LegacyNodeRunOnceMode",
             Gate::DisableNodeKubeProxyVersion => "DisableNodeKubeProxyVersion",
+            Gate::GracefulNodeShutdown => "GracefulNodeShutdown",
+            Gate::GracefulNodeShutdownBasedOnPodPriority => "GracefulNodeShutdownBasedOnPodPriority",
         }
     }
 
     pub const fn default_enabled(self) -> bool {
         match self {
             Gate::LegacyNodeRunOnceMode => false,
-            Gate::DisableNodeKubeProxyVersion => true,
+            Gate::DisableNodeKubeProxyVersion
+            | Gate::GracefulNodeShutdown
+            | Gate::GracefulNodeShutdownBasedOnPodPriority => true,
         }
     }
 
@@ -99,8 +112,6 @@ pub const UPSTREAM_ONLY_GATES: &[&str] = &[
     "EnvFiles",
     "EventedPLEG",
     "ExecProbeTimeout",
-    "GracefulNodeShutdown",
-    "GracefulNodeShutdownBasedOnPodPriority",
     "HostnameOverride",
     "ImageMaximumGCAge",
     "ImageVolume",

@@ -24,6 +24,7 @@ mod logs;
 mod objects;
 mod pods;
 mod server;
+mod shutdown;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,6 +45,7 @@ pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use objects::ChangeDetection;
 pub use pods::{CgroupDriver, PodSettings};
+pub use shutdown::{PriorityGrace, ShutdownSettings};
 pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
@@ -165,6 +167,8 @@ pub struct Settings {
     pub logs: LogSettings,
     /// The node API server (address, TLS, authentication, authorization).
     pub server: ServerSettings,
+    /// Graceful node shutdown.
+    pub shutdown: ShutdownSettings,
 }
 
 /// The default `evictionHard` map.
@@ -217,6 +221,7 @@ impl Default for Settings {
             pods: PodSettings::default(),
             logs: LogSettings::default(),
             server: ServerSettings::default(),
+            shutdown: ShutdownSettings::default(),
         }
     }
 }
@@ -579,6 +584,7 @@ fn apply_file(
     s.pods.apply_file(c, &invalid)?;
     s.logs.apply_file(c, &invalid)?;
     s.server.apply_file(c, &invalid)?;
+    s.shutdown.apply_file(c, &s.feature_gates, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
 

@@ -257,6 +257,9 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("healthzPort", "healthz_port", "crates/server/src/lib.rs"),
     ("healthzBindAddress", "healthz_bind_address", "crates/server/src/lib.rs"),
     ("enableDebuggingHandlers", "debugging_handlers", "crates/server/src/routes.rs"),
+    ("shutdownGracePeriod", "grace_period", "crates/agent/src/shutdown/mod.rs"),
+    ("shutdownGracePeriodCriticalPods", "grace_period_critical_pods", "crates/agent/src/shutdown/mod.rs"),
+    ("shutdownGracePeriodByPodPriority", "grace_period_by_pod_priority", "crates/agent/src/shutdown/mod.rs"),
 ];
 
 #[test]

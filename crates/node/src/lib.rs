@@ -20,6 +20,7 @@ use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::Recorder;
 use gantry_agent::image::collector::ImageCollector;
 use gantry_agent::node::{self as node_side, Startup};
+use gantry_agent::shutdown::ShutdownManager;
 use gantry_agent::source::SourceKind;
 use gantry_agent::status_store::StatusStore;
 use gantry_config::Settings;
@@ -127,6 +128,9 @@ impl Node {
         }
         spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
         let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
+        if let Some(manager) = ShutdownManager::new(settings, shared.clone(), agent.shutdown_kills()) {
+            supervisor.spawn("node-shutdown", manager.run());
+        }
         if let Some(c) = cluster {
             // Before the agent runs: pods a maintenance held when the last run ended stay stopped.
             let holds = agent.holds();
@@ -280,7 +284,8 @@ async fn join_cluster(
 ) -> Result<Cluster, NodeError> {
     // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
-    let node = node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics).await?;
+    let shutting_down = shared.shutting_down.subscribe();
+    let node = node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics, shutting_down).await?;
     supervisor.adopt("node-status", node.task);
     supervisor.adopt("event-writer", node.event_writer);
     if let Some(rotation) = node.clients.rotation.clone() {

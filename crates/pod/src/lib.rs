@@ -16,6 +16,7 @@ pub mod qos;
 pub mod requests;
 pub mod resize;
 pub mod resources;
+pub mod shutdown;
 pub mod start_failure;
 pub mod status;
 pub mod sysctl;

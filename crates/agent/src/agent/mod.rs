@@ -113,6 +113,9 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The resources allocated to each pod (in-place resize admission), checkpointed.
     pub allocations: allocation::Allocations,
+    /// True while the node shuts down (graceful node shutdown): new pods are not admitted,
+    /// and the Node is not ready.
+    pub shutting_down: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -155,6 +158,7 @@ impl Shared {
             events,
             metrics,
             allocations,
+            shutting_down: tokio::sync::watch::Sender::new(false),
         }))
     }
 
@@ -233,12 +237,24 @@ pub struct Agent {
     finished: std::collections::HashSet<String>,
     /// The static pods, for the mirror pod manager.
     statics: tokio::sync::watch::Sender<Vec<Pod>>,
+    /// Pods to stop for the node's shutdown.
+    shutdown_tx: mpsc::UnboundedSender<ShutdownKill>,
+    shutdown_rx: mpsc::UnboundedReceiver<ShutdownKill>,
+}
+
+/// A pod to stop for the node's shutdown, within `grace`; `done` is dropped once it is stopped
+/// and its status says so (at once when the agent does not run it).
+pub struct ShutdownKill {
+    pub uid: String,
+    pub grace: Duration,
+    pub done: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Agent {
     pub fn new(shared: Arc<Shared>, configured: Vec<SourceKind>, node: &str) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let holds = tokio::sync::watch::Sender::new(HoldInput::default());
+        let (shutdown_tx, shutdown_rx) = mpsc::unbounded_channel();
         Agent {
             shared,
             merger: Merger::default(),
@@ -257,7 +273,14 @@ impl Agent {
             last_gc: Instant::now(),
             finished: Default::default(),
             statics: tokio::sync::watch::Sender::new(Vec::new()),
+            shutdown_tx,
+            shutdown_rx,
         }
+    }
+
+    /// Where the node shutdown manager sends the pods to stop.
+    pub fn shutdown_kills(&self) -> mpsc::UnboundedSender<ShutdownKill> {
+        self.shutdown_tx.clone()
     }
 
     /// The static pods that have (or should have) a mirror pod, as they change: held static
@@ -292,6 +315,7 @@ impl Agent {
                 }
                 Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
+                Some(kill) = self.shutdown_rx.recv() => self.stop_for_shutdown(kill),
                 _ = relist.tick() => self.housekeeping().await,
             }
         }
@@ -374,6 +398,14 @@ impl Agent {
             tracing::info!(pod_uid = %uid, "removing pod");
             h.terminating = true;
             let _ = h.tx.send(worker::Msg::Terminate);
+        }
+    }
+
+    /// Hands a pod to its worker to stop for the node shutdown. A pod without a running worker
+    /// (unknown, or already being removed) needs nothing: dropping `done` says so.
+    fn stop_for_shutdown(&mut self, kill: ShutdownKill) {
+        if let Some(h) = self.workers.get(&kill.uid).filter(|h| !h.terminating) {
+            let _ = h.tx.send(worker::Msg::Shutdown { grace: kill.grace, done: kill.done });
         }
     }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::mpsc;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 mod resize;
@@ -20,6 +20,7 @@ use gantry_pod::backoff::{self, Backoff};
 use gantry_pod::plan::{self, KillReason, PodActions, Start};
 use gantry_pod::probe::{self, Health, ProbeKill};
 use gantry_pod::start_failure::StartFailure;
+use gantry_pod::shutdown;
 use gantry_pod::status::{self, Waiting};
 use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
 use gantry_vocab::spec;
@@ -31,6 +32,8 @@ pub enum Msg {
     Wake,
     /// The pod is no longer wanted: stop it gracefully and remove it.
     Terminate,
+    /// The node shuts down: stop the pod within `grace`, leave it `Failed`, then signal `done`.
+    Shutdown { grace: Duration, done: oneshot::Sender<()> },
 }
 
 /// Upper bound on how long a pod goes without being looked at.
@@ -148,6 +151,9 @@ impl Worker {
                     }
                     Some(Msg::Wake) => {}
                     Some(Msg::Terminate) => return Box::pin(self.terminate()).await,
+                    Some(Msg::Shutdown { grace, done }) => {
+                        return Box::pin(self.stop_for_shutdown(grace, done, rx)).await;
+                    }
                     // The agent is gone (shutting down, or the TLS bootstrap phase handing its
                     // pods over): the pod keeps running, and the next agent adopts it.
                     None => return,
@@ -160,6 +166,9 @@ impl Worker {
     /// Upstream admits a pod once, when it arrives; a pod that already has a sandbox (an agent
     /// restart) was admitted before.
     async fn admit(&self) -> Result<(), (&'static str, String)> {
+        if *self.shared.shutting_down.borrow() {
+            return Err((shutdown::NOT_ADMITTED_REASON, shutdown::NOT_ADMITTED_MESSAGE.to_string()));
+        }
         let observed = self.shared.observer.pod(spec::uid(&self.pod)).await;
         if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
             return Ok(());
@@ -183,7 +192,7 @@ impl Worker {
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.pod = pod,
-                Some(Msg::Wake) => {}
+                Some(Msg::Wake | Msg::Shutdown { .. }) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }
@@ -451,14 +460,18 @@ impl Worker {
     }
 
     fn publish(&mut self, observed: &ObservedPod, health: &HashMap<String, Health>, now: Nanos) {
+        let status = self.current_status(observed, health, now);
+        self.report(status);
+    }
+
+    /// The pod's status as `observed`.
+    fn current_status(&mut self, observed: &ObservedPod, health: &HashMap<String, Health>, now: Nanos) -> PodStatus {
         // A container that runs again no longer waits for anything.
         self.waiting.retain(|name, _| !observed.latest(name).is_some_and(|i| i.state == ContainerState::Running));
         if self.start_time.is_none() && observed.current_sandbox().is_some() {
             self.start_time = observed.current_sandbox().map(|s| s.created_at);
         }
-        // Before our first report, the API's view (if any) is the previous status.
-        let previous =
-            self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status).or_else(|| self.pod.status.clone());
+        let previous = self.previous_status();
         let status = status::compute(&status::Input {
             pod: &self.pod,
             observed,
@@ -470,8 +483,16 @@ impl Worker {
             previous: previous.as_ref(),
             now,
         });
-        let status = self.resize.add_conditions(status);
-        let old_phase = previous.as_ref().and_then(|s| s.phase.clone());
+        self.resize.add_conditions(status)
+    }
+
+    /// The status last reported; before our first report, the API's view (if any).
+    fn previous_status(&self) -> Option<PodStatus> {
+        self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status).or_else(|| self.pod.status.clone())
+    }
+
+    fn report(&mut self, status: PodStatus) {
+        let old_phase = self.previous_status().and_then(|s| s.phase);
         if old_phase != status.phase {
             tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = spec::uid(&self.pod), phase = status.phase.as_deref().unwrap_or_default(), "pod phase changed");
         }
@@ -481,6 +502,40 @@ impl Worker {
             self.shared.metrics.pod_start_duration.observe(seen.elapsed().as_secs_f64());
         }
         self.shared.statuses.set(&self.desired, status);
+    }
+
+    /// Graceful node shutdown: stops the pod's containers (preStop hooks included) within
+    /// `grace` (at least upstream's 2 s minimum), reports it `Failed` for the shutdown, signals
+    /// `done`, and then keeps it stopped: nothing restarts it, and only a terminate removes it.
+    async fn stop_for_shutdown(mut self, grace: Duration, done: oneshot::Sender<()>, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        let grace = grace.max(Duration::from_secs(spec::MIN_GRACE_SECONDS as u64));
+        let uid = spec::uid(&self.pod).to_string();
+        let name = spec::full_name(&self.pod);
+        tracing::info!(pod = %name, pod_uid = %uid, grace_seconds = grace.as_secs(), "stopping pod for the node shutdown");
+        match self.shared.observer.pod(&uid).await {
+            Ok(observed) => {
+                self.killing_events(observed.running().map(|c| c.name.as_str()));
+                match self.shared.driver.kill_pod(&self.pod, &observed, grace).await {
+                    Ok(failed_hooks) => failed_hooks.iter().for_each(|name| self.failed_pre_stop(name)),
+                    Err(e) => tracing::warn!(pod = %name, error = %e, "cannot stop pod for the node shutdown"),
+                }
+            }
+            Err(e) => tracing::warn!(pod = %name, error = %e, "cannot read pod state from the runtime"),
+        }
+        let observed = self.shared.observer.pod(&uid).await.unwrap_or_default();
+        self.probers.sync(&self.pod, &observed, &self.shared);
+        let status = self.current_status(&observed, &self.probers.health(), now());
+        let now = gantry_pod::status::time(now());
+        self.report(shutdown::stopped_status(status, self.pod.metadata.generation, now));
+        let _ = done.send(());
+        loop {
+            match rx.recv().await {
+                Some(Msg::Update(pod)) => self.desired = pod,
+                Some(Msg::Wake | Msg::Shutdown { .. }) => {}
+                Some(Msg::Terminate) => return self.terminate().await,
+                None => return,
+            }
+        }
     }
 
     /// Stops the pod with its grace period, then removes its containers, sandboxes and files.

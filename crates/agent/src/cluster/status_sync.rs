@@ -46,9 +46,10 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
     let mut changes = statuses.subscribe();
     let mut sent: HashMap<Target, PodStatus> = HashMap::new();
     loop {
-        changes.borrow_and_update();
+        let version = *changes.borrow_and_update();
         let mirror_pods = mirrors.borrow_and_update().clone();
         let mut live = Vec::new();
+        let mut all_sent = true;
         for pod in statuses.all() {
             let (Some(target), Some(status)) = (target(&pod, &mirror_pods), pod.status.clone()) else { continue };
             live.push(target.clone());
@@ -57,9 +58,14 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
             }
             if patch(&client, &target, &status).await {
                 sent.insert(target, status);
+            } else {
+                all_sent = false;
             }
         }
         sent.retain(|t, _| live.contains(t));
+        if all_sent {
+            statuses.mark_reported(version);
+        }
         tokio::select! {
             _ = changes.changed() => {}
             _ = mirrors.changed() => {}

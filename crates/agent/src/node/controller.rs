@@ -102,6 +102,8 @@ pub struct NodeController {
     pressure: Mutex<PressureTracker>,
     detector: tokio::sync::Mutex<AddressDetector>,
     request_timeout: Duration,
+    /// True while the node shuts down (graceful node shutdown).
+    shutting_down: watch::Receiver<bool>,
 }
 
 /// What one status pass observed (the owned half of [`NodeInputs`]).
@@ -147,7 +149,14 @@ fn next_backoff(d: Duration) -> Duration {
 impl NodeController {
     /// `client` is used for the Node, its Lease and its events; give it the
     /// heartbeat client of [`crate::api::ApiClients`] (no QPS limit).
-    pub fn new(client: Client, settings: &Settings, cri: Cri, events: EventRecorder) -> Self {
+    /// `shutting_down`: true while the node shuts down, which makes it not ready at once.
+    pub fn new(
+        client: Client,
+        settings: &Settings,
+        cri: Cri,
+        events: EventRecorder,
+        shutting_down: watch::Receiver<bool>,
+    ) -> Self {
         let facts = MachineFacts::read(&settings.root_dir);
         let lease_duration = Duration::from_secs(u64::from(settings.node_lease_duration_seconds));
         let request_timeout = settings.node_status_update_frequency.min(lease_duration).max(Duration::from_secs(1));
@@ -166,6 +175,7 @@ impl NodeController {
             pressure: Mutex::new(PressureTracker::default()),
             detector: tokio::sync::Mutex::new(AddressDetector::default()),
             request_timeout,
+            shutting_down,
         }
     }
 
@@ -294,6 +304,7 @@ impl NodeController {
             runtime_name: &self.cri.version.runtime_name,
             runtime_version: o.runtime_version.as_deref(),
             runtime_errors: o.runtime_errors.clone(),
+            shutting_down: *self.shutting_down.borrow(),
             pressure: o.pressure,
             addresses: o.addresses.clone(),
             images: o.images.clone(),
@@ -402,6 +413,7 @@ impl NodeController {
         let mut state = ReportState::default();
         let mut backoff = BACKOFF_START;
         let period = self.settings.node_status_update_frequency;
+        let mut shutting_down = self.shutting_down.clone();
         loop {
             let wait = match self.sync_status(&mut state).await {
                 Ok(()) => {
@@ -420,6 +432,8 @@ impl NodeController {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = self.runtime_changed.notified() => {}
+                // Upstream syncs the node status as soon as a shutdown starts.
+                Ok(()) = shutting_down.changed() => {}
             }
         }
     }

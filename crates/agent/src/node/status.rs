@@ -79,6 +79,8 @@ pub struct NodeInputs<'a> {
     pub runtime_version: Option<&'a str>,
     /// Why the runtime is not ready (empty when it is).
     pub runtime_errors: Vec<String>,
+    /// The node shuts down (graceful node shutdown): the Node is not ready.
+    pub shutting_down: bool,
     pub pressure: Pressure,
     /// The addresses, or why they could not be determined (then the previous
     /// ones are kept).
@@ -364,16 +366,16 @@ fn set_pressure(
     }
 }
 
-/// Upstream's `ReadyCondition` setter.
+/// Upstream's `ReadyCondition` setter; `errors`: the runtime's, then the shutdown manager's.
 fn set_ready(
     conditions: &mut Vec<NodeCondition>,
     capacity: &BTreeMap<String, Quantity>,
-    runtime_errors: &[String],
+    errors: &[String],
     node: &str,
     now: Timestamp,
     events: &mut Vec<NodeEvent>,
 ) {
-    let mut errs = runtime_errors.to_vec();
+    let mut errs = errors.to_vec();
     let missing: Vec<&str> =
         ["cpu", "memory", "pods", "ephemeral-storage"].into_iter().filter(|r| !capacity.contains_key(*r)).collect();
     if !missing.is_empty() {
@@ -457,7 +459,11 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
     set_pressure(conditions, &PID_PRESSURE, inputs.pressure.pid, node, inputs.now, &mut events);
     let capacity_now = status.capacity.clone().unwrap_or_default();
     let conditions = status.conditions.get_or_insert_with(Vec::new);
-    set_ready(conditions, &capacity_now, &inputs.runtime_errors, node, inputs.now, &mut events);
+    let mut errors = inputs.runtime_errors.clone();
+    if inputs.shutting_down {
+        errors.push(gantry_pod::shutdown::NODE_NOT_READY_MESSAGE.to_string());
+    }
+    set_ready(conditions, &capacity_now, &errors, node, inputs.now, &mut events);
     (status, events)
 }
 

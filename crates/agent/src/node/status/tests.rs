@@ -45,6 +45,7 @@ fn inputs<'a>(s: &'a Settings, f: &'a MachineFacts, now: Timestamp) -> NodeInput
         runtime_name: "containerd",
         runtime_version: Some("1.6.20~ds1"),
         runtime_errors: vec![],
+        shutting_down: false,
         pressure: Pressure::default(),
         addresses: Ok(addresses()),
         images: None,
@@ -375,6 +376,25 @@ fn not_ready_with_the_runtime_errors_and_transitions_only_on_flips() {
     assert_eq!(condition(&back, "Ready").status, "True");
     assert_eq!(condition(&back, "Ready").last_transition_time, Some(Time(t(40))));
     assert_eq!(events[0].reason, "NodeReady");
+}
+
+#[test]
+fn not_ready_while_the_node_shuts_down() {
+    let (s, f) = (settings(), facts());
+    let (ready, _) = compute_status(&NodeStatus::default(), &inputs(&s, &f, t(0)));
+    let mut i = inputs(&s, &f, t(10));
+    i.shutting_down = true;
+    let (down, events) = compute_status(&ready, &i);
+    let c = condition(&down, "Ready");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()),
+        ("False", Some("KubeletNotReady"), Some("node is shutting down"))
+    );
+    assert_eq!(events[0].reason, "NodeNotReady");
+    // After the runtime's errors, as upstream lists them.
+    i.runtime_errors = vec!["container runtime is down".into()];
+    let (both, _) = compute_status(&down, &i);
+    assert_eq!(condition(&both, "Ready").message.as_deref(), Some("[container runtime is down, node is shutting down]"));
 }
 
 #[test]

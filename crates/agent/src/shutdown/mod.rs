@@ -1,0 +1,209 @@
+//! Graceful node shutdown (upstream's node shutdown manager): holds a logind `delay` inhibitor
+//! lock, and when logind announces a shutdown (`PrepareForShutdown(true)`) makes the Node not
+//! ready, stops the pods group by group as [`gantry_pod::shutdown`] plans it (through their
+//! workers, so preStop hooks and grace periods apply), leaves them `Failed`, and releases the
+//! lock so that the shutdown goes on. A cancelled shutdown (`PrepareForShutdown(false)`) takes
+//! the lock again; stopped pods stay stopped, as upstream.
+
+pub mod logind;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::agent::{Shared, ShutdownKill};
+use crate::events::{EventType, NodeEvent};
+use gantry_config::{Gate, Settings};
+use gantry_pod::shutdown::{self, Group, Stage};
+use logind::{InhibitLock, Logind};
+
+/// Upstream waits this long before watching again after the bus connection ended.
+const RECONNECT: Duration = Duration::from_secs(1);
+/// A watch that keeps failing (no logind) is retried with backoff up to this.
+const MAX_RETRY: Duration = Duration::from_secs(300);
+/// How often, and how many times, logind's delay is read back after the reload (upstream's
+/// newer trees: 100 ms doubling, 5 steps).
+const RELOAD_POLL: Duration = Duration::from_millis(100);
+const RELOAD_ATTEMPTS: u32 = 5;
+/// The longest the lock is held after the last pod stopped for the API server to get the
+/// final pod statuses (the machine powers off right after the release).
+const STATUS_FLUSH: Duration = Duration::from_secs(3);
+
+/// Why the manager cannot watch for shutdowns.
+#[derive(Debug, thiserror::Error)]
+pub enum ShutdownError {
+    #[error("cannot use logind over D-Bus: {0}")]
+    Bus(#[from] zbus::Error),
+    #[error("unable to override inhibit delay by shutdown manager: failed writing logind shutdown inhibit override file in {dir}: {source}")]
+    DropIn { dir: String, source: std::io::Error },
+    #[error(
+        "node shutdown manager was timed out after {RELOAD_ATTEMPTS} attempts waiting for logind InhibitDelayMaxSec to \
+         update to {requested:?} (ShutdownGracePeriod), current value is {current:?}"
+    )]
+    InhibitDelay { requested: Duration, current: Duration },
+}
+
+/// The running manager.
+pub struct ShutdownManager {
+    groups: Vec<Group>,
+    shared: Arc<Shared>,
+    kills: mpsc::UnboundedSender<ShutdownKill>,
+}
+
+impl ShutdownManager {
+    /// The manager for `settings`, or `None` (logged as upstream) when graceful shutdown is off.
+    pub fn new(
+        settings: &Settings,
+        shared: Arc<Shared>,
+        kills: mpsc::UnboundedSender<ShutdownKill>,
+    ) -> Option<ShutdownManager> {
+        if !settings.feature_gates.enabled(Gate::GracefulNodeShutdown) {
+            tracing::info!("Node graceful shutdown feature is disabled, node shutdown will be immediate");
+            return None;
+        }
+        let s = &settings.shutdown;
+        let by_priority: Vec<Group> = if settings.feature_gates.enabled(Gate::GracefulNodeShutdownBasedOnPodPriority) {
+            s.grace_period_by_pod_priority.iter().map(|p| Group { priority: p.priority, seconds: p.seconds }).collect()
+        } else {
+            Vec::new()
+        };
+        let groups = shutdown::groups(s.grace_period, s.grace_period_critical_pods, &by_priority);
+        if groups.is_empty() {
+            tracing::info!("No graceful configuration specified, node shutdown will be immediate");
+            return None;
+        }
+        tracing::info!(
+            shutdown_grace_period = ?s.grace_period,
+            shutdown_grace_period_critical_pods = ?s.grace_period_critical_pods,
+            shutdown_grace_period_by_pod_priority = ?groups,
+            "Creating node shutdown manager"
+        );
+        Some(ShutdownManager { groups, shared, kills })
+    }
+
+    /// Watches for shutdowns for the node's lifetime. Without logind (no system bus, no
+    /// logind, no permission) graceful shutdown is off: logged once, retried with backoff.
+    pub async fn run(self) {
+        let mut retry = RECONNECT;
+        let mut last_error = None::<String>;
+        loop {
+            match self.watch().await {
+                Ok(()) => {
+                    tracing::info!("the D-Bus connection to logind ended; watching for node shutdown events again");
+                    retry = RECONNECT;
+                    last_error = None;
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    if last_error.as_ref() != Some(&message) {
+                        tracing::warn!(error = %message, retry_in = ?retry, "graceful node shutdown is not active: unable to watch the node for shutdown events");
+                    }
+                    last_error = Some(message);
+                }
+            }
+            tokio::time::sleep(retry).await;
+            retry = (retry * 2).min(MAX_RETRY);
+        }
+    }
+
+    /// One connection to logind: the delay, the lock, then every signal until the bus ends.
+    async fn watch(&self) -> Result<(), ShutdownError> {
+        let logind = Logind::connect().await?;
+        self.ensure_inhibit_delay(&logind, Path::new(logind::DROP_IN_DIR)).await?;
+        let mut signals = logind.shutdown_signals().await?;
+        let mut lock = Some(logind.inhibit_shutdown().await?);
+        tracing::info!(
+            requested = ?shutdown::requested(&self.groups),
+            "watching the node for shutdown events (logind delay inhibitor lock held)"
+        );
+        while let Some(signal) = signals.next().await {
+            let start = signal.args()?.start;
+            tracing::info!(event = if start { "shutdown" } else { "cancelled" }, "Shutdown manager detected new shutdown event");
+            let message = if start { shutdown::EVENT_SHUTDOWN } else { shutdown::EVENT_CANCELLED };
+            self.shared.events.record_node(&NodeEvent {
+                type_: EventType::Normal,
+                reason: shutdown::EVENT_REASON.into(),
+                message: message.into(),
+            });
+            self.shared.shutting_down.send_replace(start);
+            if start {
+                self.stop_pods().await;
+                release(&mut lock);
+            } else {
+                lock = Some(logind.inhibit_shutdown().await?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Raises logind's `InhibitDelayMaxSec` to the whole shutdown's length when it is shorter:
+    /// the drop-in, a reload, and the new value read back.
+    async fn ensure_inhibit_delay(&self, logind: &Logind, dir: &Path) -> Result<(), ShutdownError> {
+        let requested = shutdown::requested(&self.groups);
+        let current = logind.inhibit_delay().await?;
+        if requested <= current {
+            return Ok(());
+        }
+        let written = logind::write_drop_in(dir, requested)
+            .map_err(|source| ShutdownError::DropIn { dir: dir.display().to_string(), source })?;
+        logind.reload().await?;
+        let mut wait = RELOAD_POLL;
+        let mut updated = current;
+        for _ in 0..RELOAD_ATTEMPTS {
+            tokio::time::sleep(wait).await;
+            updated = logind.inhibit_delay().await?;
+            if updated >= requested {
+                tracing::info!(
+                    file = %written.display(), from = ?current, to = ?updated,
+                    "raised logind's InhibitDelayMaxSec for graceful node shutdown and reloaded logind"
+                );
+                return Ok(());
+            }
+            wait *= 2;
+        }
+        Err(ShutdownError::InhibitDelay { requested, current: updated })
+    }
+
+    /// Stops the active pods stage by stage, each stage at most its window.
+    async fn stop_pods(&self) {
+        tracing::info!("Shutdown manager processing shutdown event");
+        let stages = shutdown::plan(&self.groups, &self.shared.statuses.all());
+        for stage in &stages {
+            self.stop_stage(stage).await;
+        }
+        if self.shared.api.is_some() {
+            let version = self.shared.statuses.version();
+            if tokio::time::timeout(STATUS_FLUSH, self.shared.statuses.reported(version)).await.is_err() {
+                tracing::warn!(waited = ?STATUS_FLUSH, "the final pod statuses were not all reported to the API server");
+            }
+        }
+        tracing::info!("Shutdown manager completed processing shutdown event, node will shutdown shortly");
+    }
+
+    async fn stop_stage(&self, stage: &Stage) {
+        let mut stopped = Vec::with_capacity(stage.kills.len());
+        for kill in &stage.kills {
+            tracing::info!(pod = %kill.name, pod_uid = %kill.uid, grace_period = kill.grace_seconds, "Shutdown manager killing pod with gracePeriod");
+            let (done, rx) = oneshot::channel();
+            let grace = Duration::from_secs(kill.grace_seconds.max(0) as u64);
+            let _ = self.kills.send(ShutdownKill { uid: kill.uid.clone(), grace, done });
+            stopped.push(rx);
+        }
+        let all = futures::future::join_all(stopped);
+        let (grace_period, priority) = (stage.window.as_secs(), stage.priority);
+        match tokio::time::timeout(stage.window, all).await {
+            Ok(_) => tracing::info!(grace_period, priority, "Done waiting for all pods in group to terminate"),
+            Err(_) => tracing::info!(grace_period, priority, "Shutdown manager pod killing time out"),
+        }
+    }
+}
+
+/// Releasing the lock lets the shutdown go on.
+fn release(lock: &mut Option<InhibitLock>) {
+    if lock.take().is_some() {
+        tracing::info!("released the shutdown inhibitor lock");
+    }
+}

@@ -1,0 +1,70 @@
+#!/bin/bash
+# The guest half of crates/gantry/tests/vm_shutdown.rs. Runs as root inside the systemd VM
+# (scripts/vm, started with VM_FORWARD): the real Gantry (systemd cgroup driver, graceful node
+# shutdown on) joins the host test's API server at 10.0.2.100:6443. Once the host has its pods
+# running (results/go), this script powers the machine off the way an operator does
+# (`systemctl poweroff`, through logind), and the pods' SIGTERM handlers and Gantry's log land in
+# results/ on the share. It records logind's InhibitDelayMaxUSec before and after Gantry started
+# and the drop-in Gantry wrote; it asserts nothing itself.
+set -uo pipefail
+. /mnt/host/lib.sh
+ROOT=/var/lib/gantry
+CONFIG=/etc/gantry/config.yaml
+KUBECONFIG=/etc/gantry/kubeconfig
+
+network() {
+  local nic
+  nic=$(ip -o link | awk -F': ' '$2 != "lo" { print $2; exit }')
+  [ -n "$nic" ] || { log "no network interface"; return 1; }
+  ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" || return 1
+  echo "10.0.2.100 kubernetes" >>/etc/hosts
+}
+
+inhibit_delay() {
+  busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec
+}
+
+setup() {
+  install -m 0755 $H/gantry /usr/local/bin/gantry
+  mkdir -p $ROOT /etc/gantry
+  install -m 0600 $H/kubeconfig $KUBECONFIG
+  network || return 1
+  sed -i 's#sandbox_image = .*#sandbox_image = "gantry.local/pause:v1"#' /etc/containerd/config.toml
+  containerd_systemd_cgroup true || return 1
+  local t
+  for t in $H/*.oci.tar; do ctr -n k8s.io images import "$t" >/dev/null || return 1; done
+  stat -fc %T /sys/fs/cgroup >$R/cgroup-fs
+  inhibit_delay >$R/inhibit-delay-before
+  log "setup done: $(cat $R/cgroup-fs), $(containerd --version), logind $(cat $R/inhibit-delay-before)"
+}
+
+setup || exit 1
+cat >$CONFIG <<CFG
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+enableServer: false
+cgroupDriver: systemd
+resolvConf: ""
+shutdownGracePeriod: 20s
+shutdownGracePeriodCriticalPods: 8s
+CFG
+gantry kubelet --config=$CONFIG --kubeconfig=$KUBECONFIG --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
+  --root-dir=$ROOT --hostname-override=vm-node -v=4 2>>"$R/gantry.log" &
+# Gantry raises logind's delay before it takes its lock; the lock shows in systemd-inhibit.
+wait_for 120 sh -c 'systemd-inhibit --list --no-legend --no-pager | grep -q kubelet' || { log "no inhibitor lock"; exit 1; }
+inhibit_delay >$R/inhibit-delay-after
+systemd-inhibit --list --no-pager >$R/inhibitors
+cp /etc/systemd/logind.conf.d/99-kubelet.conf $R/logind-drop-in 2>/dev/null
+touch $R/ready
+log "gantry holds its lock; waiting for the host's pods"
+wait_for 600 test -e $R/go -o -e $R/abort || { log "the host never said go"; exit 1; }
+[ -e $R/abort ] && exit 1
+# The script's result goes first: the machine powers off without this script ending.
+echo 0 >$R/rc
+sync
+cut -d' ' -f1 /proc/uptime >$R/poweroff-at
+log "systemctl poweroff"
+systemctl poweroff
+# Keep going until the shutdown stops this unit: returning would let vm-runner force a
+# poweroff at once.
+sleep 600

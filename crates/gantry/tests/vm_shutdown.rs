@@ -1,0 +1,219 @@
+//! End-to-end graceful node shutdown on a real systemd host (the VM of `scripts/vm`, cgroup v2,
+//! the systemd cgroup driver): the guest's Gantry joins the host test's API server (over the
+//! VM's one forward, as in `vm_resize.rs`) with `shutdownGracePeriod: 20s` and
+//! `shutdownGracePeriodCriticalPods: 8s`, the host creates three pods whose SIGTERM handlers
+//! write the guest's uptime to the 9p share, and the guest script `vm/shutdown.sh` runs
+//! `systemctl poweroff`. The host then checks, from the share and the API server:
+//! - logind's `InhibitDelayMaxSec` (5 s by default) was raised to 20 s by upstream's drop-in;
+//! - the regular pods got SIGTERM first, the critical one (system-node-critical) only once the
+//!   regular group was done, and the regular pod that ignores SIGTERM was killed at the end of
+//!   its group's 12 s window, not at its own 60 s;
+//! - the pods ended `Failed` with reason `Terminated`, upstream's message and the
+//!   `DisruptionTarget` condition; the Node went not ready with "node is shutting down", and the
+//!   `NodeShutdown` event was recorded.
+//!
+//! Needs root and the VM image (`scripts/vm build`, which `scripts/test` runs); otherwise the
+//! test prints SKIPPED, and fails under `CI=true`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gantry_test_apiserver::{TestApiServer, User};
+use gantry_testkit::vm::{self, Forward};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_json::json;
+
+/// The longest the whole boot may take (TCG emulation on a loaded machine is slow).
+const VM_TIMEOUT: Duration = Duration::from_secs(900);
+/// How long one step (the guest up, the pods running) may take under TCG.
+const STEP: Duration = Duration::from_secs(300);
+const NODE: &str = "vm-node";
+const GUEST_API: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 100), 6443);
+/// The regular pods' window: shutdownGracePeriod - shutdownGracePeriodCriticalPods.
+const REGULAR_WINDOW: f64 = 12.0;
+/// Slack for TCG emulation on a loaded machine.
+const SLACK: f64 = 8.0;
+const MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
+
+async fn until<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + STEP;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn stripped_gantry(dir: &Path) -> PathBuf {
+    let full = PathBuf::from(env!("CARGO_BIN_EXE_gantry"));
+    let out = dir.join("gantry");
+    let stripped = std::process::Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(&full).status();
+    if stripped.is_ok_and(|s| s.success()) { out } else { full }
+}
+
+fn guest_kubeconfig(server: &TestApiServer, dir: &Path) -> PathBuf {
+    let host = server.kubeconfig(&dir.join("host"), &User::Node(NODE.into()));
+    let text = std::fs::read_to_string(host).unwrap();
+    let out = dir.join("kubeconfig");
+    std::fs::write(&out, text.replace(&server.url(), &format!("https://kubernetes:{}", GUEST_API.port()))).unwrap();
+    out
+}
+
+/// A pod whose handler writes "<uptime> <name> term" on SIGTERM and, unless `stubborn`,
+/// "<uptime> <name> exit" 3 s later as it exits; a stubborn one keeps running until killed.
+fn pod(name: &str, critical: bool, stubborn: bool) -> Pod {
+    let stamp = |what: &str| format!("echo \"$(cut -d' ' -f1 /proc/uptime) {name} {what}\" >>/results/signals");
+    let on_term = if stubborn { stamp("term") } else { format!("{}; sleep 3; {}; exit 0", stamp("term"), stamp("exit")) };
+    let script = format!("trap '{on_term}' TERM; {}; while :; do sleep 0.2; done", stamp("start"));
+    let mut spec = json!({
+        "nodeName": NODE, "hostNetwork": true, "terminationGracePeriodSeconds": 60,
+        "automountServiceAccountToken": false,
+        "containers": [{"name": "app", "image": gantry_testkit::BUSYBOX_IMAGE, "command": ["sh", "-c", script],
+                        "volumeMounts": [{"name": "results", "mountPath": "/results"}]}],
+        "volumes": [{"name": "results", "hostPath": {"path": "/mnt/host/results", "type": "Directory"}}]
+    });
+    if critical {
+        spec["priorityClassName"] = json!("system-node-critical");
+    }
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+}
+
+/// "<uptime> <name> <what>" lines → {(name, what): uptime}.
+fn signals(text: &str) -> HashMap<(String, String), f64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut p = l.split_whitespace();
+            let t = p.next()?.parse().ok()?;
+            Some(((p.next()?.to_string(), p.next()?.to_string()), t))
+        })
+        .collect()
+}
+
+fn running(pod: &Pod) -> bool {
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    statuses.is_some_and(|s| s.iter().all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
+    let server = TestApiServer::start().await;
+    let port: u16 = server.url().rsplit_once(':').unwrap().1.parse().unwrap();
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
+    let files = |dir: &Path| vec![stripped_gantry(dir), guest_kubeconfig(&server, dir)];
+    let forward = Forward { guest: GUEST_API, host_port: port };
+    let Some(vm_run) = vm::start_for_test("vm_shutdown", &here.join("shutdown.sh"), files, VM_TIMEOUT, Some(forward))
+    else {
+        return;
+    };
+    let share = vm_run.share();
+    let vm = tokio::task::spawn_blocking(move || vm::finish_for_test(vm_run));
+
+    let admin = server.client(&User::Admin).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let names = ["regular", "stubborn", "critical"];
+    let started = tokio::spawn({
+        let (share, pods) = (share.clone(), pods.clone());
+        async move {
+            let ready = share.join("results/ready");
+            until("the guest's Gantry holding its inhibitor lock", || async { ready.exists().then_some(()) }).await;
+            for (name, critical, stubborn) in [("regular", false, false), ("stubborn", false, true), ("critical", true, false)]
+            {
+                pods.create(&PostParams::default(), &pod(name, critical, stubborn)).await.unwrap();
+            }
+            for name in names {
+                until(&format!("{name} running"), || async { running(&pods.get(name).await.ok()?).then_some(()) }).await;
+            }
+            std::fs::write(share.join("results/go"), "").unwrap();
+        }
+    })
+    .await;
+    if started.is_err() {
+        let _ = std::fs::write(share.join("results/abort"), "");
+    }
+    let run = vm.await.unwrap();
+    let report = || format!("{}\n--- gantry.log (tail) ---\n{}", run.report(), tail(&run.read("gantry.log"), 80));
+    if let Err(failed) = started {
+        eprintln!("{}", report());
+        std::panic::resume_unwind(failed.into_panic());
+    }
+    assert_eq!(run.exit, 0, "the guest script failed\n{}", report());
+    assert_eq!(run.read("cgroup-fs").trim(), "cgroup2fs", "the guest runs cgroup v2");
+    eprintln!("VM shutdown test: guest booted in {:?} s, whole run {:.1} s", run.boot_seconds(), run.elapsed.as_secs_f64());
+
+    // logind's delay was too short (5 s) for 20 s, so Gantry wrote upstream's drop-in.
+    assert_eq!(run.read("inhibit-delay-before").trim(), "t 5000000", "logind's default InhibitDelayMaxSec");
+    assert_eq!(run.read("inhibit-delay-after").trim(), "t 20000000", "raised to shutdownGracePeriod\n{}", report());
+    assert_eq!(run.read("logind-drop-in"), "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=20\n");
+    let inhibitors = run.read("inhibitors");
+    assert!(
+        inhibitors.contains("kubelet") && inhibitors.contains("Kubelet needs time to handle node shutdown"),
+        "{inhibitors}"
+    );
+
+    // The order and the deadlines, in guest uptime seconds.
+    let s = signals(&run.read("signals"));
+    let at = |name: &str, what: &str| {
+        *s.get(&(name.to_string(), what.to_string()))
+            .unwrap_or_else(|| panic!("no {name} {what} in the signals file: {s:?}\n{}", report()))
+    };
+    let poweroff: f64 = run.read("poweroff-at").trim().parse().expect("the guest recorded when it powered off");
+    let regular = at("regular", "term");
+    assert!(regular >= poweroff && regular - poweroff < SLACK, "regular pods stop at once: {s:?}, poweroff {poweroff}");
+    assert!((at("stubborn", "term") - regular).abs() < SLACK, "the regular group stops together: {s:?}");
+    assert!(at("regular", "exit") >= regular + 3.0, "{s:?}");
+    let critical = at("critical", "term");
+    assert!(
+        critical >= at("regular", "exit") && critical >= at("stubborn", "term") + REGULAR_WINDOW - 2.0,
+        "the critical pod stops only once the regular group is done (the stubborn pod killed at the end of the \
+         12 s window): {s:?}"
+    );
+    assert!(
+        critical - at("stubborn", "term") < REGULAR_WINDOW + SLACK,
+        "the stubborn pod's grace is the group's 12 s, not its own 60 s: {s:?}"
+    );
+    assert!(at("critical", "exit") >= critical + 3.0, "the critical pod had its handler's time: {s:?}");
+
+    // The final statuses as the API server has them.
+    for name in names {
+        let pod = pods.get(name).await.unwrap();
+        let status = pod.status.unwrap();
+        assert_eq!(
+            (status.phase.as_deref(), status.reason.as_deref(), status.message.as_deref()),
+            (Some("Failed"), Some("Terminated"), Some(MESSAGE)),
+            "{name}\n{}",
+            report()
+        );
+        let conditions = status.conditions.unwrap_or_default();
+        let target = conditions.iter().find(|c| c.type_ == "DisruptionTarget").expect("a DisruptionTarget condition");
+        assert_eq!(
+            (target.status.as_str(), target.reason.as_deref(), target.message.as_deref()),
+            ("True", Some("TerminationByKubelet"), Some(MESSAGE)),
+            "{name}"
+        );
+    }
+    let node = Api::<Node>::all(admin.clone()).get(NODE).await.unwrap();
+    let ready = node.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_deref(), ready.message.as_deref()),
+        ("False", Some("KubeletNotReady"), Some("node is shutting down"))
+    );
+    let events = Api::<Event>::namespaced(admin, "default").list(&ListParams::default()).await.unwrap();
+    assert!(
+        events.items.iter().any(|e| e.reason.as_deref() == Some("NodeShutdown")
+            && e.message.as_deref() == Some("Shutdown manager detected shutdown event")),
+        "the NodeShutdown event"
+    );
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

@@ -321,7 +321,11 @@ mod tests {
         let g = FeatureGates::default();
         assert!(!g.enabled(Gate::LegacyNodeRunOnceMode));
         assert!(g.enabled(Gate::DisableNodeKubeProxyVersion));
-        assert_eq!(g.to_string(), "DisableNodeKubeProxyVersion=true,LegacyNodeRunOnceMode=false");
+        assert_eq!(
+            g.to_string(),
+            "DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,LegacyNodeRunOnceMode=false"
+        );
+        assert!(g.enabled(Gate::GracefulNodeShutdown) && g.enabled(Gate::GracefulNodeShutdownBasedOnPodPriority));
     }
 
     #[test]
@@ -333,7 +337,10 @@ mod tests {
         assert!(g.enabled(Gate::LegacyNodeRunOnceMode));
         assert!(!g.enabled(Gate::DisableNodeKubeProxyVersion));
         assert_eq!(g.without_effect(), vec!["KubeletTracing"]);
-        assert_eq!(g.to_string(), "DisableNodeKubeProxyVersion=false,KubeletTracing=true,LegacyNodeRunOnceMode=true");
+        assert_eq!(
+            g.to_string(),
+            "DisableNodeKubeProxyVersion=false,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletTracing=true,LegacyNodeRunOnceMode=true"
+        );
     }
 
     #[test]

@@ -408,7 +408,10 @@ fn summary_masks_header_values() {
     assert!(summary.contains("staticPodURL=https://user:<masked>@example.com/pods?x=1"), "{summary}");
     assert!(summary.contains("syncFrequency=1m0s"), "{summary}");
     assert!(summary.contains("nodeName=machine-1"), "{summary}");
-    assert!(summary.contains("featureGates=DisableNodeKubeProxyVersion=true,LegacyNodeRunOnceMode=false"), "{summary}");
+    assert!(
+        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,LegacyNodeRunOnceMode=false"),
+        "{summary}"
+    );
     assert!(!summary.contains('\n'), "one line: {summary}");
 }
 

@@ -1,10 +1,10 @@
 //! End-to-end graceful node shutdown on a real systemd host (the VM of `scripts/vm`, cgroup v2,
 //! the systemd cgroup driver): the guest's Gantry joins the host test's API server (over the
-//! VM's one forward, as in `vm_resize.rs`) with `shutdownGracePeriod: 20s` and
-//! `shutdownGracePeriodCriticalPods: 8s`, the host creates three pods whose SIGTERM handlers
+//! VM's one forward, as in `vm_resize.rs`) with `shutdownGracePeriod: 30s` and
+//! `shutdownGracePeriodCriticalPods: 18s`, the host creates three pods whose SIGTERM handlers
 //! write the guest's uptime to the 9p share, and the guest script `vm/shutdown.sh` runs
 //! `systemctl poweroff`. The host then checks, from the share and the API server:
-//! - logind's `InhibitDelayMaxSec` (5 s by default) was raised to 20 s by upstream's drop-in;
+//! - logind's `InhibitDelayMaxSec` (5 s by default) was raised to 30 s by upstream's drop-in;
 //! - the regular pods got SIGTERM first, the critical one (system-node-critical) only once the
 //!   regular group was done, and the regular pod that ignores SIGTERM was killed at the end of
 //!   its group's 12 s window, not at its own 60 s;
@@ -69,7 +69,8 @@ fn guest_kubeconfig(server: &TestApiServer, dir: &Path) -> PathBuf {
 /// A pod whose handler writes "<uptime> <name> term" on SIGTERM and, unless `stubborn`,
 /// "<uptime> <name> exit" 3 s later as it exits; a stubborn one keeps running until killed.
 fn pod(name: &str, critical: bool, stubborn: bool) -> Pod {
-    let stamp = |what: &str| format!("echo \"$(cut -d' ' -f1 /proc/uptime) {name} {what}\" >>/results/signals");
+    // No single quotes in here: the handler goes into trap '...'.
+    let stamp = |what: &str| format!("read up rest </proc/uptime; echo \"$up {name} {what}\" >>/results/signals");
     let on_term = if stubborn { stamp("term") } else { format!("{}; sleep 3; {}; exit 0", stamp("term"), stamp("exit")) };
     let script = format!("trap '{on_term}' TERM; {}; while :; do sleep 0.2; done", stamp("start"));
     let mut spec = json!({
@@ -148,10 +149,10 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
     assert_eq!(run.read("cgroup-fs").trim(), "cgroup2fs", "the guest runs cgroup v2");
     eprintln!("VM shutdown test: guest booted in {:?} s, whole run {:.1} s", run.boot_seconds(), run.elapsed.as_secs_f64());
 
-    // logind's delay was too short (5 s) for 20 s, so Gantry wrote upstream's drop-in.
+    // logind's delay was too short (5 s) for 30 s, so Gantry wrote upstream's drop-in.
     assert_eq!(run.read("inhibit-delay-before").trim(), "t 5000000", "logind's default InhibitDelayMaxSec");
-    assert_eq!(run.read("inhibit-delay-after").trim(), "t 20000000", "raised to shutdownGracePeriod\n{}", report());
-    assert_eq!(run.read("logind-drop-in"), "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=20\n");
+    assert_eq!(run.read("inhibit-delay-after").trim(), "t 30000000", "raised to shutdownGracePeriod\n{}", report());
+    assert_eq!(run.read("logind-drop-in"), "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=30\n");
     let inhibitors = run.read("inhibitors");
     assert!(
         inhibitors.contains("kubelet") && inhibitors.contains("Kubelet needs time to handle node shutdown"),

@@ -28,9 +28,6 @@ const MAX_RETRY: Duration = Duration::from_secs(300);
 /// newer trees: 100 ms doubling, 5 steps).
 const RELOAD_POLL: Duration = Duration::from_millis(100);
 const RELOAD_ATTEMPTS: u32 = 5;
-/// The longest the lock is held after the last pod stopped for the API server to get the
-/// final pod statuses (the machine powers off right after the release).
-const STATUS_FLUSH: Duration = Duration::from_secs(3);
 
 /// Why the manager cannot watch for shutdowns.
 #[derive(Debug, thiserror::Error)]
@@ -167,37 +164,58 @@ impl ShutdownManager {
         Err(ShutdownError::InhibitDelay { requested, current: updated })
     }
 
-    /// Stops the active pods stage by stage, each stage at most its window.
+    /// Stops the active pods stage by stage, each stage at most its window. Then, unlike
+    /// upstream (which releases the lock at once), it waits for the pods still stopping and for
+    /// the API server to have their final statuses, but only while the whole grace period lasts:
+    /// logind goes on after it anyway, and the machine powers off with the statuses unsent.
     async fn stop_pods(&self) {
         tracing::info!("Shutdown manager processing shutdown event");
+        let deadline = tokio::time::Instant::now() + shutdown::requested(&self.groups);
         let stages = shutdown::plan(&self.groups, &self.shared.statuses.all());
+        let mut stopping = Vec::new();
         for stage in &stages {
-            self.stop_stage(stage).await;
+            stopping.extend(self.stop_stage(stage).await);
         }
-        if self.shared.api.is_some() {
-            let version = self.shared.statuses.version();
-            if tokio::time::timeout(STATUS_FLUSH, self.shared.statuses.reported(version)).await.is_err() {
-                tracing::warn!(waited = ?STATUS_FLUSH, "the final pod statuses were not all reported to the API server");
+        let settled = async {
+            futures::future::join_all(stopping).await;
+            if self.shared.api.is_some() {
+                self.shared.statuses.reported(self.shared.statuses.version()).await;
             }
+        };
+        if tokio::time::timeout_at(deadline, settled).await.is_err() {
+            tracing::warn!("the grace period ended before every pod stopped and its final status was reported");
         }
         tracing::info!("Shutdown manager completed processing shutdown event, node will shutdown shortly");
     }
 
-    async fn stop_stage(&self, stage: &Stage) {
-        let mut stopped = Vec::with_capacity(stage.kills.len());
+    /// Stops one stage's pods together; returns those still stopping when its window ended.
+    async fn stop_stage(&self, stage: &Stage) -> Vec<oneshot::Receiver<()>> {
+        let mut stopping = Vec::with_capacity(stage.kills.len());
         for kill in &stage.kills {
             tracing::info!(pod = %kill.name, pod_uid = %kill.uid, grace_period = kill.grace_seconds, "Shutdown manager killing pod with gracePeriod");
             let (done, rx) = oneshot::channel();
             let grace = Duration::from_secs(kill.grace_seconds.max(0) as u64);
             let _ = self.kills.send(ShutdownKill { uid: kill.uid.clone(), grace, done });
-            stopped.push(rx);
+            stopping.push(rx);
         }
-        let all = futures::future::join_all(stopped);
         let (grace_period, priority) = (stage.window.as_secs(), stage.priority);
-        match tokio::time::timeout(stage.window, all).await {
-            Ok(_) => tracing::info!(grace_period, priority, "Done waiting for all pods in group to terminate"),
-            Err(_) => tracing::info!(grace_period, priority, "Shutdown manager pod killing time out"),
+        let window = tokio::time::sleep(stage.window);
+        tokio::pin!(window);
+        let mut pending = stopping;
+        while !pending.is_empty() {
+            tokio::select! {
+                (_, i, rest) = futures::future::select_all(pending.iter_mut()) => {
+                    drop(rest);
+                    pending.remove(i);
+                }
+                () = &mut window => {
+                    tracing::info!(grace_period, priority, "Shutdown manager pod killing time out");
+                    return pending;
+                }
+            }
         }
+        tracing::info!(grace_period, priority, "Done waiting for all pods in group to terminate");
+        Vec::new()
     }
 }
 

@@ -45,8 +45,8 @@ kind: KubeletConfiguration
 enableServer: false
 cgroupDriver: systemd
 resolvConf: ""
-shutdownGracePeriod: 20s
-shutdownGracePeriodCriticalPods: 8s
+shutdownGracePeriod: 30s
+shutdownGracePeriodCriticalPods: 18s
 CFG
 gantry kubelet --config=$CONFIG --kubeconfig=$KUBECONFIG --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
   --root-dir=$ROOT --hostname-override=vm-node -v=4 2>>"$R/gantry.log" &

@@ -30,6 +30,10 @@ setup() {
   install -m 0600 $H/kubeconfig $KUBECONFIG
   network || return 1
   sed -i 's#sandbox_image = .*#sandbox_image = "gantry.local/pause:v1"#' /etc/containerd/config.toml
+  # A network config, so that the runtime reports its network ready and the Node is Ready
+  # until the shutdown (the pods use the host's network; no plugin runs for them).
+  mkdir -p /etc/cni/net.d
+  echo '{"cniVersion": "1.0.0", "name": "lo", "plugins": [{"type": "loopback"}]}' >/etc/cni/net.d/10-lo.conflist
   containerd_systemd_cgroup true || return 1
   local t
   for t in $H/*.oci.tar; do ctr -n k8s.io images import "$t" >/dev/null || return 1; done
@@ -45,8 +49,8 @@ kind: KubeletConfiguration
 enableServer: false
 cgroupDriver: systemd
 resolvConf: ""
-shutdownGracePeriod: 30s
-shutdownGracePeriodCriticalPods: 18s
+shutdownGracePeriod: 45s
+shutdownGracePeriodCriticalPods: 33s
 CFG
 gantry kubelet --config=$CONFIG --kubeconfig=$KUBECONFIG --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
   --root-dir=$ROOT --hostname-override=vm-node -v=4 2>>"$R/gantry.log" &

@@ -45,8 +45,8 @@ pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use objects::ChangeDetection;
 pub use pods::{CgroupDriver, PodSettings};
-pub use shutdown::{PriorityGrace, ShutdownSettings};
 pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion};
+pub use shutdown::{PriorityGrace, ShutdownSettings};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";

@@ -74,7 +74,8 @@ fn guest_kubeconfig(server: &TestApiServer, dir: &Path) -> PathBuf {
 fn pod(name: &str, critical: bool, stubborn: bool) -> Pod {
     // No single quotes in here: the handler goes into trap '...'.
     let stamp = |what: &str| format!("read up rest </proc/uptime; echo \"$up {name} {what}\" >>/results/signals");
-    let on_term = if stubborn { stamp("term") } else { format!("{}; sleep 3; {}; exit 0", stamp("term"), stamp("exit")) };
+    let on_term =
+        if stubborn { stamp("term") } else { format!("{}; sleep 3; {}; exit 0", stamp("term"), stamp("exit")) };
     let script = format!("trap '{on_term}' TERM; {}; while :; do sleep 0.2; done", stamp("start"));
     let mut spec = json!({
         "nodeName": NODE, "hostNetwork": true, "terminationGracePeriodSeconds": 60,
@@ -128,12 +129,14 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
         async move {
             let lock_held = share.join("results/ready");
             until("the guest's Gantry holding its inhibitor lock", || async { lock_held.exists().then_some(()) }).await;
-            for (name, critical, stubborn) in [("regular", false, false), ("stubborn", false, true), ("critical", true, false)]
+            for (name, critical, stubborn) in
+                [("regular", false, false), ("stubborn", false, true), ("critical", true, false)]
             {
                 pods.create(&PostParams::default(), &pod(name, critical, stubborn)).await.unwrap();
             }
             for name in names {
-                until(&format!("{name} running"), || async { running(&pods.get(name).await.ok()?).then_some(()) }).await;
+                until(&format!("{name} running"), || async { running(&pods.get(name).await.ok()?).then_some(()) })
+                    .await;
             }
             let nodes: Api<Node> = Api::all(pods.into_client());
             until("the node Ready", || async { (ready(&nodes.get(NODE).await.ok()?)?.status == "True").then_some(()) })
@@ -153,7 +156,11 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
     }
     assert_eq!(run.exit, 0, "the guest script failed\n{}", report());
     assert_eq!(run.read("cgroup-fs").trim(), "cgroup2fs", "the guest runs cgroup v2");
-    eprintln!("VM shutdown test: guest booted in {:?} s, whole run {:.1} s", run.boot_seconds(), run.elapsed.as_secs_f64());
+    eprintln!(
+        "VM shutdown test: guest booted in {:?} s, whole run {:.1} s",
+        run.boot_seconds(),
+        run.elapsed.as_secs_f64()
+    );
 
     // logind's delay was too short (5 s) for 45 s, so Gantry wrote upstream's drop-in.
     assert_eq!(run.read("inhibit-delay-before").trim(), "t 5000000", "logind's default InhibitDelayMaxSec");

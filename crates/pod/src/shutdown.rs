@@ -86,7 +86,11 @@ pub struct Stage {
 pub fn plan(groups: &[Group], pods: &[Pod]) -> Vec<Stage> {
     let mut stages: Vec<Stage> = groups
         .iter()
-        .map(|g| Stage { priority: g.priority, window: Duration::from_secs(g.seconds.max(0) as u64), kills: Vec::new() })
+        .map(|g| Stage {
+            priority: g.priority,
+            window: Duration::from_secs(g.seconds.max(0) as u64),
+            kills: Vec::new(),
+        })
         .collect();
     if stages.is_empty() {
         return stages;
@@ -248,7 +252,11 @@ mod tests {
         let now = Time(Timestamp::from_second(1_000).unwrap());
         let running = PodStatus {
             phase: Some("Running".into()),
-            conditions: Some(vec![PodCondition { type_: "Ready".into(), status: "False".into(), ..Default::default() }]),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                ..Default::default()
+            }]),
             ..Default::default()
         };
         let s = stopped_status(running, Some(3), now.clone());

@@ -19,8 +19,8 @@ use crate::runtime::{Driver, StartError, Started};
 use gantry_pod::backoff::{self, Backoff};
 use gantry_pod::plan::{self, KillReason, PodActions, Start};
 use gantry_pod::probe::{self, Health, ProbeKill};
-use gantry_pod::start_failure::StartFailure;
 use gantry_pod::shutdown;
+use gantry_pod::start_failure::StartFailure;
 use gantry_pod::status::{self, Waiting};
 use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
 use gantry_vocab::spec;
@@ -507,7 +507,12 @@ impl Worker {
     /// Graceful node shutdown: stops the pod's containers (preStop hooks included) within
     /// `grace` (at least upstream's 2 s minimum), reports it `Failed` for the shutdown, signals
     /// `done`, and then keeps it stopped: nothing restarts it, and only a terminate removes it.
-    async fn stop_for_shutdown(mut self, grace: Duration, done: oneshot::Sender<()>, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    async fn stop_for_shutdown(
+        mut self,
+        grace: Duration,
+        done: oneshot::Sender<()>,
+        mut rx: mpsc::UnboundedReceiver<Msg>,
+    ) {
         let grace = grace.max(Duration::from_secs(spec::MIN_GRACE_SECONDS as u64));
         let uid = spec::uid(&self.pod).to_string();
         let name = spec::full_name(&self.pod);

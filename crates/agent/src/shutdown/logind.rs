@@ -54,8 +54,7 @@ impl Logind {
     pub async fn connect() -> zbus::Result<Logind> {
         let connection = zbus::Connection::system().await?;
         // The property changes behind our back (a drop-in and a reload): read it every time.
-        let login =
-            LoginProxy::builder(&connection).cache_properties(zbus::proxy::CacheProperties::No).build().await?;
+        let login = LoginProxy::builder(&connection).cache_properties(zbus::proxy::CacheProperties::No).build().await?;
         Ok(Logind { connection, login })
     }
 
@@ -66,7 +65,8 @@ impl Logind {
 
     /// Takes the `delay` lock on shutdown, as upstream's kubelet names it.
     pub async fn inhibit_shutdown(&self) -> zbus::Result<InhibitLock> {
-        let fd = self.login.inhibit("shutdown", "kubelet", "Kubelet needs time to handle node shutdown", "delay").await?;
+        let fd =
+            self.login.inhibit("shutdown", "kubelet", "Kubelet needs time to handle node shutdown", "delay").await?;
         Ok(InhibitLock { _fd: fd.into() })
     }
 
@@ -103,10 +103,7 @@ mod tests {
 
     #[test]
     fn the_drop_in_is_upstreams() {
-        assert_eq!(
-            drop_in(Duration::from_secs(30)),
-            "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=30\n"
-        );
+        assert_eq!(drop_in(Duration::from_secs(30)), "# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=30\n");
         let dir = tempfile::tempdir().unwrap();
         let path = write_drop_in(&dir.path().join("logind.conf.d"), Duration::from_secs(45)).unwrap();
         assert_eq!(path.file_name().unwrap(), "99-kubelet.conf");

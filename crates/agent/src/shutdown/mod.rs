@@ -34,7 +34,9 @@ const RELOAD_ATTEMPTS: u32 = 5;
 pub enum ShutdownError {
     #[error("cannot use logind over D-Bus: {0}")]
     Bus(#[from] zbus::Error),
-    #[error("unable to override inhibit delay by shutdown manager: failed writing logind shutdown inhibit override file in {dir}: {source}")]
+    #[error(
+        "unable to override inhibit delay by shutdown manager: failed writing logind shutdown inhibit override file in {dir}: {source}"
+    )]
     DropIn { dir: String, source: std::io::Error },
     #[error(
         "node shutdown manager was timed out after {RELOAD_ATTEMPTS} attempts waiting for logind InhibitDelayMaxSec to \
@@ -118,7 +120,10 @@ impl ShutdownManager {
         );
         while let Some(signal) = signals.next().await {
             let start = signal.args()?.start;
-            tracing::info!(event = if start { "shutdown" } else { "cancelled" }, "Shutdown manager detected new shutdown event");
+            tracing::info!(
+                event = if start { "shutdown" } else { "cancelled" },
+                "Shutdown manager detected new shutdown event"
+            );
             let message = if start { shutdown::EVENT_SHUTDOWN } else { shutdown::EVENT_CANCELLED };
             self.shared.events.record_node(&NodeEvent {
                 type_: EventType::Normal,

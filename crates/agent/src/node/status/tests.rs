@@ -394,7 +394,10 @@ fn not_ready_while_the_node_shuts_down() {
     // After the runtime's errors, as upstream lists them.
     i.runtime_errors = vec!["container runtime is down".into()];
     let (both, _) = compute_status(&down, &i);
-    assert_eq!(condition(&both, "Ready").message.as_deref(), Some("[container runtime is down, node is shutting down]"));
+    assert_eq!(
+        condition(&both, "Ready").message.as_deref(),
+        Some("[container runtime is down, node is shutting down]")
+    );
 }
 
 #[test]

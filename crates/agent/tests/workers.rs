@@ -859,3 +859,59 @@ async fn image_gc_passes_ten_seconds_after_start_then_every_five_minutes() {
     assert_eq!(passes(), 2, "the next pass five minutes later");
     assert_eq!(fake.calls_of("RemoveImage").len(), 1, "nothing more to remove");
 }
+
+/// Graceful node shutdown through the agent: a pod handed over for the shutdown is stopped,
+/// left `Failed` with upstream's reason, message and `DisruptionTarget` condition, and never
+/// restarted; a pod that arrives while the node shuts down is rejected.
+#[tokio::test]
+async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejected() {
+    use gantry_agent::agent::ShutdownKill;
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let shared = Shared::connect(&node.settings(), Arc::default()).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
+    let kills = agent.shutdown_kills();
+    let _task = tokio::spawn(agent.run(rx));
+    let pod = static_pod("web", &["app"]);
+    let name = pod.metadata.name.clone().unwrap();
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "web running", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+
+    shared.shutting_down.send_replace(true);
+    let (done, stopped) = tokio::sync::oneshot::channel();
+    kills.send(ShutdownKill { uid: uid(&pod).to_string(), grace: Duration::from_secs(5), done }).unwrap();
+    let stopped = tokio::time::timeout(PATIENCE, stopped).await.expect("the pod stops within the test's patience");
+    assert!(stopped.is_ok(), "the worker reports the pod stopped");
+    let status = shared.statuses.get(uid(&pod)).unwrap().status.unwrap();
+    let message = "Pod was terminated in response to imminent node shutdown.";
+    assert_eq!(
+        (status.phase.as_deref(), status.reason.as_deref(), status.message.as_deref()),
+        (Some("Failed"), Some("Terminated"), Some(message))
+    );
+    let conditions = status.conditions.unwrap_or_default();
+    let target = conditions.iter().find(|c| c.type_ == "DisruptionTarget").expect("DisruptionTarget");
+    assert_eq!((target.reason.as_deref(), target.message.as_deref()), (Some("TerminationByKubelet"), Some(message)));
+    assert_eq!(count(&node.fake.calls(), "StopContainer", &name), 1);
+
+    // A new pod is not admitted; the stopped one is not restarted by later syncs.
+    let late = static_pod("late", &["app"]);
+    send(&tx, &[&pod, &late]).await;
+    wait_status(&shared, "late rejected", |s| phase(s, &late).as_deref() == Some("Failed")).await;
+    let late_status = shared.statuses.get(uid(&late)).unwrap().status.unwrap();
+    assert_eq!(
+        (late_status.reason.as_deref(), late_status.message.as_deref()),
+        (Some("NodeShutdown"), Some("Pod was rejected: Pod was rejected as the node is shutting down."))
+    );
+    // Two more relists (which wake every worker whose pod changed) go by; it stays stopped.
+    let relists = |calls: &[Call]| calls.iter().filter(|c| c.op == "ListPodSandbox" && c.pod.is_empty()).count();
+    let before = relists(&node.fake.calls());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while relists(&node.fake.calls()) < before + 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no relist within the test's patience");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = node.fake.calls();
+    assert_eq!(count(&calls, "StartContainer", &name), 1, "the stopped pod is not started again");
+    assert_eq!(count(&calls, "RunPodSandbox", &late.metadata.name.clone().unwrap()), 0, "the late pod never runs");
+}

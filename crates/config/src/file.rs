@@ -90,6 +90,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "shutdownGracePeriod",
     "shutdownGracePeriodCriticalPods",
     "shutdownGracePeriodByPodPriority",
+    "singleProcessOOMKill",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

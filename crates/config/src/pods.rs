@@ -33,6 +33,9 @@ pub struct PodSettings {
     pub pod_pids_limit: i64,
     /// `failCgroupV1`: refuse to start on a cgroup v1 host (default false: a warning).
     pub fail_cgroup_v1: bool,
+    /// `singleProcessOOMKill`: unset means false on cgroup v2 (the OOM killer stops the whole
+    /// container, `memory.oom.group=1`) and true on cgroup v1; explicit false is refused there.
+    pub single_process_oom_kill: Option<bool>,
     /// `clusterDNS` / `--cluster-dns`.
     pub cluster_dns: Vec<IpAddr>,
     /// `clusterDomain` / `--cluster-domain`; empty = no cluster search domains.
@@ -55,6 +58,7 @@ impl Default for PodSettings {
             cgroup_root: String::new(),
             pod_pids_limit: -1,
             fail_cgroup_v1: false,
+            single_process_oom_kill: None,
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             resolv_conf: DEFAULT_RESOLV_CONF.to_string(),
@@ -135,6 +139,9 @@ impl PodSettings {
         }
         if let Some(b) = c.fail_cgroup_v1 {
             self.fail_cgroup_v1 = b;
+        }
+        if c.single_process_oom_kill.is_some() {
+            self.single_process_oom_kill = c.single_process_oom_kill;
         }
         if let Some(ips) = &c.cluster_dns {
             self.cluster_dns = dns_ips("clusterDNS", ips, invalid)?;

@@ -260,6 +260,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("shutdownGracePeriod", "grace_period", "crates/agent/src/shutdown/mod.rs"),
     ("shutdownGracePeriodCriticalPods", "grace_period_critical_pods", "crates/agent/src/shutdown/mod.rs"),
     ("shutdownGracePeriodByPodPriority", "grace_period_by_pod_priority", "crates/agent/src/shutdown/mod.rs"),
+    ("singleProcessOOMKill", "single_process_oom_kill", "crates/agent/src/runtime/driver.rs"),
 ];
 
 #[test]

@@ -13,7 +13,9 @@
 //! - the pods ended `Failed` with reason `Terminated`, upstream's message and the
 //!   `DisruptionTarget` condition; the Node went from Ready to not ready with "node is shutting
 //!   down", and the
-//!   `NodeShutdown` event was recorded.
+//!   `NodeShutdown` event was recorded;
+//! - on the way, that the containers' cgroups have `memory.oom.group` 1 (cgroup v2 without
+//!   `singleProcessOOMKill`).
 //!
 //! Needs root and the VM image (`scripts/vm build`, which `scripts/test` runs); otherwise the
 //! test prints SKIPPED, and fails under `CI=true`.
@@ -22,6 +24,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gantry_test_apiserver::{TestApiServer, User};
@@ -124,8 +127,9 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
     let admin = server.client(&User::Admin).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let names = ["regular", "stubborn", "critical"];
+    let container_ids = Arc::new(Mutex::new(Vec::new()));
     let started = tokio::spawn({
-        let (share, pods) = (share.clone(), pods.clone());
+        let (share, pods, container_ids) = (share.clone(), pods.clone(), container_ids.clone());
         async move {
             let lock_held = share.join("results/ready");
             until("the guest's Gantry holding its inhibitor lock", || async { lock_held.exists().then_some(()) }).await;
@@ -135,8 +139,13 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
                 pods.create(&PostParams::default(), &pod(name, critical, stubborn)).await.unwrap();
             }
             for name in names {
-                until(&format!("{name} running"), || async { running(&pods.get(name).await.ok()?).then_some(()) })
-                    .await;
+                let pod = until(&format!("{name} running"), || async {
+                    let pod = pods.get(name).await.ok()?;
+                    running(&pod).then_some(pod)
+                })
+                .await;
+                let id = pod.status.and_then(|s| s.container_statuses?.pop()?.container_id).unwrap();
+                container_ids.lock().unwrap().push(id.trim_start_matches("containerd://").to_string());
             }
             let nodes: Api<Node> = Api::all(pods.into_client());
             until("the node Ready", || async { (ready(&nodes.get(NODE).await.ok()?)?.status == "True").then_some(()) })
@@ -171,6 +180,13 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
         inhibitors.contains("kubelet") && inhibitors.contains("Kubelet needs time to handle node shutdown"),
         "{inhibitors}"
     );
+
+    // cgroup v2 without singleProcessOOMKill: the OOM killer stops a whole container.
+    let oom_group = run.read("oom-group");
+    for id in container_ids.lock().unwrap().iter() {
+        let line = oom_group.lines().find(|l| l.contains(&format!("cri-containerd-{id}.scope/")));
+        assert_eq!(line.and_then(|l| l.rsplit(' ').next()), Some("1"), "memory.oom.group of {id}:\n{oom_group}");
+    }
 
     // The order and the deadlines, in guest uptime seconds.
     let s = signals(&run.read("signals"));

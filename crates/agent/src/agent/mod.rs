@@ -55,6 +55,8 @@ pub enum AgentError {
         "kubelet is configured to not run on a host using cgroup v1. cgroup v1 support is in maintenance mode (failCgroupV1 is true)"
     )]
     CgroupV1,
+    #[error("invalid configuration: singleProcessOOMKill must not be explicitly set to false when using cgroup v1")]
+    SingleProcessOomKillOnV1,
     #[error(transparent)]
     Systemd(#[from] crate::runtime::systemd::SystemdError),
     #[error(transparent)]
@@ -83,13 +85,16 @@ fn node_allocatable(settings: &Settings) -> gantry_pod::resize::Amounts {
 }
 
 /// Upstream's start-up check: cgroup v1 is deprecated, and refused with `failCgroupV1`.
-fn check_cgroup_version(fail_cgroup_v1: bool) -> Result<(), AgentError> {
+fn check_cgroup_version(fail_cgroup_v1: bool, single_process_oom_kill: Option<bool>) -> Result<(), AgentError> {
     use crate::runtime::cgroups::{self, Hierarchy};
     let hierarchy = cgroups::hierarchy(std::path::Path::new(cgroups::MOUNT));
     tracing::info!(?hierarchy, "cgroup hierarchy");
     if hierarchy == Some(Hierarchy::V1) {
         if fail_cgroup_v1 {
             return Err(AgentError::CgroupV1);
+        }
+        if single_process_oom_kill == Some(false) {
+            return Err(AgentError::SingleProcessOomKillOnV1);
         }
         tracing::warn!(reason = "CgroupV1", "{}", cgroups::V1_DEPRECATED);
     }
@@ -122,7 +127,7 @@ impl Shared {
     /// Connects to the runtime named in `settings` and validates it; every CRI call and pod
     /// start is recorded in `metrics` (the node's).
     pub async fn connect(settings: &Settings, metrics: Arc<Metrics>) -> Result<Arc<Self>, AgentError> {
-        check_cgroup_version(settings.pods.fail_cgroup_v1)?;
+        check_cgroup_version(settings.pods.fail_cgroup_v1, settings.pods.single_process_oom_kill)?;
         let cri = gantry_cri::connect(
             &settings.container_runtime_endpoint,
             settings.image_service_endpoint.as_deref(),

@@ -150,6 +150,9 @@ pub struct ContainerContext<'a> {
     pub node_security: NodeSecurity<'a>,
     /// For an ephemeral container with a target: the target's container ID.
     pub target_id: Option<&'a str>,
+    /// `memory.oom.group=1` in the CRI `unified` settings: the kernel's OOM killer stops the
+    /// whole container (cgroup v2 unless `singleProcessOOMKill`).
+    pub oom_group: bool,
 }
 
 /// Why a container's CRI config cannot be built (upstream's `CreateContainerConfigError`).
@@ -187,6 +190,10 @@ pub fn container_config(
     requests::check(c)?;
     let limits = resources::container(c);
     let security = security::container(pod, c, &ctx.image_user, &ctx.node_security)?;
+    let mut resources = linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1));
+    if ctx.oom_group {
+        resources.unified.insert("memory.oom.group".into(), "1".into());
+    }
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
         image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
@@ -202,7 +209,7 @@ pub fn container_config(
         stdin_once: c.stdin_once.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         linux: Some(api::LinuxContainerConfig {
-            resources: Some(linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1))),
+            resources: Some(resources),
             security_context: Some(api::LinuxContainerSecurityContext {
                 namespace_options: Some(container_namespaces(pod, ctx.target_id)),
                 ..security
@@ -291,8 +298,11 @@ mod tests {
                 seccomp_root: Path::new("/s"),
             },
             target_id: None,
+            oom_group: true,
         };
         let cfg = container_config(&p, c, ctx).unwrap();
+        let unified = &cfg.linux.as_ref().unwrap().resources.as_ref().unwrap().unified;
+        assert_eq!(unified.get("memory.oom.group").map(String::as_str), Some("1"), "cgroup v2: the whole container");
         assert_eq!(cfg.log_path, "web/3.log");
         let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
         assert_eq!(env, [("A", "1"), ("POD", "web-node1")]);

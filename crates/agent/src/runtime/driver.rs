@@ -63,6 +63,8 @@ pub struct Driver {
     cgroups: Option<Arc<dyn CgroupFs>>,
     /// The `kubepods` cgroup's limits (node allocatable enforcement).
     kubepods_limits: Option<CgroupValues>,
+    /// Containers get `memory.oom.group=1` (cgroup v2 unless `singleProcessOOMKill`).
+    oom_group: bool,
     /// Events about a pod's setup (DNS configuration).
     events: Recorder,
     /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
@@ -84,6 +86,7 @@ impl Driver {
             pods: Arc::default(),
             cgroups: None,
             kubepods_limits: None,
+            oom_group: false,
             events: Recorder::default(),
         }
     }
@@ -126,7 +129,11 @@ impl Driver {
                 Some(Arc::new(systemd::Slices::connect(listing).await?))
             }
         };
-        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, ..self };
+        // Upstream: on cgroup v2 the kernel kills a container's processes together on OOM
+        // unless singleProcessOOMKill (on cgroup v1 it always kills one process).
+        let v2 = cgroups::hierarchy(Path::new(cgroups::MOUNT)) == Some(cgroups::Hierarchy::V2);
+        let oom_group = v2 && !pods.single_process_oom_kill.unwrap_or(false);
+        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, oom_group, ..self };
         driver.enforce_node_allocatable().await;
         Ok(driver)
     }
@@ -391,6 +398,7 @@ impl Driver {
             image_user,
             node_security: self.node_security(),
             target_id,
+            oom_group: self.oom_group,
         };
         let container_config = config::container_config(pod, c, ctx)
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;

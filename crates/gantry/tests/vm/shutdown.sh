@@ -5,7 +5,7 @@
 # running (results/go), this script powers the machine off the way an operator does
 # (`systemctl poweroff`, through logind), and the pods' SIGTERM handlers and Gantry's log land in
 # results/ on the share. It records logind's InhibitDelayMaxUSec before and after Gantry started
-# and the drop-in Gantry wrote; it asserts nothing itself.
+# and the drop-in Gantry wrote, and the containers' memory.oom.group; it asserts nothing itself.
 set -uo pipefail
 . /mnt/host/lib.sh
 ROOT=/var/lib/gantry
@@ -63,6 +63,10 @@ touch $R/ready
 log "gantry holds its lock; waiting for the host's pods"
 wait_for 600 test -e $R/go -o -e $R/abort || { log "the host never said go"; exit 1; }
 [ -e $R/abort ] && exit 1
+# memory.oom.group of every container scope (the host picks its containers by ID).
+find /sys/fs/cgroup/kubepods.slice -path '*cri-containerd-*.scope/memory.oom.group' | while read -r f; do
+  echo "$f $(cat "$f")"
+done >$R/oom-group
 # The script's result goes first: the machine powers off without this script ending.
 echo 0 >$R/rc
 sync

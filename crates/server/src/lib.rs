@@ -60,8 +60,8 @@ struct Inner {
     pods: Arc<dyn PodList>,
     root_dir: PathBuf,
     pod_logs_dir: PathBuf,
-    /// The `kubepods` cgroup (None without `cgroupsPerQOS`), for the stats.
-    kubepods_cgroup: Option<String>,
+    /// How pod cgroups are named (None without `cgroupsPerQOS`), for the stats.
+    pod_cgroups: Option<gantry_config::PodSettings>,
     /// The runtime's unix socket, whose server is the `runtime` system container.
     runtime_socket: Option<PathBuf>,
     /// The InternalIP the node registered with (cluster mode), for the serving certificate.
@@ -93,7 +93,7 @@ impl ServerState {
                 pods,
                 root_dir: settings.root_dir.clone(),
                 pod_logs_dir: settings.pod_logs_dir.clone(),
-                kubepods_cgroup: settings.pods.cgroups_per_qos.then(|| settings.pods.cgroup_name(&["kubepods"])),
+                pod_cgroups: settings.pods.cgroups_per_qos.then(|| settings.pods.clone()),
                 runtime_socket: settings.container_runtime_endpoint.strip_prefix("unix://").map(PathBuf::from),
                 host_ip,
                 settings: server,
@@ -127,8 +127,8 @@ impl ServerState {
         &self.inner.pod_logs_dir
     }
 
-    pub fn kubepods_cgroup(&self) -> Option<&str> {
-        self.inner.kubepods_cgroup.as_deref()
+    pub fn pod_cgroups(&self) -> Option<&gantry_config::PodSettings> {
+        self.inner.pod_cgroups.as_ref()
     }
 
     pub fn runtime_socket(&self) -> Option<&std::path::Path> {

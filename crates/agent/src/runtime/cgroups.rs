@@ -26,19 +26,6 @@ pub struct PodCgroups {
     pub create: Vec<(String, Option<CgroupValues>)>,
 }
 
-/// The path components of the pod's cgroup below the root: `kubepods`, the QoS level
-/// (none for Guaranteed) and `pod<uid>`.
-fn pod_components(qos: QosClass, uid: &str) -> Vec<String> {
-    let mut parts = vec!["kubepods".to_string()];
-    match qos {
-        QosClass::Guaranteed => {}
-        QosClass::Burstable => parts.push("burstable".into()),
-        QosClass::BestEffort => parts.push("besteffort".into()),
-    }
-    parts.push(format!("pod{uid}"));
-    parts
-}
-
 /// The pod's cgroup parent and the cgroups Gantry creates for it (with systemd: the slices
 /// Gantry asks systemd for).
 /// `kubepods` gets `kubepods_limits` (node allocatable enforcement).
@@ -46,7 +33,7 @@ pub fn plan(settings: &PodSettings, kubepods_limits: Option<CgroupValues>, pod: 
     if !settings.cgroups_per_qos {
         return PodCgroups { parent: settings.cgroup_root.clone(), create: Vec::new() };
     }
-    let parts = pod_components(qos::class(pod), spec::uid(pod));
+    let parts = qos::cgroup_components(qos::class(pod), spec::uid(pod));
     let create = (1..=parts.len())
         .map(|n| {
             let values = match parts[n - 1].as_str() {
@@ -73,7 +60,7 @@ fn pod_values(settings: &PodSettings, pod: &Pod) -> CgroupValues {
 pub fn pod_paths(settings: &PodSettings, uid: &str) -> Vec<String> {
     [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort]
         .into_iter()
-        .map(|qos| settings.cgroup_name(&pod_components(qos, uid)))
+        .map(|class| settings.cgroup_name(&qos::cgroup_components(class, uid)))
         .collect()
 }
 

@@ -1,5 +1,5 @@
 //! cgroup counters on either hierarchy, for the node (the root cgroup), the pods (the pod
-//! cgroup), and the system containers (`kubepods`, the agent's and the runtime's cgroups).
+//! cgroups), and the system containers (`kubepods`, the agent's and the runtime's cgroups).
 //!
 //! cgroup v1 keeps CPU time in `cpuacct/…/cpuacct.usage` and memory in
 //! `memory/…/memory.{usage_in_bytes,limit_in_bytes,stat}` (`total_*` keys); cgroup v2 keeps
@@ -67,18 +67,6 @@ impl Cgroup {
                 cpuacct: under(&mount.join("cpuacct"), &process_path(proc_cgroup, Some("cpuacct"))?),
                 memory: under(&mount.join("memory"), &process_path(proc_cgroup, Some("memory"))?),
                 pids: under(&mount.join("pids"), &process_path(proc_cgroup, Some("pids")).unwrap_or_default()),
-            },
-        })
-    }
-
-    /// The cgroup one level up (a container's pod cgroup).
-    pub fn parent(&self) -> Option<Cgroup> {
-        Some(match self {
-            Cgroup::V2(d) => Cgroup::V2(d.parent()?.to_path_buf()),
-            Cgroup::V1 { cpuacct, memory, pids } => Cgroup::V1 {
-                cpuacct: cpuacct.parent()?.to_path_buf(),
-                memory: memory.parent()?.to_path_buf(),
-                pids: pids.parent()?.to_path_buf(),
             },
         })
     }
@@ -234,13 +222,6 @@ pub fn process_path(proc_cgroup: &str, controller: Option<&str>) -> Option<Strin
     })
 }
 
-/// Whether `dir` names the cgroup of pod `uid`: `pod<uid>` (cgroupfs) or
-/// `…-pod<uid with underscores>.slice` (systemd).
-pub fn is_pod_cgroup(dir: &Path, uid: &str) -> bool {
-    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    name == format!("pod{uid}") || name.ends_with(&format!("-pod{}.slice", uid.replace('-', "_")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,22 +249,18 @@ mod tests {
         assert_eq!(process_path(v1, Some("memory")).as_deref(), Some("/kubepods/besteffort/pod1/c1"));
         assert_eq!(process_path(v1, Some("cpuacct")).as_deref(), Some("/kubepods/besteffort/pod1/c1"));
         assert_eq!(process_path(v1, None).as_deref(), Some("/"));
-        let v2 =
-            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1_2.slice/cri-containerd-ab.scope\n";
+        let v2 = "0::/kubepods.slice/kubepods-pod1_2.slice/cri-containerd-ab.scope\n";
         let c = Cgroup::of_process(Path::new("/cg"), Hierarchy::V2, v2).unwrap();
-        let pod = c.parent().unwrap();
-        assert!(is_pod_cgroup(pod.dir(), "1-2"), "{pod:?}");
-        assert!(!is_pod_cgroup(c.dir(), "1-2"));
-        let c = Cgroup::of_process(Path::new("/cg"), Hierarchy::V1, v1).unwrap().parent().unwrap();
+        assert_eq!(c.dir(), Path::new("/cg/kubepods.slice/kubepods-pod1_2.slice/cri-containerd-ab.scope"));
+        let c = Cgroup::of_process(Path::new("/cg"), Hierarchy::V1, v1).unwrap();
         assert_eq!(
             c,
             Cgroup::V1 {
-                cpuacct: "/cg/cpuacct/kubepods/besteffort/pod1".into(),
-                memory: "/cg/memory/kubepods/besteffort/pod1".into(),
-                pids: "/cg/pids".into(),
+                cpuacct: "/cg/cpuacct/kubepods/besteffort/pod1/c1".into(),
+                memory: "/cg/memory/kubepods/besteffort/pod1/c1".into(),
+                pids: "/cg/pids/a".into(),
             }
         );
-        assert!(is_pod_cgroup(c.dir(), "1"));
     }
 
     #[test]

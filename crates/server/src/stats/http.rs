@@ -20,7 +20,7 @@ async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summa
         root_dir: state.root_dir(),
         pod_logs_dir: state.pod_logs_dir(),
         cgroup_mount: PathBuf::from(super::cgroup::MOUNT),
-        kubepods: state.kubepods_cgroup().map(str::to_string),
+        pod_cgroups: state.pod_cgroups(),
         runtime_socket: state.runtime_socket().map(PathBuf::from),
         pods: state.pods(),
         cache: state.stats_cache(),

@@ -1,9 +1,9 @@
 //! `/stats/summary`: CRI `ListContainerStats` (and `ListPodSandboxStats` where the runtime
-//! implements it; containerd 1.6 does not, then pod CPU, memory, swap, IO pressure and process
-//! count come from the pod cgroup, found as the parent of the sandbox process's cgroup, and pod
-//! network from the sandbox's network namespace), plus the node's own counters, the system
-//! containers (`kubelet`, `runtime`, `pods`: cgroups read on either hierarchy) and the pods'
-//! volumes.
+//! implements it, else the sandbox's network namespace for pod network), the pod cgroups (pod
+//! CPU, memory, swap, IO pressure and process count, as upstream reads them through cAdvisor;
+//! the runtime's sandbox stats, then the sum of the containers, where a pod has no cgroup of its
+//! own), the node's own counters, the system containers (`kubelet`, `runtime`, `pods`: cgroups
+//! read on either hierarchy) and the pods' volumes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,8 @@ use super::cgroup::{self, Cgroup, Counters, Hierarchy};
 use super::host;
 use super::rate::CpuRates;
 use super::types::*;
+use gantry_config::PodSettings;
+use gantry_pod::qos;
 use gantry_vocab::cri_labels as labels;
 use gantry_vocab::paths;
 use gantry_vocab::spec;
@@ -45,8 +47,8 @@ pub struct Sources<'a> {
     pub pod_logs_dir: &'a Path,
     /// Where the cgroup file system is mounted.
     pub cgroup_mount: PathBuf,
-    /// The `kubepods` cgroup's name (None without `cgroupsPerQOS`): the `pods` system container.
-    pub kubepods: Option<String>,
+    /// How pod cgroups are named (None without `cgroupsPerQOS`: pods have none of their own).
+    pub pod_cgroups: Option<&'a PodSettings>,
     /// The runtime's unix socket: the process behind it is the `runtime` system container.
     pub runtime_socket: Option<PathBuf>,
     /// The pods this node runs (from the status store).
@@ -80,7 +82,8 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     let stats: HashMap<String, api::ContainerStats> =
         stats.into_iter().filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s))).collect();
     let hierarchy = cgroup::hierarchy(&src.cgroup_mount);
-    let sandbox_stats = sandbox_stats(src, &owned, hierarchy, !only_cpu_and_memory).await;
+    let sandbox_stats =
+        if only_cpu_and_memory { HashMap::new() } else { sandbox_stats(src.runtime, &owned, src.cache).await };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
 
@@ -150,7 +153,8 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
             ps.containers.push(cs);
         }
         ps.containers.sort_by(|a, b| a.name.cmp(&b.name));
-        pod_totals(&mut ps, &time, at, &mut rates, sandbox_stats.get(uid));
+        let cgroup = hierarchy.and_then(|h| pod_cgroup(src, h, pod)).map(|c| c.read());
+        pod_totals(&mut ps, &time, at, &mut rates, cgroup.as_ref(), sandbox_stats.get(uid));
         if !only_cpu_and_memory {
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
             ps.volume = volumes(src.root_dir, pod, &time);
@@ -272,12 +276,12 @@ fn system_containers(
     let found = [
         ("kubelet", of_process("self"), host::process_start("self")),
         ("runtime", runtime_pid.and_then(|pid| of_process(&pid.to_string())), None),
-        ("pods", src.kubepods.as_deref().map(|k| Cgroup::named(mount, h, k)).filter(|c| c.dir().is_dir()), None),
+        ("pods", src.pod_cgroups.map(|s| Cgroup::named(mount, h, &s.cgroup_name(&["kubepods"]))), None),
     ];
     found
         .into_iter()
         .filter_map(|(name, cgroup, started)| {
-            let cgroup = cgroup?;
+            let cgroup = cgroup.filter(|c| c.dir().is_dir())?;
             let c = cgroup.read();
             let usage = Usage::of(&c, time, rates.sample_opt(&format!("sys/{name}"), at, c.cpu_usage_nanos), None);
             // cAdvisor dates a raw cgroup by its directory; the agent by its own start.
@@ -295,11 +299,30 @@ fn system_containers(
         .collect()
 }
 
-/// Pod CPU and memory: the runtime's pod sandbox stats when it has them, else the pod cgroup's
-/// files (with swap, IO pressure and the process count), else the sum of the containers (the
-/// pause container's few hundred KiB left out).
-fn pod_totals(ps: &mut PodStats, time: &str, at: i128, rates: &mut CpuRates, sandbox: Option<&SandboxStats>) {
+/// The pod's own cgroup, named as the agent names it (its QoS class and UID below `kubepods`).
+fn pod_cgroup(src: &Sources<'_>, hierarchy: Hierarchy, pod: &Pod) -> Option<Cgroup> {
+    let name = src.pod_cgroups?.cgroup_name(&qos::cgroup_components(qos::class(pod), spec::uid(pod)));
+    Some(Cgroup::named(&src.cgroup_mount, hierarchy, &name)).filter(|c| c.dir().is_dir())
+}
+
+/// Pod CPU and memory as upstream's CRI stats provider reports them: the pod cgroup's files
+/// (with swap, IO pressure and the process count), else the runtime's pod sandbox stats, else
+/// the sum of the containers (the pause container's few hundred KiB left out).
+fn pod_totals(
+    ps: &mut PodStats,
+    time: &str,
+    at: i128,
+    rates: &mut CpuRates,
+    cgroup: Option<&Counters>,
+    sandbox: Option<&SandboxStats>,
+) {
     let key = format!("pod/{}", ps.pod_ref.uid);
+    if let Some(c) = cgroup {
+        let usage = Usage::of(c, time, rates.sample_opt(&key, at, c.cpu_usage_nanos), None);
+        (ps.cpu, ps.memory, ps.swap, ps.io) = (usage.cpu, usage.memory, usage.swap, usage.io);
+        ps.process_stats = c.processes.map(|n| ProcessStats { process_count: Some(n) });
+        return;
+    }
     if let Some(s) = sandbox.filter(|s| s.cpu_total.is_some()) {
         let total = s.cpu_total;
         ps.cpu = Some(CpuStats {
@@ -309,12 +332,6 @@ fn pod_totals(ps: &mut PodStats, time: &str, at: i128, rates: &mut CpuRates, san
             psi: None,
         });
         ps.memory = s.memory.clone();
-        return;
-    }
-    if let Some(c) = sandbox.and_then(|s| s.cgroup.as_ref()) {
-        let usage = Usage::of(c, time, rates.sample_opt(&key, at, c.cpu_usage_nanos), None);
-        (ps.cpu, ps.memory, ps.swap, ps.io) = (usage.cpu, usage.memory, usage.swap, usage.io);
-        ps.process_stats = c.processes.map(|n| ProcessStats { process_count: Some(n) });
         return;
     }
     let sum = |f: &dyn Fn(&ContainerStats) -> Option<u64>| -> Option<u64> {
@@ -420,19 +437,14 @@ struct SandboxStats {
     cpu_total: Option<u64>,
     memory: Option<MemoryStats>,
     network: Option<NetworkStats>,
-    /// The pod cgroup's counters, when the runtime gives no sandbox stats.
-    cgroup: Option<Counters>,
 }
 
-/// Per pod UID: the runtime's sandbox stats, or the pod cgroup's counters and (`with_network`)
-/// the sandbox network namespace's.
+/// Per pod UID: the runtime's sandbox stats, or the sandbox network namespace's counters.
 async fn sandbox_stats(
-    src: &Sources<'_>,
+    runtime: &RuntimeClient,
     owned: &HashMap<String, String>,
-    hierarchy: Option<Hierarchy>,
-    with_network: bool,
+    cache: &StatsCache,
 ) -> HashMap<String, SandboxStats> {
-    let (runtime, cache) = (src.runtime, src.cache);
     let time = rfc3339(Timestamp::now());
     let mut out = HashMap::new();
     if !cache.no_sandbox_stats.load(Ordering::Relaxed) {
@@ -489,22 +501,14 @@ async fn sandbox_stats(
     for sb in &sandboxes.items {
         let Some(uid) = sb.labels.get(labels::POD_UID).cloned() else { continue };
         let Some(pid) = pids.get(&sb.id) else { continue };
-        let network = with_network
-            .then(|| host::network(&PathBuf::from(format!("/proc/{pid}"))))
-            .flatten()
-            .map(|(default, interfaces)| NetworkStats { time: time.clone(), default, interfaces });
-        let cgroup = hierarchy.and_then(|h| pod_cgroup(&src.cgroup_mount, h, *pid, &uid)).map(|c| c.read());
-        out.insert(uid, SandboxStats { network, cgroup, ..Default::default() });
+        let network = host::network(&PathBuf::from(format!("/proc/{pid}"))).map(|(default, interfaces)| NetworkStats {
+            time: time.clone(),
+            default,
+            interfaces,
+        });
+        out.insert(uid, SandboxStats { network, ..Default::default() });
     }
     out
-}
-
-/// The pod cgroup: the parent of the sandbox process's cgroup, if it is named for the pod
-/// (without `cgroupsPerQOS` pods have none of their own).
-fn pod_cgroup(mount: &Path, hierarchy: Hierarchy, sandbox_pid: u32, uid: &str) -> Option<Cgroup> {
-    let text = std::fs::read_to_string(format!("/proc/{sandbox_pid}/cgroup")).ok()?;
-    let pod = Cgroup::of_process(mount, hierarchy, &text)?.parent()?;
-    cgroup::is_pod_cgroup(pod.dir(), uid).then_some(pod)
 }
 
 /// containerd's verbose sandbox status carries `{"pid": N, ...}` under `info`.
@@ -541,7 +545,6 @@ fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStat
                 interfaces: n.interfaces.iter().map(iface).collect(),
             })
         }),
-        cgroup: None,
     }
 }
 
@@ -568,7 +571,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        pod_totals(&mut ps, "t", 0, &mut CpuRates::default(), None);
+        pod_totals(&mut ps, "t", 0, &mut CpuRates::default(), None, None);
         let m = ps.memory.unwrap();
         assert_eq!((m.working_set_bytes, m.usage_bytes, m.rss_bytes), (Some(30), Some(32), None));
         let c = ps.cpu.unwrap();

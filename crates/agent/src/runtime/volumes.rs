@@ -230,8 +230,14 @@ fn setup_empty_dir(path: &Path, memory: bool, size: i128, group: Option<u32>) ->
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)
 }
 
+/// Whether a tmpfs is mounted on `path` itself: a directory that merely lies on a tmpfs (a
+/// root directory under /dev/shm) still needs its own, bounded mount.
 fn is_tmpfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    use std::os::unix::fs::MetadataExt;
+    let on_tmpfs = nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    let device = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    let mount_point = path.parent().is_none_or(|parent| device(path) != device(parent));
+    on_tmpfs && mount_point
 }
 
 /// The CRI mounts for a container's `volumeMounts`.

@@ -455,7 +455,8 @@ async fn stats_summary_cost_for_30_pods() {
 /// Cluster mode: the logs of a pod from the API server, and the agent's API request counts.
 #[tokio::test(flavor = "multi_thread")]
 async fn cluster_pod_logs_and_api_request_metrics() {
-    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::Api;
     use kube::api::PostParams;
 
@@ -468,13 +469,23 @@ async fn cluster_pod_logs_and_api_request_metrics() {
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     let gantry = env.kubelet(&refs);
     let alice = api.ca.client("alice", &["dev"]);
-    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    // A 64 KiB configMap volume (ephemeral storage) and the service-account token's projected
+    // volume (tmpfs: listed, not counted), for the pod's volume stats.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin, "default");
+    let cm = ConfigMap {
+        metadata: ObjectMeta { name: Some("talker".into()), ..Default::default() },
+        data: Some([("blob".to_string(), "x".repeat(64 << 10))].into()),
+        ..Default::default()
+    };
+    config_maps.create(&PostParams::default(), &cm).await.unwrap();
     let spec = format!(
-        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n",
+        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  volumes:\n  - name: cm\n    configMap: {{name: talker}}\n",
         env.node
     );
     let pod: Pod = serde_yaml_ng::from_str(&pod_yaml("talker", "echo hello-api; sleep 3600", &spec)).unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let uid = pods.create(&PostParams::default(), &pod).await.unwrap().metadata.uid.unwrap();
 
     let logs = eventually("the API pod's log through the node API", &gantry, || async {
         // The server starts after the agent joined the cluster: connection refused until then.
@@ -494,6 +505,35 @@ async fn cluster_pod_logs_and_api_request_metrics() {
     };
     assert!(counted("201", "POST") >= 1.0, "{text}");
     assert!(counted("200", "GET") >= 1.0, "{text}");
+
+    // pods[].volume lists both volumes; ephemeral-storage adds the configMap, not the token.
+    let (code, body) = get(&api, &alice, "/stats/summary", &[]).await;
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let pod = summary["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "talker").unwrap();
+    let volume = |prefix: &str| {
+        pod["volume"].as_array().unwrap().iter().find(|v| v["name"].as_str().unwrap().starts_with(prefix)).cloned()
+    };
+    let cm_used = volume("cm").unwrap_or_else(|| panic!("{pod}"))["usedBytes"].as_u64().unwrap();
+    assert!(cm_used >= 64 << 10, "{pod}");
+    let token_used = volume("kube-api-access-").unwrap_or_else(|| panic!("{pod}"))["usedBytes"].as_u64().unwrap();
+    assert!(token_used > 0, "{pod}");
+    let containers: u64 = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["rootfs"]["usedBytes"].as_u64().unwrap() + c["logs"]["usedBytes"].as_u64().unwrap())
+        .sum();
+    let etc_hosts = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(env.root.join("pods").join(&uid).join("etc-hosts")).unwrap().blocks() * 512
+    };
+    assert_eq!(
+        pod["ephemeral-storage"]["usedBytes"].as_u64().unwrap(),
+        containers + cm_used + etc_hosts,
+        "writable layers, logs, the configMap and /etc/hosts: {pod}"
+    );
     let _ = pods.delete("talker", &Default::default()).await;
+    let _ = config_maps.delete("talker", &Default::default()).await;
     cluster.cleanup(&env.node).await;
 }

@@ -7,8 +7,6 @@
 //! other beyond what their crates export. Nothing is spawned detached: every long-running
 //! task is the supervisor's (see its rule).
 
-mod supervisor;
-
 use std::future::Future;
 use std::sync::Arc;
 
@@ -28,7 +26,8 @@ use gantry_server as server;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
-pub use supervisor::{Supervisor, TaskFault};
+pub use gantry_supervisor::TaskFault;
+use gantry_supervisor::Supervisor;
 
 /// Why the node agent could not start or stopped on its own.
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +139,7 @@ impl Node {
         supervisor.spawn("pod-workers", agent.run(sources.rx));
         self.ready.send_replace(true);
         tracing::info!(node = %settings.node_name, "node agent ready");
-        supervisor.run(shutdown).await?;
+        supervise(supervisor, shutdown).await?;
         Ok(())
     }
 }
@@ -173,7 +172,7 @@ async fn static_pods_while_bootstrapping(
             () = shutdown => {}
         }
     };
-    supervisor.run(until).await?;
+    supervise(supervisor, until).await?;
     match outcome {
         Some(Ok(())) => Ok(true),
         Some(Err(e)) => Err(node_side::NodeError::from(gantry_agent::api::ApiError::from(e)).into()),
@@ -202,6 +201,15 @@ async fn connect(settings: &Settings, metrics: Arc<Metrics>) -> Result<Arc<Share
         .await
         .map_err(|source| NodeError::RootDir { path: settings.root_dir.display().to_string(), source })?;
     Ok(Shared::connect(settings, metrics).await?)
+}
+
+/// Runs the node's tasks until `shutdown`; a task that fails stops the node (the supervisor's rule).
+async fn supervise(supervisor: Supervisor, shutdown: impl Future<Output = ()>) -> Result<(), TaskFault> {
+    let outcome = supervisor.run(shutdown).await;
+    if let Err(fault) = &outcome {
+        tracing::error!(error = %fault, "stopping the node agent; running pods keep running");
+    }
+    outcome
 }
 
 fn spawn_all(supervisor: &mut Supervisor, tasks: Vec<NamedTask>) {

@@ -5,6 +5,7 @@
 //!   already refuses cycles between crates);
 //! - every config field listed as implemented is read by the code that claims it;
 //! - no crate's library code returns `Result<_, String>` (errors are typed enums);
+//! - no error type carries a `reason: String` where a typed cause belongs (see [`TEXT_REASONS`]);
 //! - no task or thread is spawned outside a supervisor, an owner that aborts or joins it, or
 //!   an `await` in place, except where [`SPAWNS`] says why.
 //!
@@ -473,4 +474,80 @@ fn every_spawn_is_owned_or_listed_with_its_owner() {
 fn the_spawn_check_sees_them() {
     let code = "tokio::spawn(a); std::thread::spawn(b); tokio::task::spawn_blocking(c); set.spawn(d);";
     assert_eq!(spawn_calls(code), vec![("tokio::spawn(", 1), ("thread::spawn(", 1), ("spawn_blocking(", 1)]);
+}
+
+/// The `thiserror` types of `code` with `reason: String` fields: type name → how many.
+fn text_reasons(code: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (i, _) in code.match_indices("thiserror::Error") {
+        let rest = &code[i..];
+        let Some(item) = ["enum ", "struct "].iter().filter_map(|k| rest.find(k).map(|at| at + k.len())).min() else {
+            continue;
+        };
+        let name = ident(&rest[item..]);
+        let Some(open) = rest[item..].find('{').map(|o| item + o) else { continue };
+        let (mut depth, mut end) = (0, rest.len());
+        for (j, c) in rest[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let body: String = rest[open..end].split_whitespace().collect::<Vec<_>>().join(" ");
+        let n = body.matches("reason: String").count();
+        if n > 0 {
+            out.insert(name, n);
+        }
+    }
+    out
+}
+
+/// Error types whose `reason: String` fields stay text, with why. A caller matches on a typed
+/// cause (`#[source]`, or an enum of causes); text is for what someone else wrote.
+const TEXT_REASONS: &[(&str, &str, usize, &str)] = &[
+    ("crates/agent/src/api/mod.rs", "ApiError", 1, "Server: the API server's own Status reason"),
+    ("crates/agent/src/api/bootstrap.rs", "BootstrapError", 2, "Denied/Failed: the CSR condition's reason, by its approver"),
+    (
+        "crates/config/src/error.rs",
+        "ConfigError",
+        5,
+        "not yet typed (issue 14 leftover): the validation rules' explanations, some flattened from typed parse errors",
+    ),
+    (
+        "crates/agent/src/source/manifest.rs",
+        "ManifestError",
+        1,
+        "not yet typed (issue 14 leftover): manifest validation explanations and decoder messages",
+    ),
+    ("crates/maintenance/src/cli/mod.rs", "FlagError", 1, "not yet typed (issue 14 leftover): plugin flag explanations"),
+];
+
+#[test]
+fn error_types_carry_typed_causes_not_reason_strings() {
+    let mut found = BTreeMap::new();
+    for (file, code) in library_code() {
+        for (name, n) in text_reasons(&code) {
+            found.insert((file.clone(), name), n);
+        }
+    }
+    let listed: BTreeMap<(String, String), usize> =
+        TEXT_REASONS.iter().map(|(file, name, n, _)| ((file.to_string(), name.to_string()), *n)).collect();
+    assert_eq!(
+        found, listed,
+        "error types with `reason: String` fields (file, type) → count: keep the cause typed (`#[source]` or an enum \
+         of causes), or list runtime-supplied text in TEXT_REASONS with why; remove entries that are gone"
+    );
+}
+
+#[test]
+fn the_text_reason_check_sees_them() {
+    let code = "#[derive(Debug, thiserror::Error)]\npub enum E {\n    #[error(\"{reason}\")]\n    A { path: P, reason: String },\n    B { inner: X },\n}\nstruct Plain { reason: String }";
+    assert_eq!(text_reasons(code), BTreeMap::from([("E".to_string(), 1)]));
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
 use gantry_agent::api::bootstrap;
-use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, Purpose};
+use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, KeyError, Purpose};
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::Recorder;
@@ -41,9 +41,14 @@ pub enum NodeError {
     #[error("cannot start the node API server: {0}")]
     Server(#[from] server::ServerError),
     #[error(
-        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {reason}"
+        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {}: {source}",
+        path.display()
     )]
-    ServingCert { reason: String },
+    ServingCertFile { path: std::path::PathBuf, source: std::io::Error },
+    #[error(
+        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {0}"
+    )]
+    ServingCert(#[source] KeyError),
     #[error(transparent)]
     Task(#[from] TaskFault),
 }
@@ -242,14 +247,14 @@ fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, 
     let fallback = match (&s.tls_cert_file, &s.tls_private_key_file) {
         (Some(cert), Some(key)) => {
             let read = |path: &std::path::Path| {
-                std::fs::read(path).map_err(|e| NodeError::ServingCert { reason: format!("{}: {e}", path.display()) })
+                std::fs::read(path).map_err(|source| NodeError::ServingCertFile { path: path.to_path_buf(), source })
             };
             Some([read(cert)?, b"\n".to_vec(), read(key)?].concat())
         }
         _ => None,
     };
     let cert = CurrentCert::serving(&s.cert_dir(&settings.root_dir), fallback.as_deref())
-        .map_err(|e| NodeError::ServingCert { reason: e.to_string() })?;
+        .map_err(NodeError::ServingCert)?;
     Ok(Some(Arc::new(cert)))
 }
 

@@ -106,7 +106,8 @@ where
         async move { Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {})) }
     });
     let builder = Builder::new(TokioExecutor::new());
-    let connection = builder.http1_only().serve_connection_with_upgrades(io, service);
+    let builder = builder.http1_only();
+    let connection = builder.serve_connection_with_upgrades(io, service);
     let mut connection = std::pin::pin!(connection);
     let mut running = JoinSet::new();
     loop {

@@ -870,7 +870,7 @@ async fn an_image_younger_than_the_minimum_gc_age_is_kept_until_the_clock_passes
     let _clock = ManualClock::hold();
     let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
     let settings = gantry_config::ImageSettings {
-        minimum_gc_age: Duration::from_secs(600),
+        minimum_gc_age: Duration::from_secs(500),
         maximum_gc_age: Duration::from_secs(60),
         pod_infra_container_image: Some("registry.test/pause:3.10".into()),
         ..Default::default()
@@ -890,10 +890,10 @@ async fn an_image_younger_than_the_minimum_gc_age_is_kept_until_the_clock_passes
 
     step(Duration::from_secs(300)).await;
     assert_eq!(fake.calls_of("ImageFsInfo").len(), 2, "the second pass at 310 s");
-    assert!(fake.calls_of("RemoveImage").is_empty(), "300 s old, younger than imageMinimumGCAge: kept");
+    assert!(fake.calls_of("RemoveImage").is_empty(), "300 s old, younger than imageMinimumGCAge (500 s): kept");
 
     step(Duration::from_secs(300)).await;
     assert_eq!(fake.calls_of("ImageFsInfo").len(), 3, "the third pass at 610 s");
-    assert_eq!(fake.calls_of("RemoveImage").len(), 1, "600 s old: past the minimum age and unused, it goes");
+    assert_eq!(fake.calls_of("RemoveImage").len(), 1, "600 s old: past the minimum age (500 s) and unused, it goes");
     assert!(fake.images().is_empty());
 }

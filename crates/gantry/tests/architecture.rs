@@ -513,7 +513,12 @@ fn text_reasons(code: &str) -> BTreeMap<String, usize> {
 /// cause (`#[source]`, or an enum of causes); text is for what someone else wrote.
 const TEXT_REASONS: &[(&str, &str, usize, &str)] = &[
     ("crates/agent/src/api/mod.rs", "ApiError", 1, "Server: the API server's own Status reason"),
-    ("crates/agent/src/api/bootstrap.rs", "BootstrapError", 2, "Denied/Failed: the CSR condition's reason, by its approver"),
+    (
+        "crates/agent/src/api/bootstrap.rs",
+        "BootstrapError",
+        2,
+        "Denied/Failed: the CSR condition's reason, by its approver",
+    ),
     (
         "crates/config/src/error.rs",
         "ConfigError",
@@ -526,7 +531,12 @@ const TEXT_REASONS: &[(&str, &str, usize, &str)] = &[
         1,
         "not yet typed (issue 14 leftover): manifest validation explanations and decoder messages",
     ),
-    ("crates/maintenance/src/cli/mod.rs", "FlagError", 1, "not yet typed (issue 14 leftover): plugin flag explanations"),
+    (
+        "crates/maintenance/src/cli/mod.rs",
+        "FlagError",
+        1,
+        "not yet typed (issue 14 leftover): plugin flag explanations",
+    ),
 ];
 
 #[test]

@@ -34,10 +34,10 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 pub use election::{LeaderElection, LostLease};
-use gantry_supervisor::{Supervisor, TaskFault};
 use gantry_maintenance::api::NodeMaintenance;
 use gantry_maintenance::decide::decide;
 use gantry_maintenance::plan::Cluster;
+use gantry_supervisor::{Supervisor, TaskFault};
 use metrics::Metrics;
 
 /// How often a running drain is looked at again when nothing in the cluster changes.

@@ -26,8 +26,8 @@ use gantry_server as server;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
-pub use gantry_supervisor::TaskFault;
 use gantry_supervisor::Supervisor;
+pub use gantry_supervisor::TaskFault;
 
 /// Why the node agent could not start or stopped on its own.
 #[derive(Debug, thiserror::Error)]
@@ -253,8 +253,8 @@ fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, 
         }
         _ => None,
     };
-    let cert = CurrentCert::serving(&s.cert_dir(&settings.root_dir), fallback.as_deref())
-        .map_err(NodeError::ServingCert)?;
+    let cert =
+        CurrentCert::serving(&s.cert_dir(&settings.root_dir), fallback.as_deref()).map_err(NodeError::ServingCert)?;
     Ok(Some(Arc::new(cert)))
 }
 

@@ -197,11 +197,17 @@ mod tests {
         let mut client = tokio::net::TcpStream::connect(api.local_addr().unwrap()).await.unwrap();
         let accept_loop = tokio::spawn(crate::serve::http(api, router));
 
-        client.write_all(b"GET /exec HTTP/1.1\r\nHost: node\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n").await.unwrap();
+        client
+            .write_all(b"GET /exec HTTP/1.1\r\nHost: node\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+            .await
+            .unwrap();
         let (mut stream, _) = runtime.accept().await.unwrap();
         let request = read_head(&mut stream).await;
         assert!(request.starts_with("GET /exec/token HTTP/1.1"), "{request}");
-        stream.write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n").await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+            .await
+            .unwrap();
         let response = read_head(&mut client).await;
         assert!(response.starts_with("HTTP/1.1 101"), "{response}");
         client.write_all(b"ping").await.unwrap();

@@ -181,9 +181,11 @@ pub async fn server_config(
             let (cert_path, key_path) = serving_files(s, settings, &node_ips).await?;
             let certs = load_certs(&cert_path, "tlsCertFile")?;
             let key = load_key(&key_path)?;
-            builder
-                .with_single_cert(certs, key)
-                .map_err(|source| TlsError::CertAndKey { cert: cert_path.clone(), key: key_path.clone(), source })?
+            builder.with_single_cert(certs, key).map_err(|source| TlsError::CertAndKey {
+                cert: cert_path.clone(),
+                key: key_path.clone(),
+                source,
+            })?
         }
         ServingCert::Resolver(resolver) => builder.with_cert_resolver(resolver),
     };

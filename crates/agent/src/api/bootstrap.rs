@@ -148,9 +148,8 @@ pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), 
     }
     let bootstrap = BootstrapClient::load(&paths.bootstrap).await?;
     let key = pending_key(&paths.cert_dir)?;
-    let request = certificate_request(&key, node, &CertNames::default()).map_err(|source| {
-        BootstrapError::CertificateRequest { path: paths.cert_dir.join(PENDING_KEY_FILE), source }
-    })?;
+    let request = certificate_request(&key, node, &CertNames::default())
+        .map_err(|source| BootstrapError::CertificateRequest { path: paths.cert_dir.join(PENDING_KEY_FILE), source })?;
     let name =
         csr_name(&key.subject_public_key_info(), &format!("system:node:{node}"), &["system:nodes"], CLIENT_USAGES);
     tracing::info!(csr = %name, node = %node, server = %bootstrap.url, "requesting a client certificate (TLS bootstrap)");

@@ -436,7 +436,9 @@ pub fn classify(err: kube::Error, ctx: &CheckContext) -> Option<ApiError> {
             kubeconfig,
             detail: format!("GET /api/v1/nodes/{} did not return a Node ({e})", ctx.node),
         }),
-        kube::Error::Auth(e) => Some(ApiError::InvalidKubeconfig { path: kubeconfig, problem: KubeconfigProblem::Auth(e) }),
+        kube::Error::Auth(e) => {
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, problem: KubeconfigProblem::Auth(e) })
+        }
         kube::Error::InferKubeconfig(e) => {
             Some(ApiError::InvalidKubeconfig { path: kubeconfig, problem: KubeconfigProblem::Kubeconfig(e) })
         }
@@ -462,10 +464,10 @@ fn auth_error(e: &kube::Error) -> Option<&kube::client::AuthError> {
 
 fn kubeconfig_error(path: &Path, e: KubeconfigError) -> ApiError {
     match e {
-        KubeconfigError::ReadConfig(io, _) => {
-            ApiError::ReadKubeconfig { path: path.to_path_buf(), source: io }
+        KubeconfigError::ReadConfig(io, _) => ApiError::ReadKubeconfig { path: path.to_path_buf(), source: io },
+        other => {
+            ApiError::InvalidKubeconfig { path: path.to_path_buf(), problem: KubeconfigProblem::Kubeconfig(other) }
         }
-        other => ApiError::InvalidKubeconfig { path: path.to_path_buf(), problem: KubeconfigProblem::Kubeconfig(other) },
     }
 }
 

@@ -499,10 +499,8 @@ impl CertificateRotation {
             status: None,
         };
         let api: Api<CertificateSigningRequest> = Api::all(client);
-        let created = api
-            .create(&PostParams::default(), &csr)
-            .await
-            .map_err(|source| RotationError::Create { what, source })?;
+        let created =
+            api.create(&PostParams::default(), &csr).await.map_err(|source| RotationError::Create { what, source })?;
         let name = created.metadata.name.unwrap_or_default();
         match self.purpose {
             Purpose::Client => tracing::info!(node = %self.node, csr = %name, "requested a new client certificate"),

@@ -523,8 +523,8 @@ const TEXT_REASONS: &[(&str, &str, usize, &str)] = &[
     (
         "crates/config/src/error.rs",
         "ConfigError",
-        5,
-        "not yet typed (issue 14 leftover): the validation rules' explanations, some flattened from typed parse errors",
+        3,
+        "Syntax, InvalidField, InvalidFlagValue: the decoder's own message (serde_yaml, serde_json, clap)",
     ),
     (
         "crates/agent/src/source/manifest.rs",

@@ -143,8 +143,9 @@ pub enum ConfigError {
     InvalidValue {
         input: Input,
         field: String,
+        /// Boxed: some causes are large, and every config function returns this error.
         #[source]
-        problem: Problem,
+        problem: Box<Problem>,
     },
 
     /// A feature gate neither Gantry nor the Go kubelet knows.

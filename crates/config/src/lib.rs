@@ -495,7 +495,7 @@ fn apply_file(
     let invalid = |field: &str, problem: Problem| ConfigError::InvalidValue {
         input: input.clone(),
         field: field.to_string(),
-        problem,
+        problem: Box::new(problem),
     };
 
     if let Some(p) = c.static_pod_path.as_deref().filter(|p| !p.is_empty()) {
@@ -730,7 +730,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     let invalid = |flag: &str, problem: Problem| ConfigError::InvalidValue {
         input: Input::CommandLine,
         field: flag.to_string(),
-        problem,
+        problem: Box::new(problem),
     };
 
     if let Some(p) = &f.pod_manifest_path {

@@ -116,7 +116,7 @@ mod tests {
     use crate::Input;
 
     fn invalid(field: &str, problem: Problem) -> ConfigError {
-        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem }
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
     }
 
     fn resolve(file: &str, flags: &[&str]) -> Result<LogSettings, String> {

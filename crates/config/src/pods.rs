@@ -219,7 +219,7 @@ mod tests {
     use crate::Input;
 
     fn invalid(field: &str, problem: Problem) -> ConfigError {
-        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem }
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
     }
 
     #[test]

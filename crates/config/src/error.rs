@@ -12,11 +12,11 @@ pub enum Problem {
     #[error(transparent)]
     Value(#[from] crate::ValueError),
     #[error(transparent)]
-    Setting(#[from] crate::cluster::SettingError),
+    Setting(#[from] crate::SettingError),
     #[error(transparent)]
-    FlagValue(#[from] crate::flags::FlagValueError),
+    FlagValue(#[from] crate::FlagValueError),
     #[error(transparent)]
-    Name(#[from] crate::server::UnknownName),
+    Name(#[from] crate::UnknownName),
     /// A rule checked in place (a range, a form), explained for the user.
     #[error("{0}")]
     Rule(String),

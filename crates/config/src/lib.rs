@@ -32,19 +32,22 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 pub use cluster::{
-    DEFAULT_EVICTION_HARD, KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, Taint, is_kubelet_label, is_kubernetes_label,
+    DEFAULT_EVICTION_HARD, KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, SettingError, Taint, is_kubelet_label,
+    is_kubernetes_label,
 };
 
 pub use duration::{DurationError, GoDuration, format_std};
 pub use error::{ConfigError, Input, Problem};
 pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
-pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};
+pub use flags::{
+    CompatFlags, DOCKERSHIM_FLAGS, FlagValueError, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list,
+};
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use objects::ChangeDetection;
 pub use pods::{CgroupDriver, PodSettings};
-pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion};
+pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion, UnknownName};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";

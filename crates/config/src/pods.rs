@@ -65,6 +65,37 @@ impl Default for PodSettings {
     }
 }
 
+impl PodSettings {
+    /// The cgroup `parts` (e.g. `["kubepods", "burstable"]`) below `cgroupRoot`, named as the
+    /// driver names it: `/<root>/kubepods/burstable` (cgroupfs), or nested slices named after
+    /// all their ancestors, `/kubepods.slice/kubepods-burstable.slice` (systemd, upstream
+    /// `CgroupName.ToSystemd`: a dash in a component becomes an underscore). The agent creates
+    /// pod cgroups by these names and the stats read them, so both agree.
+    pub fn cgroup_name<S: AsRef<str>>(&self, parts: &[S]) -> String {
+        let root = self.cgroup_root.trim_matches('/');
+        match self.cgroup_driver {
+            CgroupDriver::Cgroupfs => {
+                let all: Vec<&str> =
+                    root.split('/').filter(|p| !p.is_empty()).chain(parts.iter().map(AsRef::as_ref)).collect();
+                format!("/{}", all.join("/"))
+            }
+            CgroupDriver::Systemd => {
+                let slice = root.rsplit('/').next().unwrap_or_default().trim_end_matches(".slice");
+                let all: Vec<String> = slice
+                    .split('-')
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_string)
+                    .chain(parts.iter().map(|p| p.as_ref().replace('-', "_")))
+                    .collect();
+                if all.is_empty() {
+                    return "/".into();
+                }
+                (1..=all.len()).map(|n| format!("/{}.slice", all[..n].join("-"))).collect()
+            }
+        }
+    }
+}
+
 impl CgroupDriver {
     /// The name in the configuration (`cgroupDriver`).
     pub fn as_str(self) -> &'static str {
@@ -220,6 +251,18 @@ mod tests {
 
     fn invalid(field: &str, problem: Problem) -> ConfigError {
         ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
+    }
+
+    #[test]
+    fn cgroup_names_per_driver() {
+        let fs = PodSettings { cgroup_root: "/custom/".into(), ..Default::default() };
+        assert_eq!(fs.cgroup_name(&["kubepods", "burstable"]), "/custom/kubepods/burstable");
+        assert_eq!(PodSettings::default().cgroup_name(&["kubepods"]), "/kubepods");
+        let sd = PodSettings { cgroup_driver: CgroupDriver::Systemd, ..Default::default() };
+        assert_eq!(sd.cgroup_name(&["kubepods", "pod1-2"]), "/kubepods.slice/kubepods-pod1_2.slice");
+        let rooted = PodSettings { cgroup_root: "kubelet.slice".into(), ..sd.clone() };
+        assert_eq!(rooted.cgroup_name(&["kubepods"]), "/kubelet.slice/kubelet-kubepods.slice");
+        assert_eq!(sd.cgroup_name::<&str>(&[]), "/");
     }
 
     #[test]

@@ -26,9 +26,13 @@ async fn default_service_account_volume_gives_a_valid_token_and_ca() {
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
-    let command =
-        format!("echo TOKEN=$(cat {dir}/token); echo NS=$(cat {dir}/namespace); cat {dir}/ca.crt; sleep 3600");
-    let created = pods.create(&PostParams::default(), &pod(&env.node, "sa", &command, "", "")).await.unwrap();
+    let command = format!(
+        "echo TOKEN=$(cat {dir}/token); echo NS=$(cat {dir}/namespace); echo MOUNT=$(grep ' {dir} ' /proc/mounts); \
+         cat {dir}/ca.crt; sleep 3600"
+    );
+    // The pod's memory limit bounds the token's tmpfs, as upstream sizes memory-backed volumes.
+    let limits = "    resources:\n      limits:\n        memory: 48Mi\n";
+    let created = pods.create(&PostParams::default(), &pod(&env.node, "sa", &command, "", limits)).await.unwrap();
     let volumes = created.spec.unwrap().volumes.unwrap_or_default();
     assert!(volumes.iter().any(|v| v.name.starts_with("kube-api-access-")), "admission injected the volume");
 
@@ -39,6 +43,8 @@ async fn default_service_account_volume_gives_a_valid_token_and_ca() {
     .await;
     let token = out.lines().find_map(|l| l.strip_prefix("TOKEN=")).unwrap().trim().to_string();
     assert!(out.contains("NS=default"), "{out}");
+    let mount = out.lines().find_map(|l| l.strip_prefix("MOUNT=")).unwrap();
+    assert!(mount.starts_with("tmpfs ") && mount.contains("size=49152k"), "a tmpfs of the pod's 48Mi: {mount}");
     let root_ca: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let ca = root_ca.get("kube-root-ca.crt").await.unwrap().data.unwrap()["ca.crt"].clone();
     assert!(out.contains(ca.lines().nth(1).unwrap()), "ca.crt is the cluster's root CA");

@@ -228,14 +228,41 @@ async fn previous_instance_logs_after_a_restart() {
                if [ $n -ge 2 ]; then sleep 3600; fi; exit 1";
     let volumes = "  volumes:\n  - name: data\n    emptyDir: {}\n";
     let yaml = pod_yaml("restarter", cmd, volumes) + "    volumeMounts:\n    - name: data\n      mountPath: /data\n";
-    let Some((_env, api, gantry, alice)) = start(&[("restarter.yaml", yaml)], "", &[]).await else { return };
+    let Some((env, api, gantry, alice)) = start(&[("restarter.yaml", yaml)], "", &[]).await else { return };
     let path = logs_path("restarter", "main");
     eventually("the second instance", &gantry, || async {
         let (code, body) = get(&api, &alice, &path, &[]).await;
         (code == 200 && body == "instance-2\n").then_some(())
     })
     .await;
+    // The previous instance is the status's lastState.terminated, as upstream finds it.
+    eventually("lastState.terminated in the status", &gantry, || async {
+        let statuses = gantry.pod(&static_name("restarter"))?.status?.container_statuses?;
+        statuses.first()?.last_state.as_ref()?.terminated.as_ref()?.container_id.as_ref().map(|_| ())
+    })
+    .await;
     assert_eq!(get(&api, &alice, &path, &[("previous", "true")]).await, (200, "instance-1\n".into()));
+
+    // The pod's log directory removed: upstream's runtime still names the log path, and
+    // resolving it fails with a 400 naming the first missing part.
+    let dir = std::fs::read_dir(&env.pod_logs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("default_restarter"))
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (code, body) = get(&api, &alice, &path, &[("previous", "true")]).await;
+    assert_eq!(code, 400, "{body}");
+    let log = dir.join("main/0.log");
+    assert_eq!(
+        body,
+        format!(
+            "failed to try resolving symlinks in path {:?}: lstat {}: no such file or directory",
+            log.display().to_string(),
+            dir.display()
+        )
+    );
 }
 
 fn find_pod<'a>(summary: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
@@ -251,11 +278,16 @@ const HOG_MIB: u64 = 40;
 #[tokio::test(flavor = "multi_thread")]
 async fn stats_summary_and_metrics_show_what_pods_do() {
     // 40 MiB written to the pod's /dev/shm (tmpfs, charged to the container): working set.
+    // And 2 MiB in an emptyDir: the pod's volume stats and its ephemeral storage.
     let hog = pod_yaml(
         "hog",
-        &format!("dd if=/dev/zero of=/dev/shm/hog bs=1M count={HOG_MIB} && touch /tmp/ready && sleep 3600"),
-        "",
-    ) + "    readinessProbe:\n      exec:\n        command: [\"cat\", \"/tmp/ready\"]\n      periodSeconds: 1\n";
+        &format!(
+            "dd if=/dev/zero of=/dev/shm/hog bs=1M count={HOG_MIB} && dd if=/dev/zero of=/data/f bs=1M count=2 && \
+             touch /tmp/ready && sleep 3600"
+        ),
+        "  volumes:\n  - name: data\n    emptyDir: {}\n",
+    ) + "    readinessProbe:\n      exec:\n        command: [\"cat\", \"/tmp/ready\"]\n      periodSeconds: 1\n"
+        + "    volumeMounts:\n    - name: data\n      mountPath: /data\n";
     let Some((_env, api, gantry, alice)) = start(&[("hog.yaml", hog)], "", &[]).await else { return };
     eventually("pod hog running", &gantry, || async { gantry.pod_in_phase(&static_name("hog"), "Running") }).await;
 
@@ -288,7 +320,41 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
     assert!(c["logs"]["usedBytes"].is_u64());
     assert!(pod["memory"]["workingSetBytes"].as_u64().unwrap() >= min);
     assert_eq!(pod["network"]["name"], "eth0", "the sandbox's network namespace: {pod}");
-    assert!(pod["ephemeral-storage"]["usedBytes"].is_u64());
+    // containerd 1.6 has no sandbox stats: the pod cgroup's own files (pause, sh, sleep).
+    assert!(pod["process_stats"]["process_count"].as_u64().unwrap_or(0) >= 2, "{pod}");
+    assert!(pod["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0, "{pod}");
+    let volume = &pod["volume"][0];
+    assert_eq!(volume["name"], "data", "{pod}");
+    assert!(volume["usedBytes"].as_u64().unwrap() >= 2 << 20, "{volume}");
+    assert!(volume["capacityBytes"].as_u64().unwrap() > 0 && volume["inodesUsed"].as_u64().unwrap() >= 1);
+    assert!(pod["ephemeral-storage"]["usedBytes"].as_u64().unwrap() >= 2 << 20, "the emptyDir counts: {pod}");
+
+    // The system containers: the agent, the runtime (the test's own containerd) and kubepods.
+    let system = |name: &str| {
+        node["systemContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("system container {name} missing: {}", node["systemContainers"]))
+    };
+    for name in ["kubelet", "runtime", "pods"] {
+        let c = system(name);
+        assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{c}");
+        assert!(c["cpu"]["usageCoreNanoSeconds"].is_u64(), "{c}");
+        assert!(!c["startTime"].as_str().unwrap().is_empty(), "{c}");
+    }
+    assert!(system("pods")["memory"]["workingSetBytes"].as_u64().unwrap() >= min, "the hog is in kubepods");
+    let rlimit = &node["rlimit"];
+    assert!(rlimit["maxpid"].as_i64().unwrap() > 0 && rlimit["curproc"].as_i64().unwrap() > 1, "{rlimit}");
+    assert!(node["swap"]["swapUsageBytes"].is_u64() && node["swap"]["swapAvailableBytes"].is_u64(), "{node}");
+    // PSI where the kernel offers it.
+    if std::path::Path::new("/proc/pressure/io").exists() {
+        assert!(node["io"]["psi"]["some"]["total"].is_u64(), "{node}");
+        assert!(node["memory"]["psi"]["full"]["avg10"].is_f64(), "{node}");
+        assert!(node["cpu"]["psi"]["some"]["avg60"].is_f64(), "{node}");
+    }
 
     let (_, body) = get(&api, &alice, "/stats/summary", &[("only_cpu_and_memory", "true")]).await;
     let s: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -389,7 +455,8 @@ async fn stats_summary_cost_for_30_pods() {
 /// Cluster mode: the logs of a pod from the API server, and the agent's API request counts.
 #[tokio::test(flavor = "multi_thread")]
 async fn cluster_pod_logs_and_api_request_metrics() {
-    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::Api;
     use kube::api::PostParams;
 
@@ -402,13 +469,23 @@ async fn cluster_pod_logs_and_api_request_metrics() {
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     let gantry = env.kubelet(&refs);
     let alice = api.ca.client("alice", &["dev"]);
-    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    // A 64 KiB configMap volume (ephemeral storage) and the service-account token's projected
+    // volume (tmpfs: listed, not counted), for the pod's volume stats.
+    let config_maps: Api<ConfigMap> = Api::namespaced(admin, "default");
+    let cm = ConfigMap {
+        metadata: ObjectMeta { name: Some("talker".into()), ..Default::default() },
+        data: Some([("blob".to_string(), "x".repeat(64 << 10))].into()),
+        ..Default::default()
+    };
+    config_maps.create(&PostParams::default(), &cm).await.unwrap();
     let spec = format!(
-        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  automountServiceAccountToken: false\n",
+        "  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  volumes:\n  - name: cm\n    configMap: {{name: talker}}\n",
         env.node
     );
     let pod: Pod = serde_yaml_ng::from_str(&pod_yaml("talker", "echo hello-api; sleep 3600", &spec)).unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let uid = pods.create(&PostParams::default(), &pod).await.unwrap().metadata.uid.unwrap();
 
     let logs = eventually("the API pod's log through the node API", &gantry, || async {
         // The server starts after the agent joined the cluster: connection refused until then.
@@ -428,6 +505,35 @@ async fn cluster_pod_logs_and_api_request_metrics() {
     };
     assert!(counted("201", "POST") >= 1.0, "{text}");
     assert!(counted("200", "GET") >= 1.0, "{text}");
+
+    // pods[].volume lists both volumes; ephemeral-storage adds the configMap, not the token.
+    let (code, body) = get(&api, &alice, "/stats/summary", &[]).await;
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let pod = summary["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "talker").unwrap();
+    let volume = |prefix: &str| {
+        pod["volume"].as_array().unwrap().iter().find(|v| v["name"].as_str().unwrap().starts_with(prefix)).cloned()
+    };
+    let cm_used = volume("cm").unwrap_or_else(|| panic!("{pod}"))["usedBytes"].as_u64().unwrap();
+    assert!(cm_used >= 64 << 10, "{pod}");
+    let token_used = volume("kube-api-access-").unwrap_or_else(|| panic!("{pod}"))["usedBytes"].as_u64().unwrap();
+    assert!(token_used > 0, "{pod}");
+    let containers: u64 = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["rootfs"]["usedBytes"].as_u64().unwrap() + c["logs"]["usedBytes"].as_u64().unwrap())
+        .sum();
+    let etc_hosts = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(env.root.join("pods").join(&uid).join("etc-hosts")).unwrap().blocks() * 512
+    };
+    assert_eq!(
+        pod["ephemeral-storage"]["usedBytes"].as_u64().unwrap(),
+        containers + cm_used + etc_hosts,
+        "writable layers, logs, the configMap and /etc/hosts: {pod}"
+    );
     let _ = pods.delete("talker", &Default::default()).await;
+    let _ = config_maps.delete("talker", &Default::default()).await;
     cluster.cleanup(&env.node).await;
 }

@@ -231,3 +231,94 @@ fn driver_mismatch_names_both_settings() {
     let line = log.lines().find(|l| l.contains("SystemdCgroup")).unwrap_or_else(|| panic!("no mismatch error\n{log}"));
     assert!(line.contains("cgroupDriver") && line.contains("cgroupfs"), "{line}");
 }
+
+/// A series' value in Prometheus text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.parse().ok())
+}
+
+/// The 24 MiB the guaranteed pod keeps in /dev/shm.
+const HOG: u64 = 24 << 20;
+
+/// `/stats/summary` and `/metrics/resource` on cgroup v2, read from Gantry's read-only port in
+/// the guest while the pods ran: the guaranteed pod's working set holds its 24 MiB and agrees
+/// with its pod cgroup's own `memory.current` − `inactive_file` read right after; CPU time is
+/// there and no more than the cgroup's `usage_usec`; the node comes from the v2 root, the
+/// system containers from their cgroups.
+fn assert_stats(run: &VmRun, case: &str, pod_cgroup: &str) {
+    let text = run.read(&format!("{case}/summary.json"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{case}: summary {e}: {text}\n{}", run.report()));
+    let pod = summary["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == "guaranteed-vm-node")
+        .unwrap_or_else(|| panic!("{case}: no guaranteed pod in {text}"));
+    let ws = pod["memory"]["workingSetBytes"].as_u64().unwrap();
+    assert!(ws >= HOG, "{case}: pod working set {ws} holds the 24 MiB: {pod}");
+    let container = &pod["containers"][0];
+    assert!(container["memory"]["workingSetBytes"].as_u64().unwrap() >= HOG, "{case}: {container}");
+    assert!(pod["process_stats"]["process_count"].as_u64().unwrap() >= 2, "{case}: pause and sleep: {pod}");
+    assert_eq!(pod["memory"]["availableBytes"].as_u64().unwrap(), (64 << 20) - ws, "{case}: limit − working set");
+
+    // The pod cgroup's files, read just after the summary.
+    let line = run
+        .read(&format!("{case}/pod-cgroup-stats"))
+        .lines()
+        .find(|l| l.starts_with(&format!("{pod_cgroup} ")))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("{case}: {pod_cgroup} not in {}", run.read(&format!("{case}/pod-cgroup-stats"))));
+    let n: Vec<u64> = line.split_whitespace().skip(1).map(|v| v.parse().unwrap()).collect();
+    let (own_ws, usage_usec) = (n[0] - n[1], n[2]);
+    assert!(ws.abs_diff(own_ws) < 4 << 20, "{case}: summary {ws} vs the cgroup's {own_ws} ({line})");
+    let cpu = pod["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap();
+    assert!(cpu > 0 && cpu <= usage_usec * 1000, "{case}: pod CPU {cpu} ns vs the cgroup's {usage_usec} µs");
+    assert!(pod["cpu"]["usageNanoCores"].is_u64(), "{case}: a rate from the two scrapes: {pod}");
+
+    let node = &summary["node"];
+    assert!(node["memory"]["workingSetBytes"].as_u64().unwrap() > ws, "{case}: {node}");
+    assert!(node["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > cpu, "{case}: {node}");
+    let system = |name: &str| {
+        node["systemContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{case}: system container {name} missing: {}", node["systemContainers"]))
+    };
+    assert!(system("pods")["memory"]["workingSetBytes"].as_u64().unwrap() >= HOG, "{case}: kubepods");
+    for name in ["kubelet", "runtime"] {
+        let c = system(name);
+        assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{case}: {c}");
+        assert!(c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0, "{case}: {c}");
+    }
+    // PSI, which the guest's kernel offers, for the node and from the pod cgroup's files.
+    assert!(node["io"]["psi"]["some"]["total"].is_u64(), "{case}: {node}");
+    assert!(pod["memory"]["psi"]["full"]["avg10"].is_f64(), "{case}: {pod}");
+    assert!(node["rlimit"]["maxpid"].as_i64().unwrap() > 0, "{case}: {node}");
+
+    let metrics = run.read(&format!("{case}/metrics-resource.txt"));
+    let labels = "{namespace=\"default\",pod=\"guaranteed-vm-node\"}";
+    let pod_ws = metric(&metrics, &format!("pod_memory_working_set_bytes{labels}")).unwrap_or_default();
+    assert!(pod_ws >= HOG as f64, "{case}: {metrics}");
+    let c_labels = "{container=\"main\",namespace=\"default\",pod=\"guaranteed-vm-node\"}";
+    let c_cpu = metric(&metrics, &format!("container_cpu_usage_seconds_total{c_labels}")).unwrap_or_default();
+    assert!(c_cpu > 0.0, "{case}: {metrics}");
+    assert!(metric(&metrics, "node_memory_working_set_bytes").unwrap_or_default() > pod_ws, "{case}");
+}
+
+#[test]
+fn cgroupfs_driver_stats_read_cgroup_v2() {
+    let Some(run) = completed() else { return };
+    let uid = &uids(run, "cgroupfs")["guaranteed"];
+    assert_stats(run, "cgroupfs", &format!("/kubepods/pod{uid}"));
+}
+
+#[test]
+fn systemd_driver_stats_read_cgroup_v2() {
+    let Some(run) = completed() else { return };
+    let uid = &uids(run, "systemd")["guaranteed"];
+    assert_stats(run, "systemd", &slice_path("guaranteed", uid));
+}

@@ -23,6 +23,20 @@ impl QosClass {
     }
 }
 
+/// The path components of a pod's cgroup below `cgroupRoot`, as upstream names them:
+/// `kubepods`, the QoS level (none for Guaranteed) and `pod<uid>`. The cgroup driver turns them
+/// into a path or nested slices.
+pub fn cgroup_components(class: QosClass, uid: &str) -> Vec<String> {
+    let mut parts = vec!["kubepods".to_string()];
+    match class {
+        QosClass::Guaranteed => {}
+        QosClass::Burstable => parts.push("burstable".into()),
+        QosClass::BestEffort => parts.push("besteffort".into()),
+    }
+    parts.push(format!("pod{uid}"));
+    parts
+}
+
 /// Upstream `GetPodQOS`: Guaranteed when every container limits both CPU and memory and the
 /// requests (defaulting to the limits) equal them; BestEffort when nothing is set.
 pub fn class(pod: &Pod) -> QosClass {

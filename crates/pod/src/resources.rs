@@ -121,6 +121,22 @@ pub fn pod(pod: &Pod) -> CgroupValues {
     }
 }
 
+/// The size of a memory-backed volume (a `medium: Memory` emptyDir, and the tmpfs under
+/// secret, downward API and projected volumes), as upstream's `calculateEmptyDirMemorySize`:
+/// the node's allocatable memory, lowered to the pod cgroup's memory limit when it has one, and
+/// to the volume's own `sizeLimit` when that is positive and smaller.
+pub fn memory_volume_size(pod: &Pod, size_limit: Option<i128>, node_allocatable_memory: i128) -> i128 {
+    let mut size = node_allocatable_memory;
+    let pod_limit = i128::from(self::pod(pod).memory_limit);
+    if pod_limit > 0 && pod_limit <= size {
+        size = pod_limit;
+    }
+    if let Some(limit) = size_limit.filter(|l| *l > 0 && *l <= size) {
+        size = limit;
+    }
+    size
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::PodSpec;
@@ -133,6 +149,19 @@ mod tests {
             spec: Some(PodSpec { init_containers: Some(init), containers, ..Default::default() }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn memory_volume_sizes() {
+        let gi = 1i128 << 30;
+        let limited = pod_of(vec![], vec![res(&[], &[("memory", "64Mi")]), res(&[], &[("memory", "64Mi")])]);
+        assert_eq!(memory_volume_size(&limited, None, 4 * gi), 128 << 20, "the pod's memory limit");
+        assert_eq!(memory_volume_size(&limited, Some(16 << 20), 4 * gi), 16 << 20, "a smaller sizeLimit");
+        assert_eq!(memory_volume_size(&limited, Some(gi), 4 * gi), 128 << 20, "a larger sizeLimit is ignored");
+        let unlimited = pod_of(vec![], vec![res(&[], &[("memory", "64Mi")]), res(&[], &[])]);
+        assert_eq!(memory_volume_size(&unlimited, None, 4 * gi), 4 * gi, "no pod limit: node allocatable");
+        assert_eq!(memory_volume_size(&limited, None, 100 << 20), 100 << 20, "never above allocatable");
+        assert_eq!(memory_volume_size(&unlimited, Some(0), 4 * gi), 4 * gi, "sizeLimit 0 is ignored");
     }
 
     #[test]

@@ -60,6 +60,10 @@ struct Inner {
     pods: Arc<dyn PodList>,
     root_dir: PathBuf,
     pod_logs_dir: PathBuf,
+    /// How pod cgroups are named (None without `cgroupsPerQOS`), for the stats.
+    pod_cgroups: Option<gantry_config::PodSettings>,
+    /// The runtime's unix socket, whose server is the `runtime` system container.
+    runtime_socket: Option<PathBuf>,
     /// The InternalIP the node registered with (cluster mode), for the serving certificate.
     host_ip: Option<IpAddr>,
     settings: ServerSettings,
@@ -89,6 +93,8 @@ impl ServerState {
                 pods,
                 root_dir: settings.root_dir.clone(),
                 pod_logs_dir: settings.pod_logs_dir.clone(),
+                pod_cgroups: settings.pods.cgroups_per_qos.then(|| settings.pods.clone()),
+                runtime_socket: settings.container_runtime_endpoint.strip_prefix("unix://").map(PathBuf::from),
                 host_ip,
                 settings: server,
                 authenticator,
@@ -119,6 +125,14 @@ impl ServerState {
 
     pub fn pod_logs_dir(&self) -> &std::path::Path {
         &self.inner.pod_logs_dir
+    }
+
+    pub fn pod_cgroups(&self) -> Option<&gantry_config::PodSettings> {
+        self.inner.pod_cgroups.as_ref()
+    }
+
+    pub fn runtime_socket(&self) -> Option<&std::path::Path> {
+        self.inner.runtime_socket.as_deref()
     }
 
     pub fn settings(&self) -> &ServerSettings {

@@ -26,53 +26,6 @@ pub struct PodCgroups {
     pub create: Vec<(String, Option<CgroupValues>)>,
 }
 
-/// The path components of the pod's cgroup below the root: `kubepods`, the QoS level
-/// (none for Guaranteed) and `pod<uid>`.
-fn pod_components(qos: QosClass, uid: &str) -> Vec<String> {
-    let mut parts = vec!["kubepods".to_string()];
-    match qos {
-        QosClass::Guaranteed => {}
-        QosClass::Burstable => parts.push("burstable".into()),
-        QosClass::BestEffort => parts.push("besteffort".into()),
-    }
-    parts.push(format!("pod{uid}"));
-    parts
-}
-
-fn root_components(settings: &PodSettings) -> Vec<String> {
-    let root = settings.cgroup_root.trim_matches('/');
-    match settings.cgroup_driver {
-        CgroupDriver::Cgroupfs => root.split('/').filter(|p| !p.is_empty()).map(str::to_string).collect(),
-        CgroupDriver::Systemd => {
-            let slice = root.rsplit('/').next().unwrap_or_default().trim_end_matches(".slice");
-            slice.split('-').filter(|p| !p.is_empty()).map(str::to_string).collect()
-        }
-    }
-}
-
-/// `/a/b/c` for cgroupfs.
-fn cgroupfs_name(parts: &[String]) -> String {
-    format!("/{}", parts.join("/"))
-}
-
-/// Upstream `CgroupName.ToSystemd`: dashes in a component become underscores, each level is a
-/// slice named after all its ancestors: `/kubepods.slice/kubepods-burstable.slice/…`.
-fn systemd_name(parts: &[String]) -> String {
-    if parts.is_empty() {
-        return "/".into();
-    }
-    let escaped: Vec<String> = parts.iter().map(|p| p.replace('-', "_")).collect();
-    (1..=escaped.len()).map(|n| format!("/{}.slice", escaped[..n].join("-"))).collect()
-}
-
-/// A cgroup's name for the driver: a cgroupfs path or nested systemd slices.
-fn name(settings: &PodSettings, parts: &[String]) -> String {
-    match settings.cgroup_driver {
-        CgroupDriver::Cgroupfs => cgroupfs_name(parts),
-        CgroupDriver::Systemd => systemd_name(parts),
-    }
-}
-
 /// The pod's cgroup parent and the cgroups Gantry creates for it (with systemd: the slices
 /// Gantry asks systemd for).
 /// `kubepods` gets `kubepods_limits` (node allocatable enforcement).
@@ -80,22 +33,20 @@ pub fn plan(settings: &PodSettings, kubepods_limits: Option<CgroupValues>, pod: 
     if !settings.cgroups_per_qos {
         return PodCgroups { parent: settings.cgroup_root.clone(), create: Vec::new() };
     }
-    let mut parts = root_components(settings);
-    let root_len = parts.len();
-    parts.extend(pod_components(qos::class(pod), spec::uid(pod)));
-    let create = (root_len + 1..=parts.len())
+    let parts = qos::cgroup_components(qos::class(pod), spec::uid(pod));
+    let create = (1..=parts.len())
         .map(|n| {
             let values = match parts[n - 1].as_str() {
                 _ if n == parts.len() => Some(pod_values(settings, pod)),
-                "kubepods" if n == root_len + 1 => kubepods_limits,
+                "kubepods" if n == 1 => kubepods_limits,
                 // Upstream gives BestEffort pods together the minimum CPU weight.
                 "besteffort" => Some(CgroupValues { cpu_shares: resources::shares(0), ..Default::default() }),
                 _ => None,
             };
-            (name(settings, &parts[..n]), values)
+            (settings.cgroup_name(&parts[..n]), values)
         })
         .collect();
-    PodCgroups { parent: name(settings, &parts), create }
+    PodCgroups { parent: settings.cgroup_name(&parts), create }
 }
 
 /// The pod cgroup's values: its resources and `podPidsLimit` (-1: explicitly unlimited).
@@ -109,24 +60,15 @@ fn pod_values(settings: &PodSettings, pod: &Pod) -> CgroupValues {
 pub fn pod_paths(settings: &PodSettings, uid: &str) -> Vec<String> {
     [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort]
         .into_iter()
-        .map(|qos| {
-            let mut parts = root_components(settings);
-            parts.extend(pod_components(qos, uid));
-            name(settings, &parts)
-        })
+        .map(|class| settings.cgroup_name(&qos::cgroup_components(class, uid)))
         .collect()
 }
 
 /// The cgroups pod cgroups live in (the Guaranteed pods' parent and the two QoS levels).
 pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
-    let root = root_components(settings);
-    [vec!["kubepods"], vec!["kubepods", "burstable"], vec!["kubepods", "besteffort"]]
+    [&["kubepods"][..], &["kubepods", "burstable"], &["kubepods", "besteffort"]]
         .into_iter()
-        .map(|parts| {
-            let mut all = root.clone();
-            all.extend(parts.into_iter().map(str::to_string));
-            name(settings, &all)
-        })
+        .map(|parts| settings.cgroup_name(parts))
         .collect()
 }
 

@@ -104,7 +104,7 @@ pub fn content(pod: &Pod, pod_ip: Option<&str>, cluster_domain: &str, node_hosts
 /// Writes the pod's hosts file and returns the mount for `/etc/hosts`.
 pub fn write(pod_dir: &Path, content: &str) -> std::io::Result<api::Mount> {
     std::fs::create_dir_all(pod_dir)?;
-    let path: PathBuf = pod_dir.join("etc-hosts");
+    let path: PathBuf = pod_dir.join(gantry_vocab::paths::ETC_HOSTS);
     std::fs::write(&path, content)?;
     Ok(api::Mount {
         container_path: "/etc/hosts".into(),

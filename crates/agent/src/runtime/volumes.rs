@@ -8,6 +8,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use gantry_cri::api;
+use gantry_pod::resources;
 use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
@@ -16,7 +17,7 @@ use super::projection::{self, Objects};
 use super::{atomic_writer, downward};
 use crate::cluster::objects::{ObjectError, ObjectSource};
 use gantry_vocab::quantity::{self, QuantityError};
-use gantry_vocab::spec;
+use gantry_vocab::{paths, spec};
 
 /// A volume ready on the host.
 #[derive(Debug, Clone)]
@@ -26,14 +27,10 @@ pub struct Prepared {
     pub read_only: bool,
 }
 
-/// `<root-dir>/pods/<uid>`: everything Gantry keeps on disk for one pod.
-pub fn pod_dir(root_dir: &Path, uid: &str) -> PathBuf {
-    root_dir.join("pods").join(uid)
-}
+pub use paths::pod_dir;
 
-/// `<pod-dir>/volumes/kubernetes.io~<plugin>/<name>`, as upstream lays them out.
 fn volume_dir(root_dir: &Path, pod: &Pod, plugin: &str, name: &str) -> PathBuf {
-    pod_dir(root_dir, spec::uid(pod)).join("volumes").join(format!("kubernetes.io~{plugin}")).join(name)
+    paths::volume_dir(root_dir, spec::uid(pod), plugin, name)
 }
 
 /// Sets up (or refreshes) every volume of the pod and returns where each one is on the host.
@@ -59,8 +56,9 @@ pub async fn prepare(
         } else if let Some(e) = &v.empty_dir {
             let path = volume_dir(root_dir, pod, "empty-dir", &v.name);
             let memory = e.medium.as_deref() == Some("Memory");
-            let size =
+            let size_limit =
                 e.size_limit.as_ref().map(|q| quantity::parse_units(&q.0)).transpose().map_err(|e| failed(e.into()))?;
+            let size = resources::memory_volume_size(pod, size_limit, fields.node_memory_bytes);
             setup_empty_dir(&path, memory, size, fs_group.map(|g| g as u32)).map_err(failed)?;
             Prepared { path, read_only: false }
         } else if projection::is_projection(v) {
@@ -72,9 +70,11 @@ pub async fn prepare(
             let group = fs_group.map(|g| g as u32);
             let (p, f) = (path.clone(), files);
             let memory = memory_backed(v);
+            // Bounded as upstream bounds the memory-backed emptyDir these volumes sit on.
+            let size = resources::memory_volume_size(pod, None, fields.node_memory_bytes);
             let changed = tokio::task::spawn_blocking(move || {
                 if memory {
-                    mount_tmpfs(&p, None)?;
+                    mount_tmpfs(&p, size)?;
                 }
                 atomic_writer::write(&p, &f, group)
             })
@@ -109,28 +109,20 @@ fn memory_backed(v: &Volume) -> bool {
 
 /// Creates the directory with a tmpfs on it (once: a pod's containers start concurrently and
 /// each sets up the pod's volumes).
-fn mount_tmpfs(path: &Path, size: Option<i128>) -> std::io::Result<()> {
+fn mount_tmpfs(path: &Path, size: i128) -> std::io::Result<()> {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     std::fs::create_dir_all(path)?;
     if is_tmpfs(path) {
         return Ok(());
     }
-    let options = size.map(|s| format!("size={s}"));
+    let options = (size > 0).then(|| format!("size={size}"));
     nix::mount::mount(Some("tmpfs"), path, Some("tmpfs"), nix::mount::MsFlags::empty(), options.as_deref())
         .map_err(std::io::Error::from)
 }
 
 fn plugin_name(v: &Volume) -> &'static str {
-    if v.config_map.is_some() {
-        "configmap"
-    } else if v.secret.is_some() {
-        "secret"
-    } else if v.downward_api.is_some() {
-        "downward-api"
-    } else {
-        "projected"
-    }
+    paths::volume_plugin(v).unwrap_or("projected")
 }
 
 /// The volume's type as named in the pod spec, for the unsupported-type message.
@@ -224,7 +216,7 @@ async fn check_host_path(path: &Path, kind: &str) -> Result<(), VolumeError> {
 
 /// The directory (world-writable as upstream), a tmpfs on it for `medium: Memory`, and the
 /// fsGroup's ownership.
-fn setup_empty_dir(path: &Path, memory: bool, size: Option<i128>, group: Option<u32>) -> Result<(), VolumeError> {
+fn setup_empty_dir(path: &Path, memory: bool, size: i128, group: Option<u32>) -> Result<(), VolumeError> {
     let err = |source: std::io::Error| VolumeError::Io { action: "set up", path: path.to_path_buf(), source };
     std::fs::create_dir_all(path).map_err(err)?;
     if memory {
@@ -238,8 +230,14 @@ fn setup_empty_dir(path: &Path, memory: bool, size: Option<i128>, group: Option<
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)
 }
 
+/// Whether a tmpfs is mounted on `path` itself: a directory that merely lies on a tmpfs (a
+/// root directory under /dev/shm) still needs its own, bounded mount.
 fn is_tmpfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    use std::os::unix::fs::MetadataExt;
+    let on_tmpfs = nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    let device = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    let mount_point = path.parent().is_none_or(|parent| device(path) != device(parent));
+    on_tmpfs && mount_point
 }
 
 /// The CRI mounts for a container's `volumeMounts`.

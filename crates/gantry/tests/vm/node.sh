@@ -32,7 +32,7 @@ start_gantry() {
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 podLogsDir: $POD_LOGS
-enableServer: false
+enableServer: ${SERVER:-false}
 fileCheckFrequency: 1s
 cgroupDriver: $2
 podPidsLimit: 100
@@ -78,6 +78,22 @@ dump_container_output() {
   done
 }
 
+# /stats/summary and /metrics/resource from Gantry (two summaries 2 s apart: usageNanoCores
+# needs two samples), and right after, the pod cgroups' own counters to compare with:
+# "<cgroup> <memory.current> <inactive_file> <usage_usec>".
+fetch_stats() {
+  local c=$1 d
+  get() { busybox wget -q -O "$2" "http://127.0.0.1:10255$1"; }
+  wait_for 60 get /stats/summary "$c/summary-1.json" || log "no /stats/summary"
+  sleep 2
+  get /stats/summary "$c/summary.json"
+  get /metrics/resource "$c/metrics-resource.txt"
+  find "$2" -type d \( -name 'pod*' -o -name '*-pod*' \) | while read -r d; do
+    echo "${d#"$CG"} $(cat "$d/memory.current") $(awk '$1 == "inactive_file" {print $2}' "$d/memory.stat")" \
+      "$(awk '$1 == "usage_usec" {print $2}' "$d/cpu.stat")"
+  done >"$c/pod-cgroup-stats"
+}
+
 # The three QoS classes on one driver: limits in the pod cgroups and in the containers, the
 # cgroups gone after the pods are deleted, and an orphaned pod cgroup removed.
 case_qos() {
@@ -86,7 +102,8 @@ case_qos() {
   log "case $1: driver $driver"
   containerd_systemd_cgroup "$([ "$driver" = systemd ] && echo true || echo false)" || return 1
   $orphan
-  start_gantry "$c" "$driver"
+  # The node API's read-only port, for the stats (fetch_stats).
+  SERVER=true start_gantry "$c" "$driver" "readOnlyPort: 10255"
   local t0=$SECONDS
   cp $H/pods/*.yaml $MANIFESTS/
   wait_for 180 all_reported 3 || log "not every pod reported"
@@ -94,6 +111,7 @@ case_qos() {
   cp $ROOT/pods.json "$c/pods.json"
   dump_cgroups "$CG/$root" >"$c/cgroups-running"
   dump_container_output >"$c/container-output"
+  fetch_stats "$c" "$CG/$root"
   systemctl list-units --all --plain --no-legend 'kubepods*' >"$c/units-running"
   show_slices >"$c/slices-running"
   rm -f $MANIFESTS/*.yaml

@@ -73,22 +73,80 @@ pub async fn locate(
             waiting_reason(&pod, container)
         )));
     };
-    let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
-    let dir = paths::pod_log_dir(pod_logs_dir, &pod);
     let (path, id) = if opts.previous {
-        let previous = attempt.checked_sub(1).map(|a| reader::instance_log_path(&dir, container, a));
-        match previous.filter(|p| p.exists()) {
-            Some(p) => (p, instances.get(1).map(|c| c.id.clone()).unwrap_or_default()),
-            None => {
-                return Err(LogsError::Unavailable(format!(
-                    "previous terminated container {container:?} in pod {pod_name:?} not found"
-                )));
-            }
-        }
+        previous_instance(&pod, runtime, pod_logs_dir, pod_name, container).await?
     } else {
+        let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
+        let dir = paths::pod_log_dir(pod_logs_dir, &pod);
         (reader::instance_log_path(&dir, container, attempt), newest.id.clone())
     };
     Ok(Located { path, container_id: id, pod: pod_name.into(), container: container.into() })
+}
+
+/// The previous instance as upstream finds it (`validateContainerLogStatus`, then the
+/// runtime's `GetContainerLogs`): the container of the status's `lastState.terminated`, its
+/// log path from the runtime, and the same 400 answers when any of that is gone.
+async fn previous_instance(
+    pod: &Pod,
+    runtime: &RuntimeClient,
+    pod_logs_dir: &Path,
+    pod_name: &str,
+    container: &str,
+) -> Result<(PathBuf, String), LogsError> {
+    let Some(full_id) = last_terminated_id(pod, container) else {
+        return Err(LogsError::Unavailable(format!(
+            "previous terminated container {container:?} in pod {pod_name:?} not found"
+        )));
+    };
+    let id = full_id.split_once("://").map_or(full_id.as_str(), |(_, id)| id).to_string();
+    let req = api::ContainerStatusRequest { container_id: id.clone(), verbose: false };
+    let status = match runtime.container_status(req).await {
+        Ok(resp) => resp.status,
+        Err(e) => {
+            tracing::debug!(pod = %pod_name, container, container_id = %full_id, error = %e, "ContainerStatus failed");
+            None
+        }
+    };
+    let Some(status) = status else {
+        return Err(LogsError::Unavailable(format!("unable to retrieve container logs for {full_id}")));
+    };
+    // containerd reports the full path; a relative one is below the pod's log directory.
+    let path = paths::pod_log_dir(pod_logs_dir, pod).join(&status.log_path);
+    if let Some(missing) = first_missing(&path) {
+        return Err(LogsError::Unavailable(format!(
+            "failed to try resolving symlinks in path {:?}: lstat {}: no such file or directory",
+            path.display().to_string(),
+            missing.display()
+        )));
+    }
+    Ok((path, id))
+}
+
+/// `lastState.terminated.containerID` of the container (regular, init or ephemeral).
+fn last_terminated_id(pod: &Pod, container: &str) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    [&status.container_statuses, &status.init_container_statuses, &status.ephemeral_container_statuses]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|s| s.name == container)?
+        .last_state
+        .as_ref()?
+        .terminated
+        .as_ref()?
+        .container_id
+        .clone()
+        .filter(|id| !id.is_empty())
+}
+
+/// The first component of `path` that does not exist (what Go's `EvalSymlinks` fails on).
+fn first_missing(path: &Path) -> Option<PathBuf> {
+    path.ancestors()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .find(|p| std::fs::symlink_metadata(p).is_err())
+        .map(Path::to_path_buf)
 }
 
 fn find_pod(pods: &[Pod], namespace: &str, name: &str) -> Option<Pod> {
@@ -156,5 +214,37 @@ impl Liveness for CriLiveness {
             // Gone: nothing will write to its log any more. Other errors: keep following.
             Err(e) => !e.is_not_found(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_missing_component_is_what_lstat_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("default_p_uid");
+        assert_eq!(first_missing(&gone.join("main/0.log")), Some(gone.clone()));
+        std::fs::create_dir_all(gone.join("main")).unwrap();
+        std::fs::write(gone.join("main/0.log"), "").unwrap();
+        assert_eq!(first_missing(&gone.join("main/0.log")), None);
+    }
+
+    #[test]
+    fn previous_instance_from_last_state() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {
+                "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": false, "restartCount": 1,
+                    "lastState": {"terminated": {"exitCode": 1, "containerID": "containerd://abc"}}}],
+                "initContainerStatuses": [{"name": "init", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                    "lastState": {}}]
+            }
+        }))
+        .unwrap();
+        assert_eq!(last_terminated_id(&pod, "main").as_deref(), Some("containerd://abc"));
+        assert_eq!(last_terminated_id(&pod, "init"), None);
+        assert_eq!(last_terminated_id(&pod, "other"), None);
     }
 }

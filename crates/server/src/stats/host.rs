@@ -1,10 +1,12 @@
-//! The node's own counters: the root cgroup (cgroup v1 `cpuacct`, `memory`), `/proc/meminfo`,
-//! `/proc/net/dev` and `/proc/net/route` of a network namespace, `statvfs` of a filesystem.
+//! The node's own counters: the root cgroup (either hierarchy, `cgroup.rs`), `/proc/meminfo`,
+//! `/proc/pressure`, the task limit and count, `/proc/net/dev` and `/proc/net/route` of a
+//! network namespace, `statvfs` of a filesystem.
 //! The parsers are pure; the readers are thin.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use super::cgroup::{self, Cgroup, Counters, Stat};
 use super::types::{FsStats, InterfaceStats};
 
 /// `/proc/net/dev` → counters per interface, loopback left out (as upstream).
@@ -48,12 +50,6 @@ pub fn parse_kv(text: &str) -> HashMap<String, u64> {
             Some((key, value * scale))
         })
         .collect()
-}
-
-/// The working set as upstream (cAdvisor) defines it: usage minus inactive file pages.
-pub fn working_set(usage: u64, memory_stat: &HashMap<String, u64>) -> u64 {
-    let inactive = memory_stat.get("total_inactive_file").or(memory_stat.get("inactive_file")).copied().unwrap_or(0);
-    usage.saturating_sub(inactive)
 }
 
 /// The network counters of the namespace `/proc/<pid>` is in (or the host's, for `self`).
@@ -109,31 +105,108 @@ pub fn disk_usage(dir: &Path) -> (u64, u64) {
     (bytes, inodes)
 }
 
-/// The node's CPU time and memory from the root cgroup (v1 mount at `cgroup_root`).
+/// Bytes and inodes (1) of one file, such as the pod's `etc-hosts`.
+pub fn file_usage(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.blocks() * 512, 1))
+}
+
+/// When a directory last changed: cAdvisor's creation time of a raw cgroup.
+pub fn modified(dir: &Path) -> Option<k8s_openapi::jiff::Timestamp> {
+    let t = std::fs::metadata(dir).ok()?.modified().ok()?;
+    k8s_openapi::jiff::Timestamp::try_from(t).ok()
+}
+
+/// The process serving a unix socket (the container runtime behind its CRI endpoint), from the
+/// peer credentials of a connection.
+pub fn socket_peer_pid(socket: &Path) -> Option<i32> {
+    let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some(cred.pid())
+}
+
+/// The node's counters: the root cgroup on either hierarchy, with `/proc` standing in for
+/// what the root lacks (CPU time without a cpuacct controller; memory usage on the v2 root,
+/// which has no `memory.current`, as MemTotal − MemFree as runc computes it), and PSI from
+/// `/proc/pressure`.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct NodeCounters {
-    pub cpu_usage_nanos: Option<u64>,
-    pub memory_usage: Option<u64>,
-    pub memory_stat: HashMap<String, u64>,
+    pub cgroup: Counters,
     pub mem_total: Option<u64>,
+    pub swap_total: Option<u64>,
+    pub swap_free: Option<u64>,
     /// Seconds since the epoch.
     pub boot_time: Option<i64>,
 }
 
-pub fn node_counters(cgroup_root: &Path) -> NodeCounters {
-    let read = |p: &str| std::fs::read_to_string(cgroup_root.join(p)).ok();
-    let num = |p: &str| read(p).and_then(|t| t.trim().parse::<u64>().ok());
+pub fn node_counters(mount: &Path) -> NodeCounters {
     let meminfo = std::fs::read_to_string("/proc/meminfo").map(|t| parse_kv(&t)).unwrap_or_default();
-    let boot_time = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse().ok())));
+    let mut cgroup = match cgroup::hierarchy(mount) {
+        Some(h) => Cgroup::named(mount, h, "/").read(),
+        None => Counters::default(),
+    };
+    node_fallbacks(&mut cgroup, &meminfo);
+    let pressure =
+        |r: &str| std::fs::read_to_string(format!("/proc/pressure/{r}")).ok().and_then(|t| cgroup::parse_psi(&t));
+    cgroup.cpu_psi = pressure("cpu");
+    cgroup.memory_psi = pressure("memory");
+    cgroup.io_psi = pressure("io");
+    cgroup.cpu_usage_nanos = cgroup.cpu_usage_nanos.or_else(proc_stat_cpu_nanos);
     NodeCounters {
-        cpu_usage_nanos: num("cpuacct/cpuacct.usage").or_else(proc_stat_cpu_nanos),
-        memory_usage: num("memory/memory.usage_in_bytes"),
-        memory_stat: read("memory/memory.stat").map(|t| parse_kv(&t)).unwrap_or_default(),
+        cgroup,
         mem_total: meminfo.get("MemTotal").copied(),
-        boot_time,
+        swap_total: meminfo.get("SwapTotal").copied(),
+        swap_free: meminfo.get("SwapFree").copied(),
+        boot_time: proc_stat_value("btime"),
     }
+}
+
+/// What the v2 root cgroup lacks, from `/proc/meminfo` (pure).
+fn node_fallbacks(root: &mut Counters, meminfo: &HashMap<String, u64>) {
+    if root.memory_usage.is_none()
+        && let (Some(total), Some(free)) = (meminfo.get("MemTotal"), meminfo.get("MemFree"))
+    {
+        root.memory_usage = Some(total.saturating_sub(*free));
+    }
+    if let Stat::V2(stat) = &mut root.memory_stat
+        && stat.is_empty()
+    {
+        for (from, to) in [("Inactive(file)", "inactive_file"), ("AnonPages", "anon")] {
+            if let Some(v) = meminfo.get(from) {
+                stat.insert(to.to_string(), *v);
+            }
+        }
+    }
+}
+
+/// The node's task limit (the smaller of `kernel.pid_max` and `kernel.threads-max`) and the
+/// tasks that exist (the total after the slash in `/proc/loadavg`), as upstream's `pidlimit`.
+pub fn rlimit() -> (Option<i64>, Option<i64>) {
+    let read = |f: &str| std::fs::read_to_string(f).ok().and_then(|t| t.trim().parse::<i64>().ok());
+    let max = [read("/proc/sys/kernel/pid_max"), read("/proc/sys/kernel/threads-max")].into_iter().flatten().min();
+    let tasks = std::fs::read_to_string("/proc/loadavg").ok().and_then(|t| loadavg_tasks(&t));
+    (max, tasks)
+}
+
+/// `0.10 0.20 0.30 2/345 6789` → 345.
+pub fn loadavg_tasks(text: &str) -> Option<i64> {
+    text.split_whitespace().nth(3)?.split_once('/')?.1.parse().ok()
+}
+
+fn proc_stat_value(key: &str) -> Option<i64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// When the process `pid` started, from `/proc/<pid>/stat` (clock ticks after boot).
+pub fn process_start(pid: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may contain spaces and parentheses: fields count from the last ')'.
+    let ticks: i64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let boot = proc_stat_value("btime")?;
+    // USER_HZ is 100 on Linux.
+    k8s_openapi::jiff::Timestamp::from_millisecond(boot * 1000 + ticks * 10).ok()
 }
 
 /// CPU time of all CPUs from `/proc/stat` when no cpuacct controller is mounted.
@@ -164,9 +237,29 @@ mod tests {
 
     #[test]
     fn memory_stat_and_meminfo() {
-        let stat = parse_kv("cache 10\ntotal_inactive_file 300\ntotal_rss 500\n");
-        assert_eq!(working_set(1000, &stat), 700);
-        assert_eq!(working_set(100, &stat), 0);
+        let stat = Stat::V1(parse_kv("cache 10\ntotal_inactive_file 300\ntotal_rss 500\n"));
+        assert_eq!(cgroup::working_set(1000, &stat), 700);
+        assert_eq!(cgroup::working_set(100, &stat), 0);
         assert_eq!(parse_kv("MemTotal:        2048 kB\n")["MemTotal"], 2 * 1024 * 1024);
+    }
+
+    #[test]
+    fn v2_root_memory_from_meminfo() {
+        let meminfo = parse_kv("MemTotal: 1000 kB\nMemFree: 400 kB\nInactive(file): 100 kB\nAnonPages: 50 kB\n");
+        let mut root = Counters::default();
+        node_fallbacks(&mut root, &meminfo);
+        assert_eq!(root.memory_usage, Some(600 * 1024));
+        assert_eq!(cgroup::working_set(root.memory_usage.unwrap(), &root.memory_stat), 500 * 1024);
+        assert_eq!(root.memory_stat.rss(), Some(50 * 1024));
+        // A root with its own memory.stat keeps it.
+        let mut root = Counters { memory_stat: Stat::V2(parse_kv("inactive_file 7\n")), ..Default::default() };
+        node_fallbacks(&mut root, &meminfo);
+        assert_eq!(root.memory_stat.inactive_file(), Some(7));
+    }
+
+    #[test]
+    fn task_count_from_loadavg() {
+        assert_eq!(loadavg_tasks("2.48 1.77 1.70 3/109 28720\n"), Some(109));
+        assert_eq!(loadavg_tasks("garbage"), None);
     }
 }

@@ -11,9 +11,6 @@ use super::summary::{self, Sources};
 use super::{Summary, resource_metrics};
 use crate::ServerState;
 
-/// The cgroup v1 hierarchy whose root holds the node's CPU and memory counters.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-
 async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summary, gantry_cri::CriError> {
     let cri = state.cri();
     let sources = Sources {
@@ -22,7 +19,9 @@ async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summa
         images: &cri.images,
         root_dir: state.root_dir(),
         pod_logs_dir: state.pod_logs_dir(),
-        cgroup_root: PathBuf::from(CGROUP_ROOT),
+        cgroup_mount: PathBuf::from(super::cgroup::MOUNT),
+        pod_cgroups: state.pod_cgroups(),
+        runtime_socket: state.runtime_socket().map(PathBuf::from),
         pods: state.pods(),
         cache: state.stats_cache(),
     };

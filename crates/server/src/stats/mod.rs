@@ -1,7 +1,8 @@
-//! Node and pod statistics: `/stats/summary` (`summary`, shape in `types`), the node's own
-//! counters (`host`), CPU rates from two samples (`rate`), and the Prometheus text of
-//! `/metrics/resource` (`resource_metrics`).
+//! Node and pod statistics: `/stats/summary` (`summary`, shape in `types`), cgroup counters
+//! on either hierarchy (`cgroup`), the node's own counters (`host`), CPU rates from two
+//! samples (`rate`), and the Prometheus text of `/metrics/resource` (`resource_metrics`).
 
+pub mod cgroup;
 pub mod host;
 pub mod http;
 pub mod rate;

@@ -33,6 +33,11 @@ impl CpuRates {
         u64::try_from(used * 1_000_000_000 / elapsed).ok()
     }
 
+    /// [`Self::sample`] for a counter that may be missing.
+    pub fn sample_opt(&mut self, key: &str, at_nanos: i128, usage_nanos: Option<u64>) -> Option<u64> {
+        self.sample(key, at_nanos, usage_nanos?)
+    }
+
     /// Forgets keys not in `alive` (containers and pods that are gone).
     pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
         self.last.retain(|k, _| alive(k));

@@ -1,6 +1,9 @@
 //! `/stats/summary`: CRI `ListContainerStats` (and `ListPodSandboxStats` where the runtime
-//! implements it; containerd 1.6 does not, then pod CPU/memory are the sum of its containers
-//! and pod network comes from the sandbox's network namespace), plus the node's own counters.
+//! implements it, else the sandbox's network namespace for pod network), the pod cgroups (pod
+//! CPU, memory, swap, IO pressure and process count, as upstream reads them through cAdvisor;
+//! the runtime's sandbox stats, then the sum of the containers, where a pod has no cgroup of its
+//! own), the node's own counters, the system containers (`kubelet`, `runtime`, `pods`: cgroups
+//! read on either hierarchy) and the pods' volumes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,12 +12,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use gantry_cri::{CriError, ImageClient, RuntimeClient, api};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Volume};
 use k8s_openapi::jiff::Timestamp;
 
+use super::cgroup::{self, Cgroup, Counters, Hierarchy};
 use super::host;
 use super::rate::CpuRates;
 use super::types::*;
+use gantry_config::PodSettings;
+use gantry_pod::qos;
 use gantry_vocab::cri_labels as labels;
 use gantry_vocab::paths;
 use gantry_vocab::spec;
@@ -39,7 +45,12 @@ pub struct Sources<'a> {
     pub images: &'a ImageClient,
     pub root_dir: &'a Path,
     pub pod_logs_dir: &'a Path,
-    pub cgroup_root: PathBuf,
+    /// Where the cgroup file system is mounted.
+    pub cgroup_mount: PathBuf,
+    /// How pod cgroups are named (None without `cgroupsPerQOS`: pods have none of their own).
+    pub pod_cgroups: Option<&'a PodSettings>,
+    /// The runtime's unix socket: the process behind it is the `runtime` system container.
+    pub runtime_socket: Option<PathBuf>,
     /// The pods this node runs (from the status store).
     pub pods: Vec<Pod>,
     pub cache: &'a StatsCache,
@@ -70,13 +81,14 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     let stats = src.runtime.list_container_stats(api::ListContainerStatsRequest { filter: Some(filter) }).await?.stats;
     let stats: HashMap<String, api::ContainerStats> =
         stats.into_iter().filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s))).collect();
+    let hierarchy = cgroup::hierarchy(&src.cgroup_mount);
     let sandbox_stats =
         if only_cpu_and_memory { HashMap::new() } else { sandbox_stats(src.runtime, &owned, src.cache).await };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
 
     let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
-    let node = node_stats(src, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
+    let node = node_stats(src, hierarchy, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
     let mut pods = Vec::new();
     for pod in &src.pods {
         let uid = spec::uid(pod);
@@ -112,6 +124,7 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
                     time: time.clone(),
                     usage_nano_cores: rate.or(cpu.usage_nano_cores.as_ref().map(|v| v.value)),
                     usage_core_nano_seconds: total,
+                    psi: None,
                 }
             });
             cs.memory = s.and_then(|s| s.memory.as_ref()).map(|m| MemoryStats {
@@ -122,6 +135,7 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
                 rss_bytes: m.rss_bytes.as_ref().map(|v| v.value),
                 page_faults: m.page_faults.as_ref().map(|v| v.value),
                 major_page_faults: m.major_page_faults.as_ref().map(|v| v.value),
+                psi: None,
             });
             if !only_cpu_and_memory {
                 cs.rootfs = s.and_then(|s| s.writable_layer.as_ref()).map(|w| FsStats {
@@ -139,11 +153,13 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
             ps.containers.push(cs);
         }
         ps.containers.sort_by(|a, b| a.name.cmp(&b.name));
-        pod_totals(&mut ps, &time, at, &mut rates, sandbox_stats.get(uid));
+        let cgroup = hierarchy.and_then(|h| pod_cgroup(src, h, pod)).map(|c| c.read());
+        pod_totals(&mut ps, &time, at, &mut rates, cgroup.as_ref(), sandbox_stats.get(uid));
         if !only_cpu_and_memory {
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
-            ps.volume = empty_dir_volumes(src.root_dir, pod, &time);
-            ps.ephemeral_storage = Some(ephemeral(&ps, logs_fs.as_ref(), &time));
+            ps.volume = volumes(src.root_dir, pod, &time);
+            let etc_hosts = host::file_usage(&paths::pod_dir(src.root_dir, uid).join(paths::ETC_HOSTS));
+            ps.ephemeral_storage = Some(ephemeral(&ps, pod, node.fs.as_ref(), etc_hosts, &time));
         }
         pods.push(ps);
     }
@@ -152,45 +168,41 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
         .map(|c| c.id.clone())
         .chain(src.pods.iter().map(|p| format!("pod/{}", spec::uid(p))))
         .collect();
-    rates.retain(|k| k == "node" || alive.contains(k));
+    rates.retain(|k| k == "node" || k.starts_with("sys/") || alive.contains(k));
     Ok(Summary { node, pods })
 }
 
 fn node_stats(
     src: &Sources<'_>,
+    hierarchy: Option<Hierarchy>,
     time: &str,
     at: i128,
     rates: &mut CpuRates,
     only_cpu_and_memory: bool,
     image_fs: Option<FsStats>,
 ) -> NodeStats {
-    let c = host::node_counters(&src.cgroup_root);
-    let cpu = c.cpu_usage_nanos.map(|total| CpuStats {
-        time: time.into(),
-        usage_nano_cores: rates.sample("node", at, total),
-        usage_core_nano_seconds: Some(total),
-    });
-    let memory = c.memory_usage.map(|usage| {
-        let ws = host::working_set(usage, &c.memory_stat);
-        let stat = |k: &str| c.memory_stat.get(k).copied();
-        MemoryStats {
-            time: time.into(),
-            available_bytes: c.mem_total.map(|t| t.saturating_sub(ws)),
-            usage_bytes: Some(usage),
-            working_set_bytes: Some(ws),
-            rss_bytes: stat("total_rss"),
-            page_faults: stat("total_pgfault"),
-            major_page_faults: stat("total_pgmajfault"),
-        }
-    });
+    let c = host::node_counters(&src.cgroup_mount);
+    let usage = Usage::of(&c.cgroup, time, rates.sample_opt("node", at, c.cgroup.cpu_usage_nanos), c.mem_total);
     let mut node = NodeStats {
         node_name: src.node_name.into(),
+        system_containers: system_containers(src, hierarchy, time, at, rates),
         start_time: c.boot_time.and_then(|s| Timestamp::from_second(s).ok()).map(rfc3339).unwrap_or_default(),
-        cpu,
-        memory,
+        cpu: usage.cpu,
+        memory: usage.memory,
         ..Default::default()
     };
     if !only_cpu_and_memory {
+        node.io = usage.io;
+        node.swap = c.swap_total.map(|total| {
+            let free = c.swap_free.unwrap_or(0);
+            SwapStats {
+                time: time.into(),
+                swap_available_bytes: Some(free),
+                swap_usage_bytes: Some(total.saturating_sub(free)),
+            }
+        });
+        let (maxpid, curproc) = host::rlimit();
+        node.rlimit = Some(RlimitStats { time: time.into(), maxpid, curproc });
         node.network = host::network(Path::new("/proc/self")).map(|(default, interfaces)| NetworkStats {
             time: time.into(),
             default,
@@ -202,15 +214,122 @@ fn node_stats(
     node
 }
 
-/// Pod CPU and memory: the runtime's pod sandbox stats when it has them, else the sum of the
-/// containers (the pause container's few hundred KiB left out).
-fn pod_totals(ps: &mut PodStats, time: &str, at: i128, rates: &mut CpuRates, sandbox: Option<&SandboxStats>) {
+/// A cgroup's CPU, memory, swap and IO pressure as the summary shows them (pure).
+#[derive(Debug, Default, PartialEq)]
+struct Usage {
+    cpu: Option<CpuStats>,
+    memory: Option<MemoryStats>,
+    swap: Option<SwapStats>,
+    io: Option<IoStats>,
+}
+
+impl Usage {
+    /// `nano_cores`: the CPU rate; `capacity`: what `availableBytes` counts down from when the
+    /// cgroup has no memory limit (the node's memory for the root cgroup; none otherwise, as
+    /// upstream leaves it out).
+    fn of(c: &Counters, time: &str, nano_cores: Option<u64>, capacity: Option<u64>) -> Usage {
+        let cpu = c.cpu_usage_nanos.map(|total| CpuStats {
+            time: time.into(),
+            usage_nano_cores: nano_cores,
+            usage_core_nano_seconds: Some(total),
+            psi: c.cpu_psi,
+        });
+        let memory = c.memory_usage.map(|usage| {
+            let ws = cgroup::working_set(usage, &c.memory_stat);
+            MemoryStats {
+                time: time.into(),
+                available_bytes: c.memory_limit.or(capacity).map(|limit| limit.saturating_sub(ws)),
+                usage_bytes: Some(usage),
+                working_set_bytes: Some(ws),
+                rss_bytes: c.memory_stat.rss(),
+                page_faults: c.memory_stat.page_faults(),
+                major_page_faults: c.memory_stat.major_page_faults(),
+                psi: c.memory_psi,
+            }
+        });
+        let swap = c.swap_usage.map(|used| SwapStats {
+            time: time.into(),
+            swap_available_bytes: c.swap_limit.map(|limit| limit.saturating_sub(used)),
+            swap_usage_bytes: Some(used),
+        });
+        let io = c.io_psi.map(|psi| IoStats { time: time.into(), psi: Some(psi) });
+        Usage { cpu, memory, swap, io }
+    }
+}
+
+/// The agent's own cgroup (`kubelet`), the runtime's (`runtime`: the process serving the CRI
+/// socket) and `kubepods` (`pods`), as upstream's summary lists them.
+fn system_containers(
+    src: &Sources<'_>,
+    hierarchy: Option<Hierarchy>,
+    time: &str,
+    at: i128,
+    rates: &mut CpuRates,
+) -> Vec<ContainerStats> {
+    let Some(h) = hierarchy else { return Vec::new() };
+    let mount = &src.cgroup_mount;
+    let of_process = |pid: &str| {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        Cgroup::of_process(mount, h, &text)
+    };
+    let runtime_pid = src.runtime_socket.as_deref().and_then(host::socket_peer_pid);
+    let found = [
+        ("kubelet", of_process("self"), host::process_start("self")),
+        ("runtime", runtime_pid.and_then(|pid| of_process(&pid.to_string())), None),
+        ("pods", src.pod_cgroups.map(|s| Cgroup::named(mount, h, &s.cgroup_name(&["kubepods"]))), None),
+    ];
+    found
+        .into_iter()
+        .filter_map(|(name, cgroup, started)| {
+            let cgroup = cgroup.filter(|c| c.dir().is_dir())?;
+            let c = cgroup.read();
+            let usage = Usage::of(&c, time, rates.sample_opt(&format!("sys/{name}"), at, c.cpu_usage_nanos), None);
+            // cAdvisor dates a raw cgroup by its directory; the agent by its own start.
+            let started = started.or_else(|| host::modified(cgroup.dir()));
+            Some(ContainerStats {
+                name: name.into(),
+                start_time: started.map(rfc3339).unwrap_or_default(),
+                cpu: usage.cpu,
+                memory: usage.memory,
+                io: usage.io,
+                swap: usage.swap,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// The pod's own cgroup, named as the agent names it (its QoS class and UID below `kubepods`).
+fn pod_cgroup(src: &Sources<'_>, hierarchy: Hierarchy, pod: &Pod) -> Option<Cgroup> {
+    let name = src.pod_cgroups?.cgroup_name(&qos::cgroup_components(qos::class(pod), spec::uid(pod)));
+    Some(Cgroup::named(&src.cgroup_mount, hierarchy, &name)).filter(|c| c.dir().is_dir())
+}
+
+/// Pod CPU and memory as upstream's CRI stats provider reports them: the pod cgroup's files
+/// (with swap, IO pressure and the process count), else the runtime's pod sandbox stats, else
+/// the sum of the containers (the pause container's few hundred KiB left out).
+fn pod_totals(
+    ps: &mut PodStats,
+    time: &str,
+    at: i128,
+    rates: &mut CpuRates,
+    cgroup: Option<&Counters>,
+    sandbox: Option<&SandboxStats>,
+) {
+    let key = format!("pod/{}", ps.pod_ref.uid);
+    if let Some(c) = cgroup {
+        let usage = Usage::of(c, time, rates.sample_opt(&key, at, c.cpu_usage_nanos), None);
+        (ps.cpu, ps.memory, ps.swap, ps.io) = (usage.cpu, usage.memory, usage.swap, usage.io);
+        ps.process_stats = c.processes.map(|n| ProcessStats { process_count: Some(n) });
+        return;
+    }
     if let Some(s) = sandbox.filter(|s| s.cpu_total.is_some()) {
         let total = s.cpu_total;
         ps.cpu = Some(CpuStats {
             time: time.into(),
-            usage_nano_cores: total.and_then(|t| rates.sample(&format!("pod/{}", ps.pod_ref.uid), at, t)),
+            usage_nano_cores: rates.sample_opt(&key, at, total),
             usage_core_nano_seconds: total,
+            psi: None,
         });
         ps.memory = s.memory.clone();
         return;
@@ -220,10 +339,13 @@ fn pod_totals(ps: &mut PodStats, time: &str, at: i128, rates: &mut CpuRates, san
     };
     let total = sum(&|c| c.cpu.as_ref()?.usage_core_nano_seconds);
     let nano_cores = sum(&|c| c.cpu.as_ref()?.usage_nano_cores);
-    let key = format!("pod/{}", ps.pod_ref.uid);
-    let own_rate = total.and_then(|t| rates.sample(&key, at, t));
-    ps.cpu =
-        Some(CpuStats { time: time.into(), usage_nano_cores: nano_cores.or(own_rate), usage_core_nano_seconds: total });
+    let own_rate = rates.sample_opt(&key, at, total);
+    ps.cpu = Some(CpuStats {
+        time: time.into(),
+        usage_nano_cores: nano_cores.or(own_rate),
+        usage_core_nano_seconds: total,
+        psi: None,
+    });
     ps.memory = Some(MemoryStats {
         time: time.into(),
         available_bytes: None,
@@ -232,48 +354,63 @@ fn pod_totals(ps: &mut PodStats, time: &str, at: i128, rates: &mut CpuRates, san
         rss_bytes: sum(&|c| c.memory.as_ref()?.rss_bytes),
         page_faults: sum(&|c| c.memory.as_ref()?.page_faults),
         major_page_faults: sum(&|c| c.memory.as_ref()?.major_page_faults),
+        psi: None,
     });
 }
 
-/// Ephemeral storage as upstream counts it: writable layers, logs and emptyDir volumes.
-fn ephemeral(ps: &PodStats, logs_fs: Option<&FsStats>, time: &str) -> FsStats {
-    let used: u64 = ps
-        .containers
+/// Upstream's `IsLocalEphemeralVolume`: the volumes whose data is on the node's disk for the
+/// pod's lifetime (disk emptyDir, configMap, gitRepo) count as its ephemeral storage; tmpfs
+/// volumes (secret, projected, downward API, memory emptyDir) do not.
+fn is_local_ephemeral(v: &Volume) -> bool {
+    v.git_repo.is_some()
+        || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref().unwrap_or_default().is_empty())
+        || v.config_map.is_some()
+}
+
+/// Ephemeral storage as upstream counts it (`calcEphemeralStorage`): writable layers, logs,
+/// the local ephemeral volumes and the pod's `/etc/hosts`, on the kubelet's root filesystem.
+fn ephemeral(
+    ps: &PodStats,
+    pod: &Pod,
+    root_fs: Option<&FsStats>,
+    etc_hosts: Option<(u64, u64)>,
+    time: &str,
+) -> FsStats {
+    let ephemeral_volumes: Vec<&VolumeStats> = spec_volumes(pod)
         .iter()
-        .map(|c| {
-            c.rootfs.as_ref().and_then(|f| f.used_bytes).unwrap_or(0)
-                + c.logs.as_ref().and_then(|f| f.used_bytes).unwrap_or(0)
-        })
-        .sum::<u64>()
-        + ps.volume.iter().filter_map(|v| v.fs.used_bytes).sum::<u64>();
-    let inodes: u64 = ps
-        .containers
-        .iter()
-        .map(|c| {
-            c.rootfs.as_ref().and_then(|f| f.inodes_used).unwrap_or(0)
-                + c.logs.as_ref().and_then(|f| f.inodes_used).unwrap_or(0)
-        })
-        .sum::<u64>()
-        + ps.volume.iter().filter_map(|v| v.fs.inodes_used).sum::<u64>();
+        .filter(|v| is_local_ephemeral(v))
+        .filter_map(|v| ps.volume.iter().find(|s| s.name == v.name))
+        .collect();
+    let containers = ps.containers.iter().flat_map(|c| [c.rootfs.as_ref(), c.logs.as_ref()]).flatten();
+    let all = containers.chain(ephemeral_volumes.iter().map(|v| &v.fs));
+    let (mut used, mut inodes) =
+        all.fold((0, 0), |(b, i), f| (b + f.used_bytes.unwrap_or(0), i + f.inodes_used.unwrap_or(0)));
+    if let Some((b, i)) = etc_hosts {
+        (used, inodes) = (used + b, inodes + i);
+    }
     FsStats {
         used_bytes: Some(used),
         inodes_used: Some(inodes),
-        ..logs_fs.cloned().unwrap_or(FsStats { time: time.into(), ..Default::default() })
+        ..root_fs.cloned().unwrap_or(FsStats { time: time.into(), ..Default::default() })
     }
 }
 
-fn empty_dir_volumes(root_dir: &Path, pod: &Pod, time: &str) -> Vec<VolumeStats> {
-    let dir = root_dir.join("pods").join(spec::uid(pod)).join("volumes").join("kubernetes.io~empty-dir");
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let mut out: Vec<VolumeStats> = entries
-        .flatten()
-        .filter_map(|e| {
-            let path = e.path();
+fn spec_volumes(pod: &Pod) -> &[Volume] {
+    pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default()
+}
+
+/// Every volume the node keeps for the pod (emptyDir, configMap, secret, downward API,
+/// projected): bytes and inodes used under it (as upstream's `MetricsDu`), on its filesystem.
+fn volumes(root_dir: &Path, pod: &Pod, time: &str) -> Vec<VolumeStats> {
+    let mut out: Vec<VolumeStats> = spec_volumes(pod)
+        .iter()
+        .filter_map(|v| {
+            let path = paths::volume_dir(root_dir, spec::uid(pod), paths::volume_plugin(v)?, &v.name);
+            let base = host::filesystem(&path, time)?;
             let (used, inodes) = host::disk_usage(&path);
-            let base = host::filesystem(&path, time).unwrap_or_default();
             Some(VolumeStats {
                 fs: FsStats { used_bytes: Some(used), inodes_used: Some(inodes), ..base },
-                name: e.file_name().into_string().ok()?,
+                name: v.name.clone(),
             })
         })
         .collect();
@@ -399,6 +536,7 @@ fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStat
             rss_bytes: val(&m.rss_bytes),
             page_faults: val(&m.page_faults),
             major_page_faults: val(&m.major_page_faults),
+            psi: None,
         }),
         network: linux.network.as_ref().and_then(|n| {
             Some(NetworkStats {
@@ -433,7 +571,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        pod_totals(&mut ps, "t", 0, &mut CpuRates::default(), None);
+        pod_totals(&mut ps, "t", 0, &mut CpuRates::default(), None, None);
         let m = ps.memory.unwrap();
         assert_eq!((m.working_set_bytes, m.usage_bytes, m.rss_bytes), (Some(30), Some(32), None));
         let c = ps.cpu.unwrap();

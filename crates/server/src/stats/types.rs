@@ -13,17 +13,76 @@ pub struct Summary {
 #[serde(rename_all = "camelCase")]
 pub struct NodeStats {
     pub node_name: String,
+    /// `kubelet`, `runtime`, `pods`: the agent's, the runtime's and the pods' cgroups.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub system_containers: Vec<ContainerStats>,
     pub start_time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fs: Option<FsStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rlimit: Option<RlimitStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap: Option<SwapStats>,
+}
+
+/// The node's task limit and task count.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RlimitStats {
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maxpid: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub curproc: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SwapStats {
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap_available_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap_usage_bytes: Option<u64>,
+}
+
+/// Pressure stall information of one resource (the kernel's PSI file; `total` in µs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PsiStats {
+    pub full: PsiData,
+    pub some: PsiData,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PsiData {
+    pub total: u64,
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+}
+
+/// IO pressure (upstream's `IOStats` carries PSI only).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct IoStats {
+    pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProcessStats {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_count: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -43,6 +102,8 @@ pub struct CpuStats {
     pub usage_nano_cores: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_core_nano_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -61,6 +122,8 @@ pub struct MemoryStats {
     pub page_faults: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub major_page_faults: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psi: Option<PsiStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -118,11 +181,17 @@ pub struct PodStats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub volume: Vec<VolumeStats>,
     #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<FsStats>,
+    #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
+    pub process_stats: Option<ProcessStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap: Option<SwapStats>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -135,9 +204,13 @@ pub struct ContainerStats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<FsStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logs: Option<FsStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap: Option<SwapStats>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

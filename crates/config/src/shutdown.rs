@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use super::ConfigError;
 use super::file::KubeletConfiguration;
 use super::gates::{FeatureGates, Gate};
+use super::{ConfigError, Problem};
 
-type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+type Invalid<'a> = &'a dyn Fn(&str, Problem) -> ConfigError;
 
 /// One `shutdownGracePeriodByPodPriority` entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +43,8 @@ impl ShutdownSettings {
                     "invalid configuration: shutdownGracePeriod {period} must be >= 0, shutdownGracePeriodCriticalPods \
                      {critical} must be >= 0, and shutdownGracePeriodCriticalPods {critical} must be <= \
                      shutdownGracePeriod {period}"
-                ),
+                )
+                .into(),
             ));
         }
         for (field, d) in [("shutdownGracePeriod", period), ("shutdownGracePeriodCriticalPods", critical)] {
@@ -51,7 +52,7 @@ impl ShutdownSettings {
             if !d_std.is_zero() && d_std < Duration::from_secs(1) {
                 return Err(invalid(
                     field,
-                    format!("invalid configuration: {field} {d} must be either zero or otherwise >= 1 sec"),
+                    format!("invalid configuration: {field} {d} must be either zero or otherwise >= 1 sec").into(),
                 ));
             }
         }
@@ -88,7 +89,7 @@ impl ShutdownSettings {
             if seconds < 0 {
                 return Err(invalid(
                     &format!("shutdownGracePeriodByPodPriority[{i}].shutdownGracePeriodSeconds"),
-                    format!("{seconds} must not be negative"),
+                    format!("{seconds} must not be negative").into(),
                 ));
             }
             by_priority.push(PriorityGrace { priority: entry.priority.unwrap_or_default(), seconds });
@@ -107,10 +108,10 @@ mod tests {
 
     fn apply(yaml: &str, gates: &FeatureGates) -> Result<ShutdownSettings, ConfigError> {
         let c: KubeletConfiguration = serde_yaml_ng::from_str(yaml).unwrap();
-        let invalid = |field: &str, reason: String| ConfigError::InvalidValue {
+        let invalid = |field: &str, problem: Problem| ConfigError::InvalidValue {
             input: Input::CommandLine,
             field: field.to_string(),
-            reason,
+            problem: Box::new(problem),
         };
         let mut s = ShutdownSettings::default();
         s.apply_file(&c, gates, &invalid)?;

@@ -247,7 +247,7 @@ mod tests {
         node_pressure(&mut root, Some(cgroup::Hierarchy::V2), read);
         let expected = cgroup::parse_psi(psi);
         assert!(expected.is_some());
-        assert_eq!((root.cpu_psi, root.memory_psi, root.io_psi), (expected.clone(), expected.clone(), expected));
+        assert_eq!((root.cpu_psi, root.memory_psi, root.io_psi), (expected, expected, expected));
     }
 
     #[test]

@@ -859,3 +859,41 @@ async fn image_gc_passes_ten_seconds_after_start_then_every_five_minutes() {
     assert_eq!(passes(), 2, "the next pass five minutes later");
     assert_eq!(fake.calls_of("RemoveImage").len(), 1, "nothing more to remove");
 }
+
+/// `imageMinimumGCAge` runs on the agent's clock: an unused image found after start-up stays
+/// while it is younger than the minimum age, even past `imageMaximumGCAge`, and goes at the
+/// first pass once the paused clock has passed the minimum age.
+#[tokio::test(start_paused = true)]
+async fn an_image_younger_than_the_minimum_gc_age_is_kept_until_the_clock_passes_it() {
+    use gantry_agent::image::collector::ImageCollector;
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
+    let settings = gantry_config::ImageSettings {
+        minimum_gc_age: Duration::from_secs(500),
+        maximum_gc_age: Duration::from_secs(60),
+        pod_infra_container_image: Some("registry.test/pause:3.10".into()),
+        ..Default::default()
+    };
+    tokio::spawn(ImageCollector::new(cri, settings, None, NODE).run());
+    let fake = &node.fake;
+    let step = |by: Duration| async move {
+        fake.settle().await;
+        tokio::time::advance(by).await;
+        fake.settle().await;
+    };
+    // Found by the first pass (at 10 s), so its age counts from then, not from long ago.
+    step(Duration::from_secs(1)).await;
+    node.fake.add_image("registry.test/young:v1");
+    step(Duration::from_secs(9)).await;
+    assert_eq!(fake.calls_of("ImageFsInfo").len(), 1, "the first pass at 10 s");
+
+    step(Duration::from_secs(300)).await;
+    assert_eq!(fake.calls_of("ImageFsInfo").len(), 2, "the second pass at 310 s");
+    assert!(fake.calls_of("RemoveImage").is_empty(), "300 s old, younger than imageMinimumGCAge (500 s): kept");
+
+    step(Duration::from_secs(300)).await;
+    assert_eq!(fake.calls_of("ImageFsInfo").len(), 3, "the third pass at 610 s");
+    assert_eq!(fake.calls_of("RemoveImage").len(), 1, "600 s old: past the minimum age (500 s) and unused, it goes");
+    assert!(fake.images().is_empty());
+}

@@ -4,6 +4,36 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// Why a value is not acceptable: the typed error of the parser or check that refused it, or
+/// the explanation of a rule checked where the value is read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Problem {
+    #[error(transparent)]
+    Value(#[from] crate::ValueError),
+    #[error(transparent)]
+    Setting(#[from] crate::SettingError),
+    #[error(transparent)]
+    FlagValue(#[from] crate::FlagValueError),
+    #[error(transparent)]
+    Name(#[from] crate::UnknownName),
+    /// A rule checked in place (a range, a form), explained for the user.
+    #[error("{0}")]
+    Rule(String),
+}
+
+impl From<String> for Problem {
+    fn from(rule: String) -> Self {
+        Problem::Rule(rule)
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(rule: &str) -> Self {
+        Problem::Rule(rule.to_string())
+    }
+}
+
 /// Where a setting came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -109,8 +139,14 @@ pub enum ConfigError {
 
     /// A value that parsed but is not acceptable (negative count, empty
     /// endpoint, relative path, ...).
-    #[error("invalid value for {field} {input}: {reason}")]
-    InvalidValue { input: Input, field: String, reason: String },
+    #[error("invalid value for {field} {input}: {problem}")]
+    InvalidValue {
+        input: Input,
+        field: String,
+        /// Boxed: some causes are large, and every config function returns this error.
+        #[source]
+        problem: Box<Problem>,
+    },
 
     /// A feature gate neither Gantry nor the Go kubelet knows.
     #[error(
@@ -119,8 +155,13 @@ pub enum ConfigError {
     UnknownFeatureGate { input: Input, field: String, gate: String },
 
     /// A malformed `--feature-gates` value.
-    #[error("invalid {field} {input}: {reason}")]
-    InvalidFeatureGate { input: Input, field: String, reason: String },
+    #[error("invalid {field} {input}: {problem}")]
+    InvalidFeatureGate {
+        input: Input,
+        field: String,
+        #[source]
+        problem: crate::GateError,
+    },
 
     /// RunOnce requested without the LegacyNodeRunOnceMode gate (KEP-4580).
     #[error(

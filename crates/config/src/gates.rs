@@ -193,6 +193,8 @@ pub enum GateError {
     Malformed(String),
 }
 
+impl std::error::Error for GateError {}
+
 impl fmt::Display for GateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

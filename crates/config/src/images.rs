@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::file::KubeletConfiguration;
 use super::flags::Flags;
-use super::{ConfigError, GoDuration};
+use super::{ConfigError, GoDuration, Problem};
 
 pub const DEFAULT_IMAGE_GC_HIGH_THRESHOLD_PERCENT: u8 = 85;
 pub const DEFAULT_IMAGE_GC_LOW_THRESHOLD_PERCENT: u8 = 80;
@@ -45,7 +45,7 @@ impl Default for ImageSettings {
     }
 }
 
-type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+type Invalid<'a> = &'a dyn Fn(&str, Problem) -> ConfigError;
 
 /// Upstream names a setting as `field (--flag)` in its validation messages.
 const HIGH: &str = "imageGCHighThresholdPercent (--image-gc-high-threshold)";
@@ -53,12 +53,12 @@ const LOW: &str = "imageGCLowThresholdPercent (--image-gc-low-threshold)";
 
 fn percent(field: &str, label: &str, value: i32, invalid: Invalid) -> Result<u8, ConfigError> {
     u8::try_from(value).ok().filter(|p| *p <= 100).ok_or_else(|| {
-        invalid(field, format!("invalid configuration: {label} {value} must be between 0 and 100, inclusive"))
+        invalid(field, format!("invalid configuration: {label} {value} must be between 0 and 100, inclusive").into())
     })
 }
 
 fn duration(field: &str, value: GoDuration, invalid: Invalid) -> Result<Duration, ConfigError> {
-    value.to_std().ok_or_else(|| invalid(field, format!("{value} must not be negative")))
+    value.to_std().ok_or_else(|| invalid(field, format!("{value} must not be negative").into()))
 }
 
 impl ImageSettings {
@@ -83,7 +83,7 @@ impl ImageSettings {
             let positive = u32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
                 invalid(
                     "maxParallelImagePulls",
-                    format!("invalid configuration: maxParallelImagePulls {n} must be a positive number"),
+                    format!("invalid configuration: maxParallelImagePulls {n} must be a positive number").into(),
                 )
             })?;
             self.max_parallel_pulls = Some(positive);
@@ -134,7 +134,8 @@ impl ImageSettings {
                 format!(
                     "invalid configuration: {LOW} {} must be less than {HIGH} {}",
                     self.gc_low_threshold_percent, self.gc_high_threshold_percent
-                ),
+                )
+                .into(),
             ));
         }
         if !self.maximum_gc_age.is_zero() && self.maximum_gc_age < self.minimum_gc_age {
@@ -143,7 +144,8 @@ impl ImageSettings {
                 format!(
                     "invalid configuration: imageMaximumGCAge {:?} must be greater than imageMinimumGCAge {:?}",
                     self.maximum_gc_age, self.minimum_gc_age
-                ),
+                )
+                .into(),
             ));
         }
         Ok(())
@@ -155,8 +157,8 @@ mod tests {
     use super::*;
     use crate::Input;
 
-    fn invalid(field: &str, reason: String) -> ConfigError {
-        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), reason }
+    fn invalid(field: &str, problem: Problem) -> ConfigError {
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
     }
 
     #[test]

@@ -32,19 +32,22 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 pub use cluster::{
-    DEFAULT_EVICTION_HARD, KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, Taint, is_kubelet_label, is_kubernetes_label,
+    DEFAULT_EVICTION_HARD, KUBELET_LABEL_NAMESPACES, KUBELET_LABELS, SettingError, Taint, is_kubelet_label,
+    is_kubernetes_label,
 };
 
 pub use duration::{DurationError, GoDuration, format_std};
-pub use error::{ConfigError, Input};
+pub use error::{ConfigError, Input, Problem};
 pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
-pub use flags::{CompatFlags, DOCKERSHIM_FLAGS, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list};
+pub use flags::{
+    CompatFlags, DOCKERSHIM_FLAGS, FlagValueError, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list,
+};
 pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_list, parse_go_bool};
 pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use objects::ChangeDetection;
 pub use pods::{CgroupDriver, PodSettings};
-pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion};
+pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion, UnknownName};
 
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_POD_LOGS_DIR: &str = "/var/log/pods";
@@ -492,10 +495,10 @@ fn apply_file(
 ) -> Result<(), ConfigError> {
     let c = &parsed.config;
     let input = Input::ConfigFile(parsed.path.clone());
-    let invalid = |field: &str, reason: String| ConfigError::InvalidValue {
+    let invalid = |field: &str, problem: Problem| ConfigError::InvalidValue {
         input: input.clone(),
         field: field.to_string(),
-        reason,
+        problem: Box::new(problem),
     };
 
     if let Some(p) = c.static_pod_path.as_deref().filter(|p| !p.is_empty()) {
@@ -507,7 +510,7 @@ fn apply_file(
     if let Some(h) = &c.static_pod_url_header {
         let pairs = h.pairs();
         for (name, value) in &pairs {
-            check_header(name, value).map_err(|e| invalid(&format!("staticPodURLHeader.{name}"), e.to_string()))?;
+            check_header(name, value).map_err(|e| invalid(&format!("staticPodURLHeader.{name}"), e.into()))?;
         }
         s.static_pod_url_header = pairs;
     }
@@ -523,7 +526,8 @@ fn apply_file(
             // Zero means "default", as upstream's defaulting does.
             Some(d) if d.is_zero() => {}
             Some(d) => {
-                *target = d.to_std().ok_or_else(|| invalid(field, format!("{d} must be a positive duration")))?;
+                *target =
+                    d.to_std().ok_or_else(|| invalid(field, format!("{d} must be a positive duration").into()))?;
             }
             None => {}
         }
@@ -533,20 +537,20 @@ fn apply_file(
         s.change_detection = ChangeDetection::parse(v).ok_or_else(|| {
             invalid(
                 "configMapAndSecretChangeDetectionStrategy",
-                format!("unsupported value {v:?}: must be one of Get, Cache, Watch"),
+                format!("unsupported value {v:?}: must be one of Get, Cache, Watch").into(),
             )
         })?;
     }
     if let Some(e) = c.container_runtime_endpoint.as_deref().filter(|e| !e.is_empty()) {
-        check_endpoint(e).map_err(|e| invalid("containerRuntimeEndpoint", e.to_string()))?;
+        check_endpoint(e).map_err(|e| invalid("containerRuntimeEndpoint", e.into()))?;
         s.container_runtime_endpoint = e.to_string();
     }
     if let Some(e) = c.image_service_endpoint.as_deref().filter(|e| !e.is_empty()) {
-        check_endpoint(e).map_err(|e| invalid("imageServiceEndpoint", e.to_string()))?;
+        check_endpoint(e).map_err(|e| invalid("imageServiceEndpoint", e.into()))?;
         s.image_service_endpoint = Some(e.to_string());
     }
     if let Some(dir) = c.pod_logs_dir.as_deref().filter(|d| !d.is_empty()) {
-        check_pod_logs_dir(dir).map_err(|e| invalid("podLogsDir", e.to_string()))?;
+        check_pod_logs_dir(dir).map_err(|e| invalid("podLogsDir", e.into()))?;
         s.pod_logs_dir = PathBuf::from(dir);
     }
     if let Some(gates) = &c.feature_gates {
@@ -566,14 +570,15 @@ fn apply_file(
     }
     match c.max_pods {
         Some(n) if n < 0 => {
-            return Err(invalid("maxPods", format!("{n} must not be a negative number")));
+            return Err(invalid("maxPods", format!("{n} must not be a negative number").into()));
         }
         Some(0) | None => {}
         Some(n) => s.max_pods = n as u32,
     }
     if let Some(v) = c.logging.as_ref().and_then(|l| l.verbosity) {
-        s.verbosity = u8::try_from(v)
-            .map_err(|_| invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255")))?;
+        s.verbosity = u8::try_from(v).map_err(|_| {
+            invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255").into())
+        })?;
     }
     s.images.apply_file(c, &invalid)?;
     s.pods.apply_file(c, &invalid)?;
@@ -587,7 +592,7 @@ fn apply_file(
 fn apply_file_cluster(
     s: &mut Settings,
     c: &file::KubeletConfiguration,
-    invalid: &dyn Fn(&str, String) -> ConfigError,
+    invalid: &dyn Fn(&str, Problem) -> ConfigError,
 ) -> Result<(), ConfigError> {
     if let Some(register) = c.register_node {
         s.register_node = register;
@@ -600,7 +605,7 @@ fn apply_file_cluster(
             if t.time_added.is_some() {
                 return Err(invalid(
                     &format!("registerWithTaints[{i}].timeAdded"),
-                    "timeAdded must not be set on a taint to register with".to_string(),
+                    Problem::Rule("timeAdded must not be set on a taint to register with".to_string()),
                 ));
             }
             let taint = cluster::check_taint(
@@ -608,7 +613,7 @@ fn apply_file_cluster(
                 t.value.as_deref().unwrap_or_default(),
                 t.effect.as_deref().unwrap_or_default(),
             )
-            .map_err(|e| invalid(&format!("registerWithTaints[{i}]"), e.to_string()))?;
+            .map_err(|e| invalid(&format!("registerWithTaints[{i}]"), e.into()))?;
             out.push(taint);
         }
         s.register_with_taints = out;
@@ -617,7 +622,8 @@ fn apply_file_cluster(
         if qps < 0 {
             return Err(invalid(
                 "kubeAPIQPS",
-                format!("invalid configuration: kubeAPIQPS (--kube-api-qps) {qps} must not be a negative number"),
+                format!("invalid configuration: kubeAPIQPS (--kube-api-qps) {qps} must not be a negative number")
+                    .into(),
             ));
         }
         s.kube_api_qps = qps;
@@ -626,14 +632,17 @@ fn apply_file_cluster(
         Some(b) if b < 0 => {
             return Err(invalid(
                 "kubeAPIBurst",
-                format!("invalid configuration: kubeAPIBurst (--kube-api-burst) {b} must not be a negative number"),
+                format!("invalid configuration: kubeAPIBurst (--kube-api-burst) {b} must not be a negative number")
+                    .into(),
             ));
         }
         Some(0) | None => {}
         Some(b) => s.kube_api_burst = b,
     }
     let positive = |field: &str, d: &GoDuration| -> Result<Duration, ConfigError> {
-        d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| invalid(field, format!("{d} must be a positive duration")))
+        d.to_std()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| invalid(field, format!("{d} must be a positive duration").into()))
     };
     let update = c.node_status_update_frequency.filter(|d| !d.is_zero());
     if let Some(d) = &update {
@@ -650,7 +659,7 @@ fn apply_file_cluster(
         Some(n) if n < 0 => {
             return Err(invalid(
                 "nodeLeaseDurationSeconds",
-                "invalid configuration: nodeLeaseDurationSeconds must be greater than 0".to_string(),
+                Problem::Rule("invalid configuration: nodeLeaseDurationSeconds must be greater than 0".to_string()),
             ));
         }
         Some(0) | None => {}
@@ -661,7 +670,7 @@ fn apply_file_cluster(
         ("systemReserved", &c.system_reserved, &mut s.system_reserved),
     ] {
         if let Some(map) = value {
-            cluster::check_reserved(map).map_err(|e| invalid(field, e.to_string()))?;
+            cluster::check_reserved(map).map_err(|e| invalid(field, e.into()))?;
             *target = map.clone();
         }
     }
@@ -669,18 +678,19 @@ fn apply_file_cluster(
         s.enforce_pods_allocatable = enforce_pods("enforceNodeAllocatable", list, &invalid)?;
     }
     if let Some(map) = &c.eviction_hard {
-        cluster::check_eviction(map).map_err(|e| invalid("evictionHard", e.to_string()))?;
+        cluster::check_eviction(map).map_err(|e| invalid("evictionHard", e.into()))?;
         s.eviction_hard = map.clone();
     }
     match c.port {
         Some(0) | None => {}
-        Some(p) => s.port = check_port(p).map_err(|e| invalid("port", e.to_string()))?,
+        Some(p) => s.port = check_port(p).map_err(|e| invalid("port", e.into()))?,
     }
     match c.pods_per_core {
         Some(n) if n < 0 => {
             return Err(invalid(
                 "podsPerCore",
-                format!("invalid configuration: podsPerCore (--pods-per-core) {n} must not be a negative number"),
+                format!("invalid configuration: podsPerCore (--pods-per-core) {n} must not be a negative number")
+                    .into(),
             ));
         }
         Some(n) => s.pods_per_core = n as u32,
@@ -720,10 +730,10 @@ fn check_port(p: i32) -> Result<u16, ValueError> {
 }
 
 fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>) -> Result<(), ConfigError> {
-    let invalid = |flag: &str, reason: String| ConfigError::InvalidValue {
+    let invalid = |flag: &str, problem: Problem| ConfigError::InvalidValue {
         input: Input::CommandLine,
         field: flag.to_string(),
-        reason,
+        problem: Box::new(problem),
     };
 
     if let Some(p) = &f.pod_manifest_path {
@@ -737,10 +747,10 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
         // Given on the command line, the headers replace the file's.
         let mut pairs = Vec::new();
         for value in &f.manifest_url_header {
-            pairs.extend(parse_header_list(value).map_err(|e| invalid("--manifest-url-header", e.to_string()))?);
+            pairs.extend(parse_header_list(value).map_err(|e| invalid("--manifest-url-header", e.into()))?);
         }
         for (name, value) in &pairs {
-            check_header(name, value).map_err(|e| invalid("--manifest-url-header", e.to_string()))?;
+            check_header(name, value).map_err(|e| invalid("--manifest-url-header", e.into()))?;
         }
         s.static_pod_url_header = group_by_name(pairs);
     }
@@ -755,7 +765,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
         if let Some(d) = value {
             match d.to_std() {
                 Some(std) if !std.is_zero() => *target = std,
-                _ => return Err(invalid(flag, format!("{d} must be greater than zero"))),
+                _ => return Err(invalid(flag, format!("{d} must be greater than zero").into())),
             }
         }
     }
@@ -764,17 +774,17 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
         if e.is_empty() {
             return Err(invalid(
                 "--container-runtime-endpoint",
-                format!("the endpoint must not be empty (the default is {DEFAULT_CONTAINER_RUNTIME_ENDPOINT})"),
+                format!("the endpoint must not be empty (the default is {DEFAULT_CONTAINER_RUNTIME_ENDPOINT})").into(),
             ));
         }
-        check_endpoint(e).map_err(|e| invalid("--container-runtime-endpoint", e.to_string()))?;
+        check_endpoint(e).map_err(|e| invalid("--container-runtime-endpoint", e.into()))?;
         s.container_runtime_endpoint = e.clone();
     }
     if let Some(e) = &f.image_service_endpoint {
         if e.is_empty() {
             s.image_service_endpoint = None;
         } else {
-            check_endpoint(e).map_err(|e| invalid("--image-service-endpoint", e.to_string()))?;
+            check_endpoint(e).map_err(|e| invalid("--image-service-endpoint", e.into()))?;
             s.image_service_endpoint = Some(e.clone());
         }
     }
@@ -782,7 +792,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
         if dir.as_os_str().is_empty() {
             return Err(invalid(
                 "--root-dir",
-                format!("the directory must not be empty (the default is {DEFAULT_ROOT_DIR})"),
+                format!("the directory must not be empty (the default is {DEFAULT_ROOT_DIR})").into(),
             ));
         }
         s.root_dir = dir.clone();
@@ -796,16 +806,18 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     if s.bootstrap_kubeconfig.is_some() && s.kubeconfig.is_none() {
         return Err(invalid(
             "--bootstrap-kubeconfig",
-            "needs --kubeconfig: the path where the kubeconfig with the bootstrapped client certificate is written"
-                .to_string(),
+            Problem::Rule(
+                "needs --kubeconfig: the path where the kubeconfig with the bootstrapped client certificate is written"
+                    .to_string(),
+            ),
         ));
     }
 
     for value in &f.feature_gates {
-        let pairs = parse_gate_list(value).map_err(|e| ConfigError::InvalidFeatureGate {
+        let pairs = parse_gate_list(value).map_err(|problem| ConfigError::InvalidFeatureGate {
             input: Input::CommandLine,
             field: "--feature-gates".to_string(),
-            reason: e.to_string(),
+            problem,
         })?;
         for (name, enabled) in pairs {
             s.feature_gates.set(&name, enabled).map_err(|_| ConfigError::UnknownFeatureGate {
@@ -822,7 +834,7 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     }
     if let Some(n) = f.max_pods {
         s.max_pods =
-            u32::try_from(n).map_err(|_| invalid("--max-pods", format!("{n} must not be a negative number")))?;
+            u32::try_from(n).map_err(|_| invalid("--max-pods", format!("{n} must not be a negative number").into()))?;
     }
     if let Some(v) = f.verbosity {
         s.verbosity = v;
@@ -837,11 +849,11 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
 fn apply_flags_cluster(
     s: &mut Settings,
     f: &Flags,
-    invalid: &dyn Fn(&str, String) -> ConfigError,
+    invalid: &dyn Fn(&str, Problem) -> ConfigError,
 ) -> Result<(), ConfigError> {
     if let Some(value) = &f.node_ip {
         let (ips, ignored) = cluster::parse_node_ips(value)
-            .map_err(|e| invalid("--node-ip", format!("bad --node-ip {value:?}: {e}")))?;
+            .map_err(|e| invalid("--node-ip", format!("bad --node-ip {value:?}: {e}").into()))?;
         if !ignored.is_empty() {
             tracing::warn!(ips = ?ignored, "could not parse some node IP(s) given with --node-ip, ignoring them");
         }
@@ -850,11 +862,9 @@ fn apply_flags_cluster(
     if !f.node_labels.is_empty() {
         let mut labels = BTreeMap::new();
         for value in &f.node_labels {
-            labels.extend(
-                cluster::parse_key_value_list(value, '=').map_err(|e| invalid("--node-labels", e.to_string()))?,
-            );
+            labels.extend(cluster::parse_key_value_list(value, '=').map_err(|e| invalid("--node-labels", e.into()))?);
         }
-        cluster::validate_node_labels(&labels).map_err(|e| invalid("--node-labels", e.to_string()))?;
+        cluster::validate_node_labels(&labels).map_err(|e| invalid("--node-labels", e.into()))?;
         s.node_labels = labels;
     }
     if let Some(rotate) = f.rotate_certificates {
@@ -866,13 +876,14 @@ fn apply_flags_cluster(
     // Each --register-with-taints replaces the list, as upstream.
     if let Some(value) = f.register_with_taints.last() {
         s.register_with_taints =
-            cluster::parse_taints(value).map_err(|e| invalid("--register-with-taints", e.to_string()))?;
+            cluster::parse_taints(value).map_err(|e| invalid("--register-with-taints", e.into()))?;
     }
     if let Some(qps) = f.kube_api_qps {
         if qps < 0 {
             return Err(invalid(
                 "--kube-api-qps",
-                format!("invalid configuration: kubeAPIQPS (--kube-api-qps) {qps} must not be a negative number"),
+                format!("invalid configuration: kubeAPIQPS (--kube-api-qps) {qps} must not be a negative number")
+                    .into(),
             ));
         }
         s.kube_api_qps = qps;
@@ -881,16 +892,16 @@ fn apply_flags_cluster(
         if burst < 0 {
             return Err(invalid(
                 "--kube-api-burst",
-                format!("invalid configuration: kubeAPIBurst (--kube-api-burst) {burst} must not be a negative number"),
+                format!("invalid configuration: kubeAPIBurst (--kube-api-burst) {burst} must not be a negative number")
+                    .into(),
             ));
         }
         s.kube_api_burst = burst;
     }
     if let Some(d) = f.node_status_update_frequency {
-        s.node_status_update_frequency = d
-            .to_std()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| invalid("--node-status-update-frequency", format!("{d} must be greater than zero")))?;
+        s.node_status_update_frequency = d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| {
+            invalid("--node-status-update-frequency", format!("{d} must be greater than zero").into())
+        })?;
     }
     if let Some(list) = &f.enforce_node_allocatable {
         let values: Vec<String> = list.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
@@ -903,30 +914,29 @@ fn apply_flags_cluster(
         if !values.is_empty() {
             let mut map = BTreeMap::new();
             for value in values {
-                map.extend(cluster::parse_key_value_list(value, '=').map_err(|e| invalid(flag, e.to_string()))?);
+                map.extend(cluster::parse_key_value_list(value, '=').map_err(|e| invalid(flag, e.into()))?);
             }
-            cluster::check_reserved(&map).map_err(|e| invalid(flag, e.to_string()))?;
+            cluster::check_reserved(&map).map_err(|e| invalid(flag, e.into()))?;
             *target = map;
         }
     }
     if !f.eviction_hard.is_empty() {
         let mut map = BTreeMap::new();
         for value in &f.eviction_hard {
-            map.extend(
-                cluster::parse_key_value_list(value, '<').map_err(|e| invalid("--eviction-hard", e.to_string()))?,
-            );
+            map.extend(cluster::parse_key_value_list(value, '<').map_err(|e| invalid("--eviction-hard", e.into()))?);
         }
-        cluster::check_eviction(&map).map_err(|e| invalid("--eviction-hard", e.to_string()))?;
+        cluster::check_eviction(&map).map_err(|e| invalid("--eviction-hard", e.into()))?;
         s.eviction_hard = map;
     }
     if let Some(p) = f.port {
-        s.port = check_port(p).map_err(|e| invalid("--port", e.to_string()))?;
+        s.port = check_port(p).map_err(|e| invalid("--port", e.into()))?;
     }
     if let Some(n) = f.pods_per_core {
         s.pods_per_core = u32::try_from(n).map_err(|_| {
             invalid(
                 "--pods-per-core",
-                format!("invalid configuration: podsPerCore (--pods-per-core) {n} must not be a negative number"),
+                format!("invalid configuration: podsPerCore (--pods-per-core) {n} must not be a negative number")
+                    .into(),
             )
         })?;
     }
@@ -1012,7 +1022,7 @@ fn clean_path(p: &str) -> String {
 fn enforce_pods(
     field: &str,
     values: &[String],
-    invalid: &dyn Fn(&str, String) -> ConfigError,
+    invalid: &dyn Fn(&str, Problem) -> ConfigError,
 ) -> Result<bool, ConfigError> {
     if values.iter().any(|v| v == "none") && values.len() > 1 {
         return Err(invalid(field, "may not contain additional enforcements when 'none' is specified".into()));
@@ -1021,14 +1031,18 @@ fn enforce_pods(
         match v.as_str() {
             "pods" | "none" => {}
             "system-reserved" | "kube-reserved" | "system-reserved-compressible" | "kube-reserved-compressible" => {
-                return Err(invalid(field, format!("{v:?} is not supported by Gantry yet: use \"pods\" or \"none\"")));
+                return Err(invalid(
+                    field,
+                    format!("{v:?} is not supported by Gantry yet: use \"pods\" or \"none\"").into(),
+                ));
             }
             other => {
                 return Err(invalid(
                     field,
                     format!(
                         "invalid option {other:?}: use \"pods\", \"system-reserved\", \"kube-reserved\" or \"none\""
-                    ),
+                    )
+                    .into(),
                 ));
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::file::KubeletConfiguration;
 use super::flags::Flags;
-use super::{ConfigError, GoDuration};
+use super::{ConfigError, GoDuration, Problem};
 use gantry_vocab::quantity;
 
 pub const DEFAULT_CONTAINER_LOG_MAX_SIZE: u64 = 10 * 1024 * 1024;
@@ -39,13 +39,13 @@ impl Default for LogSettings {
     }
 }
 
-type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+type Invalid<'a> = &'a dyn Fn(&str, Problem) -> ConfigError;
 
 fn max_size(field: &str, value: &str, invalid: Invalid) -> Result<u64, ConfigError> {
     let bytes = quantity::parse_units(value).map_err(|e| {
         invalid(
             field,
-            format!("invalid configuration: containerLogMaxSize (--container-log-max-size) {value:?} must be a valid resource.Quantity: {e}"),
+            format!("invalid configuration: containerLogMaxSize (--container-log-max-size) {value:?} must be a valid resource.Quantity: {e}").into(),
         )
     })?;
     u64::try_from(bytes).map_err(|_| {
@@ -53,7 +53,8 @@ fn max_size(field: &str, value: &str, invalid: Invalid) -> Result<u64, ConfigErr
             field,
             format!(
                 "invalid configuration: containerLogMaxSize (--container-log-max-size) {value} must not be negative"
-            ),
+            )
+            .into(),
         )
     })
 }
@@ -64,7 +65,8 @@ fn max_files(field: &str, n: i32, invalid: Invalid) -> Result<u32, ConfigError> 
             field,
             format!(
                 "invalid configuration: containerLogMaxFiles (--container-log-max-files) {n} must be greater than 1"
-            ),
+            )
+            .into(),
         )
     })
 }
@@ -113,8 +115,8 @@ mod tests {
     use super::*;
     use crate::Input;
 
-    fn invalid(field: &str, reason: String) -> ConfigError {
-        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), reason }
+    fn invalid(field: &str, problem: Problem) -> ConfigError {
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
     }
 
     fn resolve(file: &str, flags: &[&str]) -> Result<LogSettings, String> {

@@ -4,9 +4,9 @@
 
 use std::net::IpAddr;
 
-use super::ConfigError;
 use super::file::KubeletConfiguration;
 use super::flags::Flags;
+use super::{ConfigError, Problem};
 
 pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 
@@ -106,13 +106,15 @@ impl CgroupDriver {
     }
 }
 
-type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+type Invalid<'a> = &'a dyn Fn(&str, Problem) -> ConfigError;
 
 fn driver(field: &str, value: &str, invalid: Invalid) -> Result<CgroupDriver, ConfigError> {
     match value {
         "cgroupfs" => Ok(CgroupDriver::Cgroupfs),
         "systemd" => Ok(CgroupDriver::Systemd),
-        other => Err(invalid(field, format!("invalid cgroup driver {other:?}: use \"cgroupfs\" or \"systemd\""))),
+        other => {
+            Err(invalid(field, format!("invalid cgroup driver {other:?}: use \"cgroupfs\" or \"systemd\"").into()))
+        }
     }
 }
 
@@ -121,7 +123,7 @@ fn pids_limit(field: &str, value: i64, invalid: Invalid) -> Result<i64, ConfigEr
     if value < -1 {
         return Err(invalid(
             field,
-            format!("{value} is not a process count: use a positive number, or -1 for no limit"),
+            format!("{value} is not a process count: use a positive number, or -1 for no limit").into(),
         ));
     }
     Ok(value)
@@ -132,7 +134,7 @@ fn dns_ips<S: AsRef<str>>(field: &str, values: &[S], invalid: Invalid) -> Result
         .iter()
         .map(|v| {
             let v = v.as_ref().trim();
-            v.parse().map_err(|_| invalid(field, format!("{v:?} is not a valid IP address")))
+            v.parse().map_err(|_| invalid(field, format!("{v:?} is not a valid IP address").into()))
         })
         .collect()
 }
@@ -143,7 +145,7 @@ fn sysctl_patterns<S: AsRef<str>>(field: &str, values: &[S], invalid: Invalid) -
         let v = v.as_ref().trim();
         let name = v.strip_suffix('*').unwrap_or(v);
         if v.is_empty() || name.contains('*') || name.contains(char::is_whitespace) {
-            return Err(invalid(field, format!("{v:?} is not a sysctl name or a prefix ending in *")));
+            return Err(invalid(field, format!("{v:?} is not a sysctl name or a prefix ending in *").into()));
         }
         out.push(v.to_string());
     }
@@ -234,7 +236,8 @@ impl PodSettings {
                 format!(
                     "{:?} is not a systemd slice name (like \"kubelet.slice\"), as the systemd cgroup driver needs",
                     self.cgroup_root
-                ),
+                )
+                .into(),
             ));
         }
         Ok(())
@@ -246,8 +249,8 @@ mod tests {
     use super::*;
     use crate::Input;
 
-    fn invalid(field: &str, reason: String) -> ConfigError {
-        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), reason }
+    fn invalid(field: &str, problem: Problem) -> ConfigError {
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
     }
 
     #[test]

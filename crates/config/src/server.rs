@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::file::KubeletConfiguration;
 use super::flags::Flags;
-use super::{ConfigError, GoDuration};
+use super::{ConfigError, GoDuration, Problem};
 
 pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
 pub const LEGACY_READ_ONLY_PORT: u16 = 10255;
@@ -182,7 +182,7 @@ fn cipher_suites(field: &str, names: &[&str], invalid: Invalid) -> Result<Vec<St
     let mut out = Vec::new();
     for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
         if !GO_CIPHER_SUITES.contains(&name) {
-            return Err(invalid(field, format!("Cipher suite {name} not supported or doesn't exist")));
+            return Err(invalid(field, format!("Cipher suite {name} not supported or doesn't exist").into()));
         }
         let iana = if name.ends_with("_CHACHA20_POLY1305") { format!("{name}_SHA256") } else { name.to_string() };
         if !out.contains(&iana) {
@@ -192,20 +192,20 @@ fn cipher_suites(field: &str, names: &[&str], invalid: Invalid) -> Result<Vec<St
     Ok(out)
 }
 
-type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+type Invalid<'a> = &'a dyn Fn(&str, Problem) -> ConfigError;
 
 fn port(field: &str, label: &str, value: i32, invalid: Invalid) -> Result<u16, ConfigError> {
     u16::try_from(value).map_err(|_| {
-        invalid(field, format!("invalid configuration: {label} {value} must be between 0 and 65535, inclusive"))
+        invalid(field, format!("invalid configuration: {label} {value} must be between 0 and 65535, inclusive").into())
     })
 }
 
 fn ip(field: &str, value: &str, invalid: Invalid) -> Result<IpAddr, ConfigError> {
-    value.trim().parse().map_err(|_| invalid(field, format!("{value:?} is not an IP address")))
+    value.trim().parse().map_err(|_| invalid(field, format!("{value:?} is not an IP address").into()))
 }
 
 fn ttl(field: &str, value: GoDuration, invalid: Invalid) -> Result<Duration, ConfigError> {
-    value.to_std().ok_or_else(|| invalid(field, format!("{value} must not be negative")))
+    value.to_std().ok_or_else(|| invalid(field, format!("{value} must not be negative").into()))
 }
 
 fn path(value: &str) -> Option<PathBuf> {
@@ -279,7 +279,7 @@ impl ServerSettings {
             self.server_tls_bootstrap = b;
         }
         if let Some(v) = c.tls_min_version.as_deref().filter(|v| !v.is_empty()) {
-            self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("tlsMinVersion", e.to_string()))?;
+            self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("tlsMinVersion", e.into()))?;
         }
         if let Some(names) = &c.tls_cipher_suites {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -304,7 +304,7 @@ impl ServerSettings {
         if let Some(authz) = &c.authorization {
             if let Some(m) = authz.mode.as_deref().filter(|m| !m.is_empty()) {
                 self.authorization_mode =
-                    AuthorizationMode::parse(m).map_err(|e| invalid("authorization.mode", e.to_string()))?;
+                    AuthorizationMode::parse(m).map_err(|e| invalid("authorization.mode", e.into()))?;
             }
             if let Some(w) = &authz.webhook {
                 if let Some(d) = w.cache_authorized_ttl.filter(|d| !d.is_zero()) {
@@ -348,7 +348,7 @@ impl ServerSettings {
             self.server_tls_bootstrap = b;
         }
         if let Some(v) = &s.tls_min_version {
-            self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("--tls-min-version", e.to_string()))?;
+            self.tls_min_version = TlsVersion::parse(v).map_err(|e| invalid("--tls-min-version", e.into()))?;
         }
         if !s.tls_cipher_suites.is_empty() {
             let names: Vec<&str> = s.tls_cipher_suites.iter().flat_map(|v| v.split(',')).collect();
@@ -371,7 +371,7 @@ impl ServerSettings {
         }
         if let Some(m) = &s.authorization_mode {
             self.authorization_mode =
-                AuthorizationMode::parse(m).map_err(|e| invalid("--authorization-mode", e.to_string()))?;
+                AuthorizationMode::parse(m).map_err(|e| invalid("--authorization-mode", e.into()))?;
         }
         if let Some(d) = s.authorization_webhook_cache_authorized_ttl {
             self.cache_authorized_ttl = ttl("--authorization-webhook-cache-authorized-ttl", d, invalid)?;
@@ -403,8 +403,8 @@ mod tests {
     use super::*;
     use crate::Input;
 
-    fn invalid(field: &str, reason: String) -> ConfigError {
-        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), reason }
+    fn invalid(field: &str, problem: Problem) -> ConfigError {
+        ConfigError::InvalidValue { input: Input::CommandLine, field: field.into(), problem: Box::new(problem) }
     }
 
     fn resolve(file: Option<&str>, flags: &[&str]) -> Result<ServerSettings, String> {

@@ -63,17 +63,18 @@ async fn open_channel(ep: &Endpoint, timeout: Duration) -> Result<Channel, CriEr
     }
     // Dial once ourselves so "not listening" is reported as such rather than as an opaque
     // transport error from the channel.
-    UnixStream::connect(&path).await.map_err(|e| CriError::Unreachable {
+    UnixStream::connect(&path).await.map_err(|source| CriError::Unreachable {
         endpoint: ep.to_string(),
         path: path.clone(),
-        reason: e.to_string(),
+        source,
     })?;
     let connector_path = path.clone();
     tonic::transport::Endpoint::from_static("http://[::]:50051")
         .connect_timeout(timeout)
         .connect_with_connector(service_fn(move |_: Uri| dial(connector_path.clone())))
         .await
-        .map_err(|e| CriError::Unreachable { endpoint: ep.to_string(), path, reason: e.to_string() })
+        // The transport error, kept as the cause (io::Error::other keeps its text and chain).
+        .map_err(|e| CriError::Unreachable { endpoint: ep.to_string(), path, source: std::io::Error::other(e) })
 }
 
 async fn dial(path: PathBuf) -> io::Result<TokioIo<UnixStream>> {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::CriError;
+use crate::{CriError, EndpointProblem};
 
 /// A parsed runtime or image service endpoint (always a Unix socket on Linux).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,23 +17,20 @@ pub struct Endpoint {
 impl Endpoint {
     /// Parses `unix:///path`, or a bare absolute path (accepted, but deprecated upstream).
     pub fn parse(raw: &str) -> Result<Self, CriError> {
-        let invalid =
-            |reason: &str| CriError::InvalidEndpoint { endpoint: raw.to_string(), reason: reason.to_string() };
+        let invalid = |problem| CriError::InvalidEndpoint { endpoint: raw.to_string(), problem };
         let trimmed = raw.trim();
         if trimmed.is_empty() {
-            return Err(invalid("the endpoint is empty"));
+            return Err(invalid(EndpointProblem::Empty));
         }
         let (path, deprecated_form) = match trimmed.split_once("://") {
             Some(("unix", rest)) => (rest, false),
             Some((scheme, _)) => {
-                return Err(invalid(&format!(
-                    "scheme {scheme:?} is not supported; only unix:// sockets are supported on Linux"
-                )));
+                return Err(invalid(EndpointProblem::Scheme(scheme.to_string())));
             }
             None => (trimmed, true),
         };
         if !path.starts_with('/') {
-            return Err(invalid("the socket path must be absolute, e.g. unix:///run/containerd/containerd.sock"));
+            return Err(invalid(EndpointProblem::RelativePath));
         }
         Ok(Endpoint { raw: raw.to_string(), path: PathBuf::from(path), deprecated_form })
     }

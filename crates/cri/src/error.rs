@@ -5,8 +5,12 @@ use std::path::PathBuf;
 /// What went wrong talking to a CRI runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum CriError {
-    #[error("invalid container runtime endpoint {endpoint:?}: {reason}")]
-    InvalidEndpoint { endpoint: String, reason: String },
+    #[error("invalid container runtime endpoint {endpoint:?}: {problem}")]
+    InvalidEndpoint {
+        endpoint: String,
+        #[source]
+        problem: EndpointProblem,
+    },
 
     #[error(
         "container runtime endpoint {endpoint:?}: socket {} does not exist; is the runtime running?",
@@ -15,10 +19,10 @@ pub enum CriError {
     SocketMissing { endpoint: String, path: PathBuf },
 
     #[error(
-        "container runtime endpoint {endpoint:?}: cannot connect to {}: {reason}; is the runtime running?",
+        "container runtime endpoint {endpoint:?}: cannot connect to {}: {source}; is the runtime running?",
         path.display()
     )]
-    Unreachable { endpoint: String, path: PathBuf, reason: String },
+    Unreachable { endpoint: String, path: PathBuf, source: std::io::Error },
 
     #[error(
         "container runtime endpoint {endpoint:?} is not a CRI v1 runtime (runtime.v1.RuntimeService): {detail}. \
@@ -32,6 +36,17 @@ pub enum CriError {
 
     #[error("CRI {op} timed out after {timeout:?}")]
     Timeout { op: &'static str, timeout: std::time::Duration },
+}
+
+/// What is wrong with a container runtime endpoint's form.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EndpointProblem {
+    #[error("the endpoint is empty")]
+    Empty,
+    #[error("scheme {0:?} is not supported; only unix:// sockets are supported on Linux")]
+    Scheme(String),
+    #[error("the socket path must be absolute, e.g. unix:///run/containerd/containerd.sock")]
+    RelativePath,
 }
 
 impl CriError {

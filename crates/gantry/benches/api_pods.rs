@@ -9,8 +9,9 @@
 //! `GANTRY_BENCH_STEADY_SECS` how long the pods run before memory is read (10; 330 takes it
 //! past the 5-minute node status report and image GC passes).
 
+mod common;
+
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -29,9 +30,10 @@ async fn main() {
     let server = TestApiServer::start().await;
     let dir = ctd.dir().join("api-bench");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut agent = spawn_agent(&ctd, &server, &dir);
-    let pods: Api<Pod> = Api::namespaced(server.client(&User::Admin).await, "default");
-    wait_for_node(&server).await;
+    let mut agent = common::spawn(&dir, "gantry.log", &common::cluster_node_args(&ctd, &server, &dir, NODE));
+    let admin = server.client(&User::Admin).await;
+    common::wait_for_node(&admin, NODE).await;
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
 
     for (round, count) in [1, n].into_iter().enumerate() {
         let latencies = create_and_wait(&pods, round, count).await;
@@ -46,41 +48,6 @@ async fn main() {
     println!("api_pods: delete_to_gone={:.3}s (grace 2s, SIGTERM ignored; target grace+0.3s)", gone.as_secs_f64());
     let _ = agent.kill();
     let _ = agent.wait();
-}
-
-fn spawn_agent(ctd: &Containerd, server: &TestApiServer, dir: &std::path::Path) -> Child {
-    let kubeconfig = server.kubeconfig(dir, &User::Node(NODE.to_string()));
-    let config = dir.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
-            dir.join("logs").display()
-        ),
-    )
-    .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_gantry"))
-        .args([
-            "kubelet".to_string(),
-            format!("--config={}", config.display()),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--container-runtime-endpoint={}", ctd.endpoint()),
-            format!("--root-dir={}", dir.join("root").display()),
-            format!("--hostname-override={NODE}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("gantry.log")).unwrap())
-        .spawn()
-        .expect("spawn gantry")
-}
-
-async fn wait_for_node(server: &TestApiServer) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(server.client(&User::Admin).await);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while nodes.get_opt(NODE).await.ok().flatten().is_none() {
-        assert!(Instant::now() < deadline, "node never registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn pod(name: &str, command: &str, grace: i64) -> Pod {

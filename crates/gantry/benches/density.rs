@@ -13,9 +13,10 @@
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
 //! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60).
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -109,8 +110,10 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
     if case == Case::Objects {
         create_objects(&admin, count).await;
     }
-    let mut agent = spawn_agent(ctd, &server, &dir);
-    wait_for_node(&admin).await;
+    let mut args = common::cluster_node_args(ctd, &server, &dir, NODE);
+    args.push(format!("--cgroup-root={}", ctd.cgroup_root()));
+    let mut agent = common::spawn(&dir, "gantry.log", &args);
+    common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     let makespan = create_and_wait(&pods, count, case).await;
     println!(
@@ -133,39 +136,6 @@ async fn create_objects(admin: &Client, count: usize) {
         cms.create(&PostParams::default(), &serde_json::from_value(cm).unwrap()).await.unwrap();
         let s = json!({"metadata": {"name": format!("s-{i}")}, "stringData": {"k": "1"}});
         secrets.create(&PostParams::default(), &serde_json::from_value(s).unwrap()).await.unwrap();
-    }
-}
-
-fn spawn_agent(ctd: &Containerd, server: &TestApiServer, dir: &Path) -> Child {
-    let kubeconfig = server.kubeconfig(dir, &User::Node(NODE.to_string()));
-    let config = dir.join("config.yaml");
-    let yaml = format!(
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
-        dir.join("logs").display()
-    );
-    std::fs::write(&config, yaml).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_gantry"))
-        .args([
-            "kubelet".to_string(),
-            format!("--config={}", config.display()),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--container-runtime-endpoint={}", ctd.endpoint()),
-            format!("--root-dir={}", dir.join("root").display()),
-            format!("--cgroup-root={}", ctd.cgroup_root()),
-            format!("--hostname-override={NODE}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("gantry.log")).unwrap())
-        .spawn()
-        .expect("spawn gantry")
-}
-
-async fn wait_for_node(admin: &Client) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while nodes.get_opt(NODE).await.ok().flatten().is_none() {
-        assert!(Instant::now() < deadline, "node never registered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

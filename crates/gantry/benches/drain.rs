@@ -8,8 +8,9 @@
 //!
 //! `cargo bench -p gantry --bench drain` (as root).
 
+mod common;
+
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -41,14 +42,14 @@ async fn main() {
     let server = TestApiServer::start().await;
     let dir = ctd.dir().join("drain-bench");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut agent = spawn(&dir, "gantry.log", &node_agent_args(&ctd, &server, &dir));
+    let mut agent = common::spawn(&dir, "gantry.log", &common::cluster_node_args(&ctd, &server, &dir, NODE));
     // No client-side retries: a refused eviction must come back at once, as kubectl sees it.
     let mut config = server.config(&User::Admin).await;
     config.default_retry = false;
     let client = kube::Client::try_from(config).unwrap();
     let setup = Setup::new(client.clone()).await;
 
-    let mut controller = spawn(&dir, "controller.log", &controller_args(&server, &dir));
+    let mut controller = common::spawn(&dir, "controller.log", &controller_args(&server, &dir));
     let gantry = setup.round(|| drain_with_controller(&client)).await;
     finish_maintenance(&client).await;
     let _ = controller.kill();
@@ -69,24 +70,6 @@ async fn main() {
     let _ = agent.wait();
 }
 
-fn node_agent_args(ctd: &Containerd, server: &TestApiServer, dir: &std::path::Path) -> Vec<String> {
-    let kubeconfig = server.kubeconfig(dir, &User::Node(NODE.to_string()));
-    let config = dir.join("config.yaml");
-    let yaml = format!(
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
-        dir.join("logs").display()
-    );
-    std::fs::write(&config, yaml).unwrap();
-    vec![
-        "kubelet".into(),
-        format!("--config={}", config.display()),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--container-runtime-endpoint={}", ctd.endpoint()),
-        format!("--root-dir={}", dir.join("root").display()),
-        format!("--hostname-override={NODE}"),
-    ]
-}
-
 fn controller_args(server: &TestApiServer, dir: &std::path::Path) -> Vec<String> {
     let kubeconfig = server.kubeconfig(dir, &User::Admin);
     // One replica, no metrics port to collide with: only the drain is measured.
@@ -96,15 +79,6 @@ fn controller_args(server: &TestApiServer, dir: &std::path::Path) -> Vec<String>
         "--leader-elect=false".into(),
         "--metrics-bind-address=0".into(),
     ]
-}
-
-fn spawn(dir: &std::path::Path, log: &str, args: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_gantry"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join(log)).unwrap())
-        .spawn()
-        .expect("spawn gantry")
 }
 
 struct Outcome {

@@ -5,9 +5,10 @@
 //!
 //! `cargo bench -p gantry --bench static_pods` (as root). `GANTRY_BENCH_PODS` sets N (30).
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gantry_cri::api::{ContainerFilter, ContainerState, ListContainersRequest};
@@ -58,7 +59,15 @@ async fn gantry_run(ctd: &Containerd, pods: usize) -> (Duration, Duration) {
     );
     std::fs::write(&config, config_yaml).unwrap();
     let start = Instant::now();
-    let mut child = spawn_gantry(ctd, &dir, &manifests, &config);
+    let args = [
+        "kubelet".to_string(),
+        format!("--config={}", config.display()),
+        format!("--container-runtime-endpoint={}", ctd.endpoint()),
+        format!("--root-dir={}", dir.join("root").display()),
+        format!("--pod-manifest-path={}", manifests.display()),
+        format!("--hostname-override={NODE}"),
+    ];
+    let mut child = common::spawn(&dir, "gantry.log", &args);
     let all_running = wait_until(|| async { running_containers(ctd).await >= pods }).await;
     let status_path = dir.join("root/pods.json");
     let status_file = wait_until(|| async { status_running(&status_path) >= pods }).await;
@@ -67,22 +76,6 @@ async fn gantry_run(ctd: &Containerd, pods: usize) -> (Duration, Duration) {
     let _ = child.wait();
     remove_all_pods(ctd).await.expect("cleanup");
     (all_running - start, status_file - start)
-}
-
-fn spawn_gantry(ctd: &Containerd, dir: &Path, manifests: &Path, config: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_gantry"))
-        .args([
-            "kubelet".to_string(),
-            format!("--config={}", config.display()),
-            format!("--container-runtime-endpoint={}", ctd.endpoint()),
-            format!("--root-dir={}", dir.join("root").display()),
-            format!("--pod-manifest-path={}", manifests.display()),
-            format!("--hostname-override={NODE}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("gantry.log")).unwrap())
-        .spawn()
-        .expect("spawn gantry")
 }
 
 fn manifest(i: usize) -> String {

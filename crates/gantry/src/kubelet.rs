@@ -53,7 +53,8 @@ pub fn main(args: &[String]) -> ExitCode {
     match runtime.block_on(run(settings)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gantry kubelet: {e:#}");
+            // The whole chain of causes, each said once (a message often repeats its cause).
+            eprintln!("gantry kubelet: {}", gantry_agent::api::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -4,7 +4,10 @@
 //! - inside every crate, the top-level modules import each other without a cycle (the compiler
 //!   already refuses cycles between crates);
 //! - every config field listed as implemented is read by the code that claims it;
-//! - no crate's library code returns `Result<_, String>` (errors are typed enums).
+//! - no crate's library code returns `Result<_, String>` (errors are typed enums);
+//! - no error type carries a `reason: String` where a typed cause belongs (see [`TEXT_REASONS`]);
+//! - no task or thread is spawned outside a supervisor, an owner that aborts or joins it, or
+//!   an `await` in place, except where [`SPAWNS`] says why.
 //!
 //! The test kit and the test API server are test harness, not layers of the agent, and are
 //! left out of the layering checks (the typed-errors check covers them too).
@@ -404,4 +407,158 @@ fn process_wide_statics_are_listed_with_a_reason() {
 fn the_static_check_sees_them() {
     let code = "static A: Mutex<()> = Mutex::new(());\n    pub static B: LazyLock<X> = x;\nfn f(s: &'static str) {}";
     assert_eq!(statics("f.rs", code), vec!["f.rs: A", "f.rs: B"]);
+}
+
+/// How a task or thread can be started without a `JoinSet` or a supervisor (a runtime
+/// `Handle`'s `spawn` is not told apart from `JoinSet::spawn` here; none is used).
+const SPAWN_CALLS: [&str; 6] =
+    ["tokio::spawn(", "task::spawn(", "spawn_local(", "thread::spawn(", "thread::Builder", "spawn_blocking("];
+
+/// Every spawn outside a `JoinSet` in the layers' library code: file, call, how many, and who
+/// owns what it starts. Long-running tasks belong to a supervisor (`gantry-supervisor`); a
+/// new spawn fails the test below until it is owned or listed here with its owner. The test
+/// harness crates are left out: their servers live as long as the test that starts them.
+const SPAWNS: &[(&str, &str, usize, &str)] = &[
+    (
+        "crates/agent/src/node/mod.rs",
+        "tokio::spawn(",
+        2,
+        "registration/status loops and the event writer start before the node's supervisor \
+         exists; gantry-node adopts both handles, so they stop with it",
+    ),
+    (
+        "crates/agent/src/agent/prober.rs",
+        "tokio::spawn(",
+        1,
+        "one prober per probed container: Probers keeps the handle and aborts it when the \
+         container stops running or the pod worker (and with it Probers) ends",
+    ),
+    ("crates/agent/src/runtime/driver.rs", "spawn_blocking(", 5, "blocking cgroup and file I/O, awaited in place"),
+    ("crates/agent/src/runtime/driver/resize.rs", "spawn_blocking(", 1, "blocking cgroup writes, awaited in place"),
+    ("crates/agent/src/runtime/volumes.rs", "spawn_blocking(", 1, "blocking volume writes, awaited in place"),
+    ("crates/logs/src/rotation.rs", "spawn_blocking(", 1, "blocking clean-up of rotated logs, awaited in place"),
+    (
+        "crates/server/src/logs/service.rs",
+        "spawn_blocking(",
+        1,
+        "the log follower: it writes into the response body's channel and checks it every poll \
+         (100 ms), so it ends when the client's request ends",
+    ),
+];
+
+/// How often each spawn call occurs in `code` (`tokio::task::spawn(` counts as `task::spawn(`).
+fn spawn_calls(code: &str) -> Vec<(&'static str, usize)> {
+    SPAWN_CALLS.iter().map(|call| (*call, code.matches(call).count())).filter(|(_, n)| *n > 0).collect()
+}
+
+#[test]
+fn every_spawn_is_owned_or_listed_with_its_owner() {
+    let mut found = BTreeMap::new();
+    for (file, code) in library_code() {
+        if HARNESS.iter().any(|h| file.starts_with(&format!("crates/{h}/"))) {
+            continue;
+        }
+        for (call, n) in spawn_calls(&code) {
+            found.insert((file.clone(), call), n);
+        }
+    }
+    let listed: BTreeMap<(String, &str), usize> =
+        SPAWNS.iter().map(|(file, call, n, _)| ((file.to_string(), *call), *n)).collect();
+    assert_eq!(
+        found, listed,
+        "spawns (file, call) → count: own a new one (a supervisor, a JoinSet, or an await in place) or list it in \
+         SPAWNS with its owner; remove entries that are gone"
+    );
+}
+
+#[test]
+fn the_spawn_check_sees_them() {
+    let code = "tokio::spawn(a); std::thread::spawn(b); tokio::task::spawn_blocking(c); set.spawn(d);";
+    assert_eq!(spawn_calls(code), vec![("tokio::spawn(", 1), ("thread::spawn(", 1), ("spawn_blocking(", 1)]);
+}
+
+/// The `thiserror` types of `code` with `reason: String` fields: type name → how many.
+fn text_reasons(code: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (i, _) in code.match_indices("thiserror::Error") {
+        let rest = &code[i..];
+        let Some(item) = ["enum ", "struct "].iter().filter_map(|k| rest.find(k).map(|at| at + k.len())).min() else {
+            continue;
+        };
+        let name = ident(&rest[item..]);
+        let Some(open) = rest[item..].find('{').map(|o| item + o) else { continue };
+        let (mut depth, mut end) = (0, rest.len());
+        for (j, c) in rest[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let body: String = rest[open..end].split_whitespace().collect::<Vec<_>>().join(" ");
+        let n = body.matches("reason: String").count();
+        if n > 0 {
+            out.insert(name, n);
+        }
+    }
+    out
+}
+
+/// Error types whose `reason: String` fields stay text, with why. A caller matches on a typed
+/// cause (`#[source]`, or an enum of causes); text is for what someone else wrote.
+const TEXT_REASONS: &[(&str, &str, usize, &str)] = &[
+    ("crates/agent/src/api/mod.rs", "ApiError", 1, "Server: the API server's own Status reason"),
+    (
+        "crates/agent/src/api/bootstrap.rs",
+        "BootstrapError",
+        2,
+        "Denied/Failed: the CSR condition's reason, by its approver",
+    ),
+    (
+        "crates/config/src/error.rs",
+        "ConfigError",
+        3,
+        "Syntax, InvalidField, InvalidFlagValue: the decoder's own message (serde_yaml, serde_json, clap)",
+    ),
+    (
+        "crates/agent/src/source/manifest.rs",
+        "ManifestError",
+        1,
+        "not yet typed (issue 14 leftover): manifest validation explanations and decoder messages",
+    ),
+    (
+        "crates/maintenance/src/cli/mod.rs",
+        "FlagError",
+        1,
+        "not yet typed (issue 14 leftover): plugin flag explanations",
+    ),
+];
+
+#[test]
+fn error_types_carry_typed_causes_not_reason_strings() {
+    let mut found = BTreeMap::new();
+    for (file, code) in library_code() {
+        for (name, n) in text_reasons(&code) {
+            found.insert((file.clone(), name), n);
+        }
+    }
+    let listed: BTreeMap<(String, String), usize> =
+        TEXT_REASONS.iter().map(|(file, name, n, _)| ((file.to_string(), name.to_string()), *n)).collect();
+    assert_eq!(
+        found, listed,
+        "error types with `reason: String` fields (file, type) → count: keep the cause typed (`#[source]` or an enum \
+         of causes), or list runtime-supplied text in TEXT_REASONS with why; remove entries that are gone"
+    );
+}
+
+#[test]
+fn the_text_reason_check_sees_them() {
+    let code = "#[derive(Debug, thiserror::Error)]\npub enum E {\n    #[error(\"{reason}\")]\n    A { path: P, reason: String },\n    B { inner: X },\n}\nstruct Plain { reason: String }";
+    assert_eq!(text_reasons(code), BTreeMap::from([("E".to_string(), 1)]));
 }

@@ -139,18 +139,25 @@ async fn watched_objects_are_not_read_again_and_watches_follow_the_pods() {
     cluster.cleanup(&env.node).await;
 }
 
-#[tokio::test]
-async fn get_strategy_reads_on_every_sync() {
-    let Some((env, cluster)) = setup("Get strategy", Some("Get")).await else { return };
+/// Creates ConfigMap `cm` (`v: v1`) and Secret `s`, starts Gantry, creates pod `p` using both
+/// and waits until its container has seen `v1`.
+async fn start_pod_with_cm_and_secret(env: &Env, cluster: &Cluster) -> Gantry {
     let admin = cluster.admin().await;
     let (cms, secrets): (Api<ConfigMap>, Api<Secret>) =
         (Api::namespaced(admin.clone(), "default"), Api::namespaced(admin.clone(), "default"));
     cms.create(&PostParams::default(), &config_map("cm", "v1", false)).await.unwrap();
     secrets.create(&PostParams::default(), &secret("s")).await.unwrap();
-    let gantry = start(&env, &cluster);
+    let gantry = start(env, cluster);
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     pods.create(&PostParams::default(), &pod(&env.node, "p", "cm", "s", None)).await.unwrap();
-    wait_seen(&env, &gantry, "p", "v1").await;
+    wait_seen(env, &gantry, "p", "v1").await;
+    gantry
+}
+
+#[tokio::test]
+async fn get_strategy_reads_on_every_sync() {
+    let Some((env, cluster)) = setup("Get strategy", Some("Get")).await else { return };
+    let gantry = start_pod_with_cm_and_secret(&env, &cluster).await;
     let api = server(&cluster);
     let before = api.requests();
     eventually("GETs of the ConfigMap at each sync", &gantry, || async {
@@ -164,15 +171,7 @@ async fn get_strategy_reads_on_every_sync() {
 #[tokio::test]
 async fn cache_strategy_reads_once_per_node_ttl() {
     let Some((env, cluster)) = setup("Cache strategy", Some("Cache")).await else { return };
-    let admin = cluster.admin().await;
-    let (cms, secrets): (Api<ConfigMap>, Api<Secret>) =
-        (Api::namespaced(admin.clone(), "default"), Api::namespaced(admin.clone(), "default"));
-    cms.create(&PostParams::default(), &config_map("cm", "v1", false)).await.unwrap();
-    secrets.create(&PostParams::default(), &secret("s")).await.unwrap();
-    let gantry = start(&env, &cluster);
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    pods.create(&PostParams::default(), &pod(&env.node, "p", "cm", "s", None)).await.unwrap();
-    wait_seen(&env, &gantry, "p", "v1").await;
+    let gantry = start_pod_with_cm_and_secret(&env, &cluster).await;
     let api = server(&cluster);
     // Without the annotation the TTL is a minute: several syncs, no GET.
     let before = api.requests();
@@ -182,6 +181,8 @@ async fn cache_strategy_reads_once_per_node_ttl() {
     assert_eq!(watches_of(&api.open_watches(), "configmaps", "cm"), 0, "Cache does not watch");
 
     // A one-second TTL on the Node (read by the node status loop): reads resume, changes follow.
+    let admin = cluster.admin().await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let nodes: Api<Node> = Api::all(admin);
     let ttl = json!({"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "1"}}});
     nodes.patch(&env.node, &PatchParams::default(), &Patch::Merge(&ttl)).await.unwrap();

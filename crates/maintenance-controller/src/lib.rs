@@ -7,7 +7,8 @@
 //! applies it ([`apply`]). Everything needed to continue lives in the object's status, so a
 //! restarted controller carries on where the previous one stopped. Only the replica holding
 //! the Lease ([`election`]) runs the `Controller`; every replica keeps its caches warm and
-//! serves metrics and health checks ([`serve`]).
+//! serves metrics and health checks ([`serve`]). The watch loops and the metrics server run
+//! under one supervisor for the controller's lifetime: one that ends or panics stops it.
 
 mod apply;
 pub mod election;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod serve;
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,7 @@ pub use election::{LeaderElection, LostLease};
 use gantry_maintenance::api::NodeMaintenance;
 use gantry_maintenance::decide::decide;
 use gantry_maintenance::plan::Cluster;
+use gantry_supervisor::{Supervisor, TaskFault};
 use metrics::Metrics;
 
 /// How often a running drain is looked at again when nothing in the cluster changes.
@@ -60,6 +63,8 @@ pub enum RunError {
     Metrics(SocketAddr, std::io::Error),
     #[error(transparent)]
     LostLease(#[from] LostLease),
+    #[error(transparent)]
+    Task(#[from] TaskFault),
 }
 
 /// How to run: with or without leader election, and where to serve metrics.
@@ -117,20 +122,59 @@ fn shutdown_signal() -> Stop {
 }
 
 /// Runs the controller until the process is asked to stop (then `Ok`, with the Lease
-/// released), or until this replica loses the Lease (then `Err`: the caller must exit at
-/// once, and the Deployment restarts it as a candidate).
+/// released), until this replica loses the Lease (then `Err`: the caller must exit at
+/// once, and the Deployment restarts it as a candidate), or until one of its loops (a watch,
+/// the metrics server) ends or panics, which stops the others (the supervisor's rule).
 pub async fn run(client: Client, options: Options) -> Result<(), RunError> {
     let stop = shutdown_signal();
     let metrics = Arc::new(Metrics::new());
     let endpoint = serve::Endpoint::new(metrics.clone());
+    let mut supervisor = Supervisor::default();
     if let Some(address) = options.metrics_address {
-        serve::start(address, endpoint.clone()).await.map_err(|e| RunError::Metrics(address, e))?;
+        let (_, serving) = serve::bind(address, endpoint.clone()).await.map_err(|e| RunError::Metrics(address, e))?;
+        supervisor.spawn("metrics-server", serving);
     }
     // Caches first, on every replica, so a new leader acts at once with a full picture.
-    let (nodes, node_events) = reflect(Api::<Node>::all(client.clone()));
-    let (pods, pod_events) = reflect(Api::<Pod>::all(client.clone()));
-    let (pdbs, pdb_events) = reflect(Api::<PodDisruptionBudget>::all(client.clone()));
+    let (nodes, node_events, node_watch) = reflect(Api::<Node>::all(client.clone()));
+    let (pods, pod_events, pod_watch) = reflect(Api::<Pod>::all(client.clone()));
+    let (pdbs, pdb_events, pdb_watch) = reflect(Api::<PodDisruptionBudget>::all(client.clone()));
+    supervisor.spawn("node-watch", node_watch);
+    supervisor.spawn("pod-watch", pod_watch);
+    supervisor.spawn("pdb-watch", pdb_watch);
     let changes = stream::select(stream::select(node_events, pod_events), pdb_events);
+    let caches = Caches { nodes, pods, pdbs, changes };
+
+    let mut outcome = Ok(());
+    let control = async { outcome = control(client, options, metrics, endpoint, caches, stop).await };
+    if let Err(fault) = supervisor.run(control).await {
+        tracing::error!(error = %fault, "stopping the maintenance controller");
+        return Err(fault.into());
+    }
+    outcome
+}
+
+/// The reflectors' stores and their coalesced change triggers.
+struct Caches<S> {
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    pdbs: Store<PodDisruptionBudget>,
+    changes: S,
+}
+
+/// Waits for the caches, then for the Lease if leader election is on, and reconciles until
+/// `stop` or the Lease is lost.
+async fn control<S>(
+    client: Client,
+    options: Options,
+    metrics: Arc<Metrics>,
+    endpoint: Arc<serve::Endpoint>,
+    caches: Caches<S>,
+    stop: Stop,
+) -> Result<(), RunError>
+where
+    S: futures::Stream<Item = ()> + Send + 'static,
+{
+    let Caches { nodes, pods, pdbs, changes } = caches;
     let _ = futures::join!(nodes.wait_until_ready(), pods.wait_until_ready(), pdbs.wait_until_ready());
     endpoint.ready.store(true, Ordering::Relaxed);
 
@@ -178,29 +222,31 @@ pub async fn run(client: Client, options: Options) -> Result<(), RunError> {
     }
 }
 
-/// A reflector driven by its own task (so its store fills before the controller starts);
-/// the returned stream yields `()` after changes, coalesced: one pending trigger is enough
-/// because every trigger re-runs all maintenances against the latest stores.
-fn reflect<K>(api: Api<K>) -> (Store<K>, impl futures::Stream<Item = ()> + Send + 'static)
+/// A reflector and the watch loop that drives it (for the caller's supervisor, so its store
+/// fills before the controller starts); the returned stream yields `()` after changes,
+/// coalesced: one pending trigger is enough because every trigger re-runs all maintenances
+/// against the latest stores. The loop keeps the store current whether or not anyone listens.
+fn reflect<K>(
+    api: Api<K>,
+) -> (Store<K>, impl futures::Stream<Item = ()> + Send + 'static, impl Future<Output = ()> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
     let (mut tx, rx) = futures::channel::mpsc::channel(1);
     let events = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default())).default_backoff();
-    tokio::spawn(async move {
+    let watch = async move {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             if let Err(e) = event {
                 tracing::warn!(error = %e, "watch failed; retrying");
                 continue;
             }
-            if tx.try_send(()).is_err_and(|e| e.is_disconnected()) {
-                return;
-            }
+            // Full: a trigger is pending already. Closed: the controller has stopped.
+            let _ = tx.try_send(());
         }
-    });
-    (store, rx)
+    };
+    (store, rx, watch)
 }
 
 fn snapshot<K>(store: &Store<K>) -> Vec<K>

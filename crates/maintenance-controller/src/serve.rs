@@ -3,18 +3,24 @@
 //! controller-runtime's manager serves them.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::task::JoinSet;
 
 use super::metrics::Metrics;
 
+/// After a failed accept (e.g. out of file descriptors) wait before the next one instead of
+/// spinning.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the endpoint shows.
@@ -47,23 +53,39 @@ pub fn parse_bind_address(value: &str) -> Result<Option<SocketAddr>, BadBindAddr
     full.parse().map(Some).map_err(|source| BadBindAddress { value: value.to_string(), source })
 }
 
-/// Binds at once (so a bad address fails start-up), then serves in the background.
-pub async fn start(address: SocketAddr, endpoint: Arc<Endpoint>) -> std::io::Result<SocketAddr> {
+/// Binds at once (so a bad address fails start-up) and returns the bound address and the
+/// accept loop, for the caller's supervisor. Connections are the loop's own tasks and end
+/// with it.
+pub async fn bind(
+    address: SocketAddr,
+    endpoint: Arc<Endpoint>,
+) -> std::io::Result<(SocketAddr, impl Future<Output = ()> + Send + 'static)> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     let bound = listener.local_addr()?;
     tracing::info!(address = %bound, "serving metrics and health checks");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
-            let endpoint = endpoint.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| respond(endpoint.clone(), req));
-                let _ =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-            });
-        }
-    });
-    Ok(bound)
+    Ok((bound, serve(listener, endpoint)))
+}
+
+async fn serve(listener: tokio::net::TcpListener, endpoint: Arc<Endpoint>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a metrics connection");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    continue;
+                }
+            },
+            Some(_) = connections.join_next() => continue,
+        };
+        let endpoint = endpoint.clone();
+        connections.spawn(async move {
+            let service = service_fn(move |req| respond(endpoint.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
 }
 
 async fn respond(endpoint: Arc<Endpoint>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -85,6 +107,36 @@ async fn respond(endpoint: Arc<Endpoint>, req: Request<Incoming>) -> Result<Resp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The metrics server is one of the controller's supervised loops: when another loop
+    /// panics, the supervisor names it and the server stops, its open connections included.
+    #[tokio::test]
+    async fn the_metrics_server_stops_when_another_loop_panics() {
+        use gantry_supervisor::{Supervisor, TaskFault};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let endpoint = Endpoint::new(Arc::new(Metrics::new()));
+        let (address, serving) = bind("127.0.0.1:0".parse().unwrap(), endpoint).await.unwrap();
+        let mut supervisor = Supervisor::default();
+        supervisor.spawn("metrics-server", serving);
+        let (lose_watch, watch_lost) = tokio::sync::oneshot::channel::<()>();
+        supervisor.spawn("pod-watch", async move {
+            let _ = watch_lost.await;
+            panic!("the watch loop is lost");
+        });
+        let running = tokio::spawn(supervisor.run(std::future::pending()));
+
+        let mut conn = tokio::net::TcpStream::connect(address).await.unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: controller\r\n\r\n").await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+
+        lose_watch.send(()).unwrap();
+        let fault = running.await.unwrap().unwrap_err();
+        assert_eq!(fault, TaskFault::Panicked { task: "pod-watch", message: "the watch loop is lost".into() });
+        assert_eq!(conn.read(&mut buf).await.unwrap(), 0, "the open connection was closed");
+        assert!(tokio::net::TcpStream::connect(address).await.is_err(), "nothing listens any more");
+    }
 
     #[test]
     fn bind_address_follows_controller_runtime() {

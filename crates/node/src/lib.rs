@@ -7,14 +7,12 @@
 //! other beyond what their crates export. Nothing is spawned detached: every long-running
 //! task is the supervisor's (see its rule).
 
-mod supervisor;
-
 use std::future::Future;
 use std::sync::Arc;
 
 use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, runonce};
 use gantry_agent::api::bootstrap;
-use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, Purpose};
+use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, KeyError, Purpose};
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::Recorder;
@@ -28,7 +26,8 @@ use gantry_server as server;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 
-pub use supervisor::{Supervisor, TaskFault};
+use gantry_supervisor::Supervisor;
+pub use gantry_supervisor::TaskFault;
 
 /// Why the node agent could not start or stopped on its own.
 #[derive(Debug, thiserror::Error)]
@@ -42,9 +41,14 @@ pub enum NodeError {
     #[error("cannot start the node API server: {0}")]
     Server(#[from] server::ServerError),
     #[error(
-        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {reason}"
+        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {}: {source}",
+        path.display()
     )]
-    ServingCert { reason: String },
+    ServingCertFile { path: std::path::PathBuf, source: std::io::Error },
+    #[error(
+        "cannot use tlsCertFile/tlsPrivateKeyFile as the serving certificate until one is issued (serverTLSBootstrap): {0}"
+    )]
+    ServingCert(#[source] KeyError),
     #[error(transparent)]
     Task(#[from] TaskFault),
 }
@@ -140,7 +144,7 @@ impl Node {
         supervisor.spawn("pod-workers", agent.run(sources.rx));
         self.ready.send_replace(true);
         tracing::info!(node = %settings.node_name, "node agent ready");
-        supervisor.run(shutdown).await?;
+        supervise(supervisor, shutdown).await?;
         Ok(())
     }
 }
@@ -173,7 +177,7 @@ async fn static_pods_while_bootstrapping(
             () = shutdown => {}
         }
     };
-    supervisor.run(until).await?;
+    supervise(supervisor, until).await?;
     match outcome {
         Some(Ok(())) => Ok(true),
         Some(Err(e)) => Err(node_side::NodeError::from(gantry_agent::api::ApiError::from(e)).into()),
@@ -202,6 +206,15 @@ async fn connect(settings: &Settings, metrics: Arc<Metrics>) -> Result<Arc<Share
         .await
         .map_err(|source| NodeError::RootDir { path: settings.root_dir.display().to_string(), source })?;
     Ok(Shared::connect(settings, metrics).await?)
+}
+
+/// Runs the node's tasks until `shutdown`; a task that fails stops the node (the supervisor's rule).
+async fn supervise(supervisor: Supervisor, shutdown: impl Future<Output = ()>) -> Result<(), TaskFault> {
+    let outcome = supervisor.run(shutdown).await;
+    if let Err(fault) = &outcome {
+        tracing::error!(error = %fault, "stopping the node agent; running pods keep running");
+    }
+    outcome
 }
 
 fn spawn_all(supervisor: &mut Supervisor, tasks: Vec<NamedTask>) {
@@ -234,14 +247,14 @@ fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, 
     let fallback = match (&s.tls_cert_file, &s.tls_private_key_file) {
         (Some(cert), Some(key)) => {
             let read = |path: &std::path::Path| {
-                std::fs::read(path).map_err(|e| NodeError::ServingCert { reason: format!("{}: {e}", path.display()) })
+                std::fs::read(path).map_err(|source| NodeError::ServingCertFile { path: path.to_path_buf(), source })
             };
             Some([read(cert)?, b"\n".to_vec(), read(key)?].concat())
         }
         _ => None,
     };
-    let cert = CurrentCert::serving(&s.cert_dir(&settings.root_dir), fallback.as_deref())
-        .map_err(|e| NodeError::ServingCert { reason: e.to_string() })?;
+    let cert =
+        CurrentCert::serving(&s.cert_dir(&settings.root_dir), fallback.as_deref()).map_err(NodeError::ServingCert)?;
     Ok(Some(Arc::new(cert)))
 }
 

@@ -5,7 +5,9 @@
 //! `Connection`, `X-Stream-Protocol-Version`, `Sec-WebSocket-*`) goes to the URL the runtime
 //! returned; its answer comes back as is. On `101 Switching Protocols` both connections are
 //! upgraded and bytes are copied both ways until either side closes; then both are dropped,
-//! which closes the runtime's stream (and so its exec session or port-forward).
+//! which closes the runtime's stream (and so its exec session or port-forward). The relay and
+//! the runtime connection run as tasks of the client's connection ([`ConnectionTasks`]), so
+//! they stop with the node API's accept loop.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -15,6 +17,7 @@ use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 
 use super::pods::ApiError;
+use super::serve::ConnectionTasks;
 
 /// Headers that belong to one hop or carry the client's credentials for us, never the runtime.
 const DROPPED: &[&str] = &["authorization", "host", "proxy-authorization", "content-length", "transfer-encoding"];
@@ -54,6 +57,11 @@ pub async fn upgrade(mut req: Request, url: &str) -> Response {
 }
 
 async fn try_upgrade(req: &mut Request, url: &str) -> Result<Response, ApiError> {
+    let tasks = req
+        .extensions()
+        .get::<ConnectionTasks>()
+        .cloned()
+        .ok_or_else(|| ApiError::internal("a streaming request needs a connection to upgrade"))?;
     let target: Uri =
         url.parse().map_err(|e| ApiError::internal(format!("bad streaming URL {url:?} from the runtime: {e}")))?;
     if target.scheme_str() != Some("http") {
@@ -70,7 +78,7 @@ async fn try_upgrade(req: &mut Request, url: &str) -> Result<Response, ApiError>
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(tcp))
         .await
         .map_err(|e| ApiError::internal(format!("streaming server {authority}: {e}")))?;
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "runtime streaming connection ended");
         }
@@ -98,7 +106,7 @@ async fn try_upgrade(req: &mut Request, url: &str) -> Result<Response, ApiError>
         return Ok(Response::from_parts(parts, Body::from(bytes)));
     }
     let runtime_upgrade = hyper::upgrade::on(&mut resp);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let (client, runtime) = match tokio::try_join!(client_upgrade, runtime_upgrade) {
             Ok(pair) => pair,
             Err(e) => {
@@ -159,6 +167,58 @@ mod tests {
         relay.await.unwrap();
         // The runtime's end reads EOF: its connection is gone, not half-open.
         assert_eq!(runtime_peer.read(&mut buf).await.unwrap(), 0);
+    }
+
+    /// Reads one HTTP message head (up to the blank line), byte by byte so nothing after it
+    /// is consumed.
+    async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(stream.read_u8().await.expect("a complete message head"));
+        }
+        String::from_utf8(head).unwrap()
+    }
+
+    /// The relay of an upgraded stream belongs to its connection, which belongs to the accept
+    /// loop: when the loop is stopped (by the node's supervisor) the runtime's stream closes,
+    /// even though the client is still connected.
+    #[tokio::test]
+    async fn a_relay_stops_with_its_accept_loop() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let runtime = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/exec/token", runtime.local_addr().unwrap());
+        let exec = move |req: Request| {
+            let url = url.clone();
+            async move { upgrade(req, &url).await }
+        };
+        let router = axum::Router::new().route("/exec", axum::routing::any(exec));
+        let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(api.local_addr().unwrap()).await.unwrap();
+        let accept_loop = tokio::spawn(crate::serve::http(api, router));
+
+        client
+            .write_all(b"GET /exec HTTP/1.1\r\nHost: node\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+            .await
+            .unwrap();
+        let (mut stream, _) = runtime.accept().await.unwrap();
+        let request = read_head(&mut stream).await;
+        assert!(request.starts_with("GET /exec/token HTTP/1.1"), "{request}");
+        stream
+            .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n")
+            .await
+            .unwrap();
+        let response = read_head(&mut client).await;
+        assert!(response.starts_with("HTTP/1.1 101"), "{response}");
+        client.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        stream.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping", "the relay runs");
+
+        accept_loop.abort();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut buf)).await;
+        assert_eq!(read.expect("the relay stopped with its accept loop").unwrap(), 0, "the runtime's stream is closed");
+        drop(client);
     }
 
     #[test]

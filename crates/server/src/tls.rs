@@ -26,35 +26,55 @@ use gantry_config::{SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, Settings,
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {what} {}: {reason}", path.display())]
-    Read { what: &'static str, path: PathBuf, reason: String },
+    #[error("cannot read {what} {}: {problem}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        problem: PemProblem,
+    },
     #[error("cannot write the self-signed serving certificate to {}: {source}", path.display())]
     Write { path: PathBuf, source: std::io::Error },
     #[error("cannot generate a self-signed serving certificate: {0}")]
-    Generate(String),
+    Generate(#[from] rcgen::Error),
     #[error("invalid TLS configuration: {0}")]
-    Config(String),
+    Protocols(#[source] rustls::Error),
+    #[error("invalid TLS configuration: clientCAFile {}: {source}", path.display())]
+    ClientCa { path: PathBuf, source: rustls::server::VerifierBuilderError },
+    #[error("invalid TLS configuration: {} and {}: {source}", cert.display(), key.display())]
+    CertAndKey { cert: PathBuf, key: PathBuf, source: rustls::Error },
 }
 
-fn read_err<'a>(what: &'static str, path: &'a Path) -> impl Fn(String) -> TlsError + 'a {
-    move |reason| TlsError::Read { what, path: path.to_path_buf(), reason }
+/// What is wrong with a PEM file of certificates or a key.
+#[derive(Debug, thiserror::Error)]
+pub enum PemProblem {
+    #[error("{0}")]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    #[error("no PEM certificate in the file")]
+    NoCertificate,
+    #[error("{0}")]
+    Certificate(#[from] rustls::Error),
+}
+
+fn read_err<'a>(what: &'static str, path: &'a Path) -> impl Fn(PemProblem) -> TlsError + 'a {
+    move |problem| TlsError::Read { what, path: path.to_path_buf(), problem }
 }
 
 /// The certificate chain in a PEM file (at least one certificate).
 pub fn load_certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let err = read_err(what, path);
     let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| err(e.to_string()))?
+        .map_err(|e| err(e.into()))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     if certs.is_empty() {
-        return Err(err("no PEM certificate in the file".into()));
+        return Err(err(PemProblem::NoCertificate));
     }
     Ok(certs)
 }
 
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| read_err("tlsPrivateKeyFile", path)(e.to_string()))
+    PrivateKeyDer::from_pem_file(path).map_err(|e| read_err("tlsPrivateKeyFile", path)(e.into()))
 }
 
 /// The names a self-signed certificate covers: the hostname (as DNS name or IP), the node
@@ -72,15 +92,15 @@ pub fn self_signed_names(hostname: &str, node_ips: &[IpAddr]) -> Vec<String> {
 
 /// `(cert PEM, key PEM)` of a new self-signed certificate for `names`.
 pub fn generate_self_signed(hostname: &str, names: Vec<String>) -> Result<(String, String), TlsError> {
-    let mut params = rcgen::CertificateParams::new(names).map_err(|e| TlsError::Generate(e.to_string()))?;
+    let mut params = rcgen::CertificateParams::new(names)?;
     // Upstream names the subject `<hostname>@<unix time>`.
     let cn = format!("{hostname}@{}", jiff::Timestamp::now().as_second());
     params.distinguished_name.push(rcgen::DnType::CommonName, cn);
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     params.not_before = rcgen::date_time_ymd(2020, 1, 1);
     params.not_after = rcgen::date_time_ymd(2120, 1, 1);
-    let key = rcgen::KeyPair::generate().map_err(|e| TlsError::Generate(e.to_string()))?;
-    let cert = params.self_signed(&key).map_err(|e| TlsError::Generate(e.to_string()))?;
+    let key = rcgen::KeyPair::generate()?;
+    let cert = params.self_signed(&key)?;
     Ok((cert.pem(), key.serialize_pem()))
 }
 
@@ -141,17 +161,17 @@ pub async fn server_config(
     let provider = Arc::new(provider);
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+        .map_err(TlsError::Protocols)?;
     let builder = match &s.client_ca_file {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             for c in load_certs(ca, "clientCAFile")? {
-                roots.add(c).map_err(|e| read_err("clientCAFile", ca)(e.to_string()))?;
+                roots.add(c).map_err(|e| read_err("clientCAFile", ca)(e.into()))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| TlsError::Config(format!("clientCAFile {}: {e}", ca.display())))?;
+                .map_err(|source| TlsError::ClientCa { path: ca.clone(), source })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -161,9 +181,11 @@ pub async fn server_config(
             let (cert_path, key_path) = serving_files(s, settings, &node_ips).await?;
             let certs = load_certs(&cert_path, "tlsCertFile")?;
             let key = load_key(&key_path)?;
-            builder
-                .with_single_cert(certs, key)
-                .map_err(|e| TlsError::Config(format!("{} and {}: {e}", cert_path.display(), key_path.display())))?
+            builder.with_single_cert(certs, key).map_err(|source| TlsError::CertAndKey {
+                cert: cert_path.clone(),
+                key: key_path.clone(),
+                source,
+            })?
         }
         ServingCert::Resolver(resolver) => builder.with_cert_resolver(resolver),
     };

@@ -30,6 +30,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
 
+use super::KubeconfigProblem;
+
 /// The signer of kubelet client certificates.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 /// The key kept while a request is pending.
@@ -47,11 +49,15 @@ pub const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BootstrapError {
-    #[error("cannot read the bootstrap kubeconfig {} (given with --bootstrap-kubeconfig): {reason}", path.display())]
-    ReadBootstrapKubeconfig { path: PathBuf, reason: String },
+    #[error("cannot read the bootstrap kubeconfig {} (given with --bootstrap-kubeconfig): {source}", path.display())]
+    ReadBootstrapKubeconfig { path: PathBuf, source: std::io::Error },
 
-    #[error("the bootstrap kubeconfig {} (given with --bootstrap-kubeconfig) is not usable: {reason}", path.display())]
-    InvalidBootstrapKubeconfig { path: PathBuf, reason: String },
+    #[error("the bootstrap kubeconfig {} (given with --bootstrap-kubeconfig) is not usable: {problem}", path.display())]
+    InvalidBootstrapKubeconfig {
+        path: PathBuf,
+        #[source]
+        problem: KubeconfigProblem,
+    },
 
     #[error(
         "the API server at {url} answered 401 Unauthorized to the bootstrap credentials of {} (given with \
@@ -68,16 +74,22 @@ pub enum BootstrapError {
     )]
     Forbidden { url: String, path: PathBuf, message: String },
 
-    #[error("cannot request a client certificate from the API server at {url}: {reason}")]
-    Request { url: String, reason: String },
+    #[error("cannot request a client certificate from the API server at {url}: {}", super::error_chain(source))]
+    Request { url: String, source: kube::Error },
 
     #[error(
-        "certificate signing request {name} exists but is not this node's pending request ({reason}); delete it \
+        "certificate signing request {name} exists but is not this node's pending request ({problem}); delete it \
          (kubectl delete csr {name}) or remove {}",
         key.display()
     )]
-    Incompatible { name: String, key: PathBuf, reason: String },
+    Incompatible {
+        name: String,
+        key: PathBuf,
+        #[source]
+        problem: Incompatible,
+    },
 
+    /// `reason` and `message` are the CSR condition's, as the approver wrote them.
     #[error("certificate signing request {name} was denied: {reason}: {message}")]
     Denied { name: String, reason: String, message: String },
 
@@ -91,11 +103,24 @@ pub enum BootstrapError {
     )]
     NotIssued { name: String, timeout: Duration },
 
-    #[error("certificate signing request {name} was issued a certificate that cannot be used: {reason}")]
-    BadCertificate { name: String, reason: String },
+    #[error("certificate signing request {name} was issued a certificate that cannot be used: {problem}")]
+    BadCertificate {
+        name: String,
+        #[source]
+        problem: CertError,
+    },
 
-    #[error("cannot write {} (--cert-dir / --kubeconfig): {reason}", path.display())]
-    Write { path: PathBuf, reason: String },
+    #[error("cannot write {} (--cert-dir / --kubeconfig): {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+
+    #[error("cannot write {} (--cert-dir / --kubeconfig): cannot generate a key: {source}", path.display())]
+    GenerateKey { path: PathBuf, source: rcgen::Error },
+
+    #[error(
+        "cannot write {} (--cert-dir / --kubeconfig): cannot make a certificate request with this key: {source}",
+        path.display()
+    )]
+    CertificateRequest { path: PathBuf, source: rcgen::Error },
 }
 
 /// Where TLS bootstrap reads and writes.
@@ -123,10 +148,8 @@ pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), 
     }
     let bootstrap = BootstrapClient::load(&paths.bootstrap).await?;
     let key = pending_key(&paths.cert_dir)?;
-    let request = certificate_request(&key, node, &CertNames::default()).map_err(|e| BootstrapError::Write {
-        path: paths.cert_dir.join(PENDING_KEY_FILE),
-        reason: format!("cannot make a certificate request with this key: {e}"),
-    })?;
+    let request = certificate_request(&key, node, &CertNames::default())
+        .map_err(|source| BootstrapError::CertificateRequest { path: paths.cert_dir.join(PENDING_KEY_FILE), source })?;
     let name =
         csr_name(&key.subject_public_key_info(), &format!("system:node:{node}"), &["system:nodes"], CLIENT_USAGES);
     tracing::info!(csr = %name, node = %node, server = %bootstrap.url, "requesting a client certificate (TLS bootstrap)");
@@ -134,7 +157,7 @@ pub async fn load_client_cert(paths: &BootstrapPaths, node: &str) -> Result<(), 
     bootstrap.create_or_adopt(&api, &name, &request, &paths.cert_dir.join(PENDING_KEY_FILE)).await?;
     let cert_pem = wait_for_certificate(&api, &name, APPROVAL_TIMEOUT).await?;
     cert_valid_at(cert_pem.as_bytes(), jiff::Timestamp::now().as_second())
-        .map_err(|e| BootstrapError::BadCertificate { name: name.clone(), reason: e.to_string() })?;
+        .map_err(|problem| BootstrapError::BadCertificate { name: name.clone(), problem })?;
     let pem_path = write_current(&paths.cert_dir, CLIENT_FILE_PREFIX, &cert_pem, &key.serialize_pem())?;
     write_private(&paths.kubeconfig, bootstrap.kubeconfig_for(&pem_path).as_bytes())?;
     let _ = std::fs::remove_file(paths.cert_dir.join(PENDING_KEY_FILE));
@@ -160,31 +183,31 @@ struct BootstrapClient {
 
 impl BootstrapClient {
     async fn load(path: &Path) -> Result<BootstrapClient, BootstrapError> {
-        let invalid = |reason: String| BootstrapError::InvalidBootstrapKubeconfig { path: path.to_path_buf(), reason };
+        let invalid = |problem| BootstrapError::InvalidBootstrapKubeconfig { path: path.to_path_buf(), problem };
         let kubeconfig = Kubeconfig::read_from(path).map_err(|e| match e {
-            kube::config::KubeconfigError::ReadConfig(io, _) => {
-                BootstrapError::ReadBootstrapKubeconfig { path: path.to_path_buf(), reason: io.to_string() }
+            kube::config::KubeconfigError::ReadConfig(source, _) => {
+                BootstrapError::ReadBootstrapKubeconfig { path: path.to_path_buf(), source }
             }
-            other => invalid(super::error_chain(&other)),
+            other => invalid(KubeconfigProblem::Kubeconfig(other)),
         })?;
-        let cluster =
-            current_cluster(&kubeconfig).ok_or_else(|| invalid("no cluster in the current context".into()))?;
+        let cluster = current_cluster(&kubeconfig).ok_or_else(|| invalid(KubeconfigProblem::NoCluster))?;
         let ca_pem = match (&cluster.certificate_authority_data, &cluster.certificate_authority) {
             (Some(data), _) => STANDARD
                 .decode(data.trim())
                 .ok()
                 .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| invalid("certificate-authority-data is not base64-encoded PEM".into()))?,
-            (None, Some(file)) => std::fs::read_to_string(file)
-                .map_err(|e| invalid(format!("cannot read certificate-authority {file}: {e}")))?,
+                .ok_or_else(|| invalid(KubeconfigProblem::CertificateAuthorityData))?,
+            (None, Some(file)) => std::fs::read_to_string(file).map_err(|source| {
+                invalid(KubeconfigProblem::ReadCertificateAuthority { file: file.clone(), source })
+            })?,
             (None, None) => String::new(),
         };
         let insecure = cluster.insecure_skip_tls_verify.unwrap_or(false);
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .map_err(|e| invalid(super::error_chain(&e)))?;
+            .map_err(|e| invalid(KubeconfigProblem::Kubeconfig(e)))?;
         let url = config.cluster_url.to_string().trim_end_matches('/').to_string();
-        let client = Client::try_from(config).map_err(|e| invalid(super::error_chain(&e)))?;
+        let client = Client::try_from(config).map_err(|e| invalid(KubeconfigProblem::Client(e)))?;
         Ok(BootstrapClient { path: path.to_path_buf(), client, url, ca_pem, insecure })
     }
 
@@ -211,16 +234,17 @@ impl BootstrapClient {
             match api.create(&PostParams::default(), &csr).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let existing = api.get(name).await.map_err(|e| self.request_error(&e))?;
-                    return compatible(&existing, &csr.spec).map_err(|e| BootstrapError::Incompatible {
+                    let existing = api.get(name).await.map_err(|e| self.request_error(e))?;
+                    return compatible(&existing, &csr.spec).map_err(|problem| BootstrapError::Incompatible {
                         name: name.to_string(),
                         key: key_path.to_path_buf(),
-                        reason: e.to_string(),
+                        problem,
                     });
                 }
                 Err(e) => {
-                    let err = self.request_error(&e);
-                    if !matches!(err, BootstrapError::Request { .. }) || !is_transient(&e) {
+                    let transient = is_transient(&e);
+                    let err = self.request_error(e);
+                    if !matches!(err, BootstrapError::Request { .. }) || !transient {
                         return Err(err);
                     }
                     tracing::warn!(error = %err, retry_in = ?backoff, "cannot create the certificate signing request yet");
@@ -231,14 +255,14 @@ impl BootstrapClient {
         }
     }
 
-    fn request_error(&self, e: &kube::Error) -> BootstrapError {
+    fn request_error(&self, e: kube::Error) -> BootstrapError {
         let (url, path) = (self.url.clone(), self.path.clone());
         match e {
             kube::Error::Api(s) if s.code == 401 => {
                 BootstrapError::Unauthorized { url, path, message: s.message.clone() }
             }
             kube::Error::Api(s) if s.code == 403 => BootstrapError::Forbidden { url, path, message: s.message.clone() },
-            other => BootstrapError::Request { url, reason: super::error_chain(other) },
+            other => BootstrapError::Request { url, source: other },
         }
     }
 
@@ -421,10 +445,9 @@ fn pending_key(cert_dir: &Path) -> Result<KeyPair, BootstrapError> {
             }
         }
     }
-    let key = KeyPair::generate()
-        .map_err(|e| BootstrapError::Write { path: path.clone(), reason: format!("cannot generate a key: {e}") })?;
+    let key = KeyPair::generate().map_err(|source| BootstrapError::GenerateKey { path: path.clone(), source })?;
     std::fs::create_dir_all(cert_dir)
-        .map_err(|e| BootstrapError::Write { path: cert_dir.to_path_buf(), reason: e.to_string() })?;
+        .map_err(|source| BootstrapError::Write { path: cert_dir.to_path_buf(), source })?;
     write_private(&path, key.serialize_pem().as_bytes())?;
     Ok(key)
 }
@@ -535,7 +558,7 @@ pub(crate) fn write_current(
     let tmp = cert_dir.join(format!(".{prefix}-current.pem.tmp"));
     let werr = |path: &Path| {
         let path = path.to_path_buf();
-        move |e: std::io::Error| BootstrapError::Write { path, reason: e.to_string() }
+        move |source: std::io::Error| BootstrapError::Write { path, source }
     };
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(&file, &tmp).map_err(werr(&tmp))?;
@@ -569,7 +592,7 @@ pub fn render_kubeconfig(server: &str, ca_pem: &str, insecure: bool, pem_path: &
 fn write_private(path: &Path, data: &[u8]) -> Result<(), BootstrapError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let err = |e: std::io::Error| BootstrapError::Write { path: path.to_path_buf(), reason: e.to_string() };
+    let err = |source: std::io::Error| BootstrapError::Write { path: path.to_path_buf(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;
     }

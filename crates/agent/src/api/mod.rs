@@ -45,17 +45,26 @@ pub enum ApiError {
     NoKubeconfig,
 
     /// The kubeconfig file cannot be read.
-    #[error("cannot read kubeconfig {} (given with --kubeconfig): {reason}", path.display())]
-    ReadKubeconfig { path: PathBuf, reason: String },
+    #[error("cannot read kubeconfig {} (given with --kubeconfig): {source}", path.display())]
+    ReadKubeconfig { path: PathBuf, source: std::io::Error },
 
     /// The kubeconfig is malformed or refers to something unusable (missing
     /// context, certificate file, unparsable server URL, bad key, ...).
-    #[error("kubeconfig {} (given with --kubeconfig) is not usable: {reason}", path.display())]
-    InvalidKubeconfig { path: PathBuf, reason: String },
+    #[error("kubeconfig {} (given with --kubeconfig) is not usable: {problem}", path.display())]
+    InvalidKubeconfig {
+        path: PathBuf,
+        #[source]
+        problem: KubeconfigProblem,
+    },
 
     /// No connection to the server (refused, DNS, TLS, timeout).
-    #[error("cannot reach the API server at {url} (server of kubeconfig {}): {reason}", kubeconfig.display())]
-    Unreachable { url: String, kubeconfig: PathBuf, reason: String },
+    #[error("cannot reach the API server at {url} (server of kubeconfig {}): {problem}", kubeconfig.display())]
+    Unreachable {
+        url: String,
+        kubeconfig: PathBuf,
+        #[source]
+        problem: ConnectProblem,
+    },
 
     /// HTTP 401.
     #[error(
@@ -86,9 +95,49 @@ pub enum ApiError {
     #[error(transparent)]
     Bootstrap(#[from] bootstrap::BootstrapError),
 
-    /// Any other error status (5xx, 429, ...): the server is there but unwell.
+    /// Any other error status (5xx, 429, ...): the server is there but unwell. `reason` and
+    /// `message` are the server's own (its `Status`).
     #[error("the API server at {url} failed the start-up check with HTTP {code} {reason}: {message}")]
     Server { url: String, code: u16, reason: String, message: String },
+}
+
+/// Why a kubeconfig (`--kubeconfig`, `--bootstrap-kubeconfig`) cannot be used. The kube
+/// client's errors show their whole chain of causes, as they often say little on their own.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KubeconfigProblem {
+    /// Malformed, or a context, cluster, user or file it names is missing.
+    #[error("{}", error_chain(.0))]
+    Kubeconfig(#[source] KubeconfigError),
+    /// A credential fails (bad token file, exec plugin, TLS material).
+    #[error("{}", error_chain(.0))]
+    Auth(#[source] kube::client::AuthError),
+    /// The client cannot be built, or a request failed on a credential problem.
+    #[error("{}", error_chain(.0))]
+    Client(#[source] kube::Error),
+    #[error(transparent)]
+    V1Certificate(#[from] V1Certificate),
+    #[error(transparent)]
+    Key(#[from] rotation::KeyError),
+    #[error("cannot read tokenFile {file}: {source}")]
+    ReadTokenFile { file: String, source: std::io::Error },
+    #[error("tokenFile {file} is empty")]
+    EmptyTokenFile { file: String },
+    #[error("no cluster in the current context")]
+    NoCluster,
+    #[error("certificate-authority-data is not base64-encoded PEM")]
+    CertificateAuthorityData,
+    #[error("cannot read certificate-authority {file}: {source}")]
+    ReadCertificateAuthority { file: String, source: std::io::Error },
+}
+
+/// Why the API server could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectProblem {
+    #[error("no answer within {}s", .0.as_secs())]
+    NoAnswer(Duration),
+    #[error("{}", error_chain(.0))]
+    Transport(#[source] kube::Error),
 }
 
 impl ApiError {
@@ -139,14 +188,15 @@ pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) 
     let user = current_user(&kubeconfig);
     if let Ok(pem) = bootstrap::kubeconfig_client_cert(&path) {
         reject_v1_certificate(&pem)
-            .map_err(|e| ApiError::InvalidKubeconfig { path: path.clone(), reason: e.to_string() })?;
+            .map_err(|e| ApiError::InvalidKubeconfig { path: path.clone(), problem: e.into() })?;
     }
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| kubeconfig_error(&path, e))?;
     trim_token_file(&mut config, &path)?;
     let server = config.cluster_url.to_string().trim_end_matches('/').to_string();
-    let invalid = |e: kube::Error| ApiError::InvalidKubeconfig { path: path.clone(), reason: error_chain(&e) };
+    let invalid =
+        |e: kube::Error| ApiError::InvalidKubeconfig { path: path.clone(), problem: KubeconfigProblem::Client(e) };
 
     let (qps, burst) = effective_rate(settings.kube_api_qps, settings.kube_api_burst);
     let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
@@ -155,7 +205,7 @@ pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) 
         (true, Some(identity)) => {
             let cert_dir = settings.server.cert_dir(&settings.root_dir);
             let current = rotation::CurrentCert::client(&cert_dir, Some(&identity))
-                .map_err(|e| ApiError::InvalidKubeconfig { path: path.clone(), reason: e.to_string() })?;
+                .map_err(|e| ApiError::InvalidKubeconfig { path: path.clone(), problem: e.into() })?;
             Some(Arc::new(current))
         }
         (true, None) => {
@@ -265,7 +315,7 @@ type GenericService = tower::util::BoxService<
      cannot use: reissue it as X.509 v3 (e.g. with openssl's -extfile giving extendedKeyUsage=clientAuth), or let \
      Gantry get one with --bootstrap-kubeconfig"
 )]
-pub(crate) struct V1Certificate {
+pub struct V1Certificate {
     subject: String,
     version: u32,
 }
@@ -293,15 +343,15 @@ fn trim_token_file(config: &mut kube::Config, kubeconfig: &Path) -> Result<(), A
     let Some(file) = auth.token_file.clone().filter(|_| auth.token.is_none()) else {
         return Ok(());
     };
-    let raw = std::fs::read_to_string(&file).map_err(|e| ApiError::InvalidKubeconfig {
+    let raw = std::fs::read_to_string(&file).map_err(|source| ApiError::InvalidKubeconfig {
         path: kubeconfig.to_path_buf(),
-        reason: format!("cannot read tokenFile {file}: {e}"),
+        problem: KubeconfigProblem::ReadTokenFile { file: file.clone(), source },
     })?;
     let token = raw.trim();
     if token.is_empty() {
         return Err(ApiError::InvalidKubeconfig {
             path: kubeconfig.to_path_buf(),
-            reason: format!("tokenFile {file} is empty"),
+            problem: KubeconfigProblem::EmptyTokenFile { file },
         });
     }
     if token.len() != raw.len() {
@@ -331,11 +381,11 @@ pub async fn check(clients: &ApiClients, node: &str) -> Result<(), ApiError> {
     };
     match tokio::time::timeout(CHECK_TIMEOUT, nodes.get(node)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => classify(&e, &ctx).map_or(Ok(()), Err),
+        Ok(Err(e)) => classify(e, &ctx).map_or(Ok(()), Err),
         Err(_) => Err(ApiError::Unreachable {
             url: ctx.url,
             kubeconfig: ctx.kubeconfig,
-            reason: format!("no answer within {}s", CHECK_TIMEOUT.as_secs()),
+            problem: ConnectProblem::NoAnswer(CHECK_TIMEOUT),
         }),
     }
 }
@@ -351,7 +401,7 @@ pub struct CheckContext {
 
 /// Turns the start-up check's error into an [`ApiError`]; `None` when the
 /// answer proves the server works (our Node is simply not there yet).
-pub fn classify(err: &kube::Error, ctx: &CheckContext) -> Option<ApiError> {
+pub fn classify(err: kube::Error, ctx: &CheckContext) -> Option<ApiError> {
     let url = ctx.url.clone();
     let kubeconfig = ctx.kubeconfig.clone();
     match err {
@@ -386,14 +436,16 @@ pub fn classify(err: &kube::Error, ctx: &CheckContext) -> Option<ApiError> {
             kubeconfig,
             detail: format!("GET /api/v1/nodes/{} did not return a Node ({e})", ctx.node),
         }),
-        kube::Error::Auth(e) => Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(e) }),
+        kube::Error::Auth(e) => {
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, problem: KubeconfigProblem::Auth(e) })
+        }
         kube::Error::InferKubeconfig(e) => {
-            Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(e) })
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, problem: KubeconfigProblem::Kubeconfig(e) })
         }
-        other if auth_error(other).is_some() => {
-            Some(ApiError::InvalidKubeconfig { path: kubeconfig, reason: error_chain(other) })
+        other if auth_error(&other).is_some() => {
+            Some(ApiError::InvalidKubeconfig { path: kubeconfig, problem: KubeconfigProblem::Client(other) })
         }
-        other => Some(ApiError::Unreachable { url, kubeconfig, reason: error_chain(other) }),
+        other => Some(ApiError::Unreachable { url, kubeconfig, problem: ConnectProblem::Transport(other) }),
     }
 }
 
@@ -412,10 +464,10 @@ fn auth_error(e: &kube::Error) -> Option<&kube::client::AuthError> {
 
 fn kubeconfig_error(path: &Path, e: KubeconfigError) -> ApiError {
     match e {
-        KubeconfigError::ReadConfig(io, _) => {
-            ApiError::ReadKubeconfig { path: path.to_path_buf(), reason: io.to_string() }
+        KubeconfigError::ReadConfig(io, _) => ApiError::ReadKubeconfig { path: path.to_path_buf(), source: io },
+        other => {
+            ApiError::InvalidKubeconfig { path: path.to_path_buf(), problem: KubeconfigProblem::Kubeconfig(other) }
         }
-        other => ApiError::InvalidKubeconfig { path: path.to_path_buf(), reason: error_chain(&other) },
     }
 }
 

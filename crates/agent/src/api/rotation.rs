@@ -92,14 +92,18 @@ impl Purpose {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RotationError {
-    #[error("cannot make a key or certificate request for the new {what} certificate: {reason}")]
-    Prepare { what: &'static str, reason: String },
+    #[error("cannot make a key or certificate request for the new {what} certificate: cannot generate a key: {source}")]
+    GenerateKey { what: &'static str, source: rcgen::Error },
+
+    #[error("cannot make a key or certificate request for the new {what} certificate: cannot make a request: {source}")]
+    CertificateRequest { what: &'static str, source: rcgen::Error },
 
     #[error(
         "cannot create a certificate signing request for the {what} certificate with the node's own credentials: \
-         {reason}"
+         {}",
+        super::error_chain(source)
     )]
-    Create { what: &'static str, reason: String },
+    Create { what: &'static str, source: kube::Error },
 
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
@@ -480,10 +484,9 @@ impl CertificateRotation {
             }
             _ => self.client.clone(),
         };
-        let prepare = |reason: String| RotationError::Prepare { what, reason };
-        let key = KeyPair::generate().map_err(|e| prepare(format!("cannot generate a key: {e}")))?;
+        let key = KeyPair::generate().map_err(|source| RotationError::GenerateKey { what, source })?;
         let request = bootstrap::certificate_request(&key, &self.node, names)
-            .map_err(|e| prepare(format!("cannot make a request: {e}")))?;
+            .map_err(|source| RotationError::CertificateRequest { what, source })?;
         // Upstream's rotation requests are named by the server (`csr-…`).
         let csr = CertificateSigningRequest {
             metadata: ObjectMeta { generate_name: Some("csr-".into()), ..Default::default() },
@@ -496,10 +499,8 @@ impl CertificateRotation {
             status: None,
         };
         let api: Api<CertificateSigningRequest> = Api::all(client);
-        let created = api
-            .create(&PostParams::default(), &csr)
-            .await
-            .map_err(|e| RotationError::Create { what, reason: super::error_chain(&e) })?;
+        let created =
+            api.create(&PostParams::default(), &csr).await.map_err(|source| RotationError::Create { what, source })?;
         let name = created.metadata.name.unwrap_or_default();
         match self.purpose {
             Purpose::Client => tracing::info!(node = %self.node, csr = %name, "requested a new client certificate"),
@@ -512,7 +513,7 @@ impl CertificateRotation {
         }
         let cert_pem = bootstrap::wait_for_certificate(&api, &name, ROTATION_WAIT_TIMEOUT).await?;
         bootstrap::cert_valid_at(cert_pem.as_bytes(), jiff::Timestamp::now().as_second())
-            .map_err(|e| BootstrapError::BadCertificate { name: name.clone(), reason: e.to_string() })?;
+            .map_err(|problem| BootstrapError::BadCertificate { name: name.clone(), problem })?;
         let path =
             bootstrap::write_current(&self.cert_dir, self.purpose.file_prefix(), &cert_pem, &key.serialize_pem())?;
         self.cert.key(); // switch now: new connections use it, old client connections close

@@ -25,12 +25,12 @@ fn api_error(code: u16, reason: &str, message: &str) -> kube::Error {
 
 #[test]
 fn not_found_node_means_the_server_works() {
-    assert!(classify(&api_error(404, "NotFound", "nodes \"n1\" not found"), &ctx()).is_none());
+    assert!(classify(api_error(404, "NotFound", "nodes \"n1\" not found"), &ctx()).is_none());
 }
 
 #[test]
 fn unauthorized_names_user_and_kubeconfig() {
-    let e = classify(&api_error(401, "Unauthorized", "Unauthorized"), &ctx()).unwrap();
+    let e = classify(api_error(401, "Unauthorized", "Unauthorized"), &ctx()).unwrap();
     assert!(matches!(e, ApiError::Unauthorized { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.starts_with("the API server rejected the node's credentials (expired or invalid)"), "{msg}");
@@ -42,7 +42,7 @@ fn unauthorized_names_user_and_kubeconfig() {
 #[test]
 fn forbidden_explains_node_identity() {
     let e = classify(
-        &api_error(403, "Forbidden", "nodes \"n1\" is forbidden: User \"bob\" cannot get resource \"nodes\""),
+        api_error(403, "Forbidden", "nodes \"n1\" is forbidden: User \"bob\" cannot get resource \"nodes\""),
         &ctx(),
     )
     .unwrap();
@@ -54,24 +54,24 @@ fn forbidden_explains_node_identity() {
 #[test]
 fn a_plain_404_is_not_kubernetes() {
     // What kube makes of a non-Status body (a web server, a wrong path prefix).
-    let e = classify(&api_error(404, "Failed to parse error data", "404 page not found"), &ctx()).unwrap();
+    let e = classify(api_error(404, "Failed to parse error data", "404 page not found"), &ctx()).unwrap();
     assert!(matches!(e, ApiError::NotKubernetes { .. }), "{e:?}");
     assert!(e.to_string().contains("404 page not found") && e.to_string().contains("check the server URL"), "{e}");
 }
 
 #[test]
 fn server_errors_are_transient() {
-    let e = classify(&api_error(503, "ServiceUnavailable", "etcd is down"), &ctx()).unwrap();
+    let e = classify(api_error(503, "ServiceUnavailable", "etcd is down"), &ctx()).unwrap();
     assert!(matches!(e, ApiError::Server { code: 503, .. }), "{e:?}");
     assert!(e.is_transient());
-    let e = classify(&api_error(429, "TooManyRequests", "slow down"), &ctx()).unwrap();
+    let e = classify(api_error(429, "TooManyRequests", "slow down"), &ctx()).unwrap();
     assert!(e.is_transient());
 }
 
 #[test]
 fn transport_errors_are_unreachable() {
     let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
-    let e = classify(&kube::Error::Service(Box::new(io)), &ctx()).unwrap();
+    let e = classify(kube::Error::Service(Box::new(io)), &ctx()).unwrap();
     assert!(matches!(e, ApiError::Unreachable { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(msg.contains("https://10.0.0.1:6443") && msg.contains("Connection refused"), "{msg}");

@@ -5,11 +5,12 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use gantry_cri::{Cri, CriError, api};
 
 use super::gc::{FsUsage, ImageInfo, ImageRecords, Policy};
+use crate::clock;
 use crate::events::Recorder as EventRecorder;
 use crate::events::{EventType, NodeEvent};
 use gantry_config::ImageSettings;
@@ -47,7 +48,7 @@ impl ImageCollector {
     /// Runs forever. Images present at startup count as detected long ago, as upstream.
     pub async fn run(mut self) {
         match self.inputs().await {
-            Ok((images, in_use, _)) => self.records.observe(&images, &in_use, now(), true),
+            Ok((images, in_use, _)) => self.records.observe(&images, &in_use, clock::now(), true),
             Err(e) => tracing::warn!(node = %self.node, error = %e, "image garbage collection: cannot list images"),
         }
         tokio::time::sleep(FIRST_PASS_DELAY).await;
@@ -71,7 +72,8 @@ impl ImageCollector {
     /// One pass: refresh the records, remove what the policy chooses.
     pub async fn pass(&mut self) -> Result<(), GcError> {
         let (images, in_use, sandbox_image) = self.inputs().await?;
-        let now = now();
+        // The agent's clock: image ages follow a test's paused tokio clock.
+        let now = clock::now();
         self.records.observe(&images, &in_use, now, false);
         let fs = self.image_fs_usage().await?;
         let plan = self.records.plan(&images, &in_use, &sandbox_image, fs, &self.policy(), now);
@@ -187,10 +189,6 @@ fn fs_usage(path: &Path) -> nix::Result<FsUsage> {
     #[allow(clippy::unnecessary_cast)] // the field types differ between targets
     let (frsize, blocks, available) = (st.fragment_size() as u64, st.blocks() as u64, st.blocks_available() as u64);
     Ok(FsUsage { capacity: blocks.saturating_mul(frsize), available: available.saturating_mul(frsize) })
-}
-
-fn now() -> Nanos {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as Nanos)
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
-//! Every long-running task of the node agent runs here, under one cancellation token.
+//! The long-running tasks of one process part (the node agent, the maintenance controller)
+//! run here, in one `JoinSet` under one cancellation token.
 //!
-//! The rule: a supervised task runs for the node's whole lifetime. One that returns or panics
-//! is a fault: it is logged with its name and the node stops with an error, so that the
-//! service manager (systemd, as for the Go kubelet) restarts Gantry. A restart is safe by
-//! design (running pods keep running and the new process adopts them); a node agent that
-//! silently lost one of its loops (status, lease, a pod source) is not.
+//! The rule: a supervised task runs for its owner's whole lifetime. One that returns or panics
+//! is a fault, named in the returned [`TaskFault`], and every other task is stopped, so that
+//! the owner exits with an error and the service manager (systemd for the node agent, the
+//! Deployment for the controller) restarts it. A restart is safe by design (a node's running
+//! pods keep running and are adopted; the controller's state is in the objects' status); a
+//! process that silently lost one of its loops (status, lease, a watch) is not.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,10 +14,10 @@ use std::future::Future;
 use tokio::task::{Id, JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-/// Why the supervised tasks stopped before the node was told to shut down.
+/// Why the supervised tasks stopped before their owner was told to shut down.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TaskFault {
-    #[error("task {task:?} ended, but every node agent task runs for the node's lifetime")]
+    #[error("task {task:?} ended, but every supervised task runs until shutdown")]
     Ended { task: &'static str },
     #[error("task {task:?} panicked: {message}")]
     Panicked { task: &'static str, message: String },
@@ -61,9 +63,6 @@ impl Supervisor {
             () = shutdown => Ok(()),
             fault = first_fault(&mut self.tasks, &self.names) => Err(fault),
         };
-        if let Err(fault) = &outcome {
-            tracing::error!(error = %fault, "stopping the node agent; running pods keep running");
-        }
         self.cancel.cancel();
         self.tasks.shutdown().await;
         outcome

@@ -1,0 +1,52 @@
+//! What the benches share: starting `gantry` as a child process (a cluster node agent, or any
+//! command line) and waiting for its Node to register.
+#![allow(dead_code)] // each bench uses a different subset
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gantry_test_apiserver::{TestApiServer, User};
+use gantry_testkit::Containerd;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+/// Runs `gantry args…` with its stderr in `dir/log`.
+pub fn spawn(dir: &Path, log: &str, args: &[String]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_gantry"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(log)).unwrap())
+        .spawn()
+        .expect("spawn gantry")
+}
+
+/// The command line of a node agent `node` in cluster mode against `server`, its state and
+/// pod logs under `dir`, without the node API server (its config file is written now).
+pub fn cluster_node_args(ctd: &Containerd, server: &TestApiServer, dir: &Path, node: &str) -> Vec<String> {
+    let kubeconfig = server.kubeconfig(dir, &User::Node(node.to_string()));
+    let config = dir.join("config.yaml");
+    let yaml = format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n",
+        dir.join("logs").display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    vec![
+        "kubelet".into(),
+        format!("--config={}", config.display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--container-runtime-endpoint={}", ctd.endpoint()),
+        format!("--root-dir={}", dir.join("root").display()),
+        format!("--hostname-override={node}"),
+    ]
+}
+
+/// Waits (up to a minute) until Node `node` is registered.
+pub async fn wait_for_node(admin: &kube::Client, node: &str) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while nodes.get_opt(node).await.ok().flatten().is_none() {
+        assert!(Instant::now() < deadline, "node never registered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

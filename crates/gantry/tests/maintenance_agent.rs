@@ -17,11 +17,14 @@ use kit::{Controller, Invocation, install_crd, plugin};
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const HOLD_LOG: &str = "stopping static pod for node maintenance";
 const LISTED_LOG: &str = "listed NodeMaintenances";
+const WATCH_FAILED_LOG: &str = "cannot watch NodeMaintenances";
+const WATCH_WORKS_LOG: &str = "watching NodeMaintenances";
 
 /// Nodes may read NodeMaintenances: the test server's stand-in for the ClusterRoleBinding in
 /// `deploy/node-agent.yaml` (a real cluster needs that applied). Counts the nodes' reads, so a
@@ -134,7 +137,7 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     if let Cluster::Real(_) = cluster {
         eprintln!("SKIPPED missing-CRD warning check: a real cluster may have had the CRD before the agent started");
     } else {
-        let warnings = log.matches("cannot watch NodeMaintenances").count();
+        let warnings = log.matches(WATCH_FAILED_LOG).count();
         assert_eq!(warnings, 1, "a missing CRD is reported once, then retried quietly");
     }
 
@@ -170,6 +173,60 @@ async fn static_pod_stops_for_the_drain_stays_stopped_across_restart_and_returns
     let _ = maintenances.delete(&name, &DeleteParams::default()).await;
     let _ = nodes.delete(&spare, &DeleteParams::default()).await;
     cluster.cleanup(&node).await;
+}
+
+/// Without the NodeMaintenance RBAC a node's reads of them are forbidden (403): the agent says
+/// so once, retries with a growing delay, and says again when the RBAC arrives.
+#[tokio::test(flavor = "multi_thread")]
+async fn forbidden_maintenance_watch_is_logged_once_backs_off_and_logs_the_recovery() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Cluster::Test(server) = &cluster else {
+        eprintln!(
+            "SKIPPED forbidden watch: needs the test API server's authorizer (a real cluster's RBAC is not changed)"
+        );
+        return;
+    };
+    install_crd(&cluster.admin().await).await;
+    // Stands in for the ClusterRoleBinding of `deploy/node-agent.yaml`: absent (no opinion, so
+    // the default 403 as from RBAC) until `allowed`; records when each node read arrived.
+    let allowed = Arc::new(AtomicBool::new(false));
+    let attempts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let (allow, seen) = (allowed.clone(), attempts.clone());
+    server.set_authorizer(move |req| {
+        let node = req.user.groups.iter().any(|g| g == "system:nodes");
+        let read = matches!(req.verb.as_str(), "get" | "list" | "watch");
+        if !(node && read && req.api_group == "maintenance.gantry.dev" && req.resource == "nodemaintenances") {
+            return Decision::NoOpinion(String::new());
+        }
+        seen.lock().unwrap().push(Instant::now());
+        if allow.load(Ordering::SeqCst) { Decision::Allow } else { Decision::NoOpinion(String::new()) }
+    });
+
+    let gantry = cluster::start_node(&env, &cluster);
+    // Five attempts take about 12 s with the backoff (0.8 s doubling); a retry every second
+    // would show as equal gaps.
+    eventually("five forbidden NodeMaintenance reads", &gantry, || async {
+        (attempts.lock().unwrap().len() >= 5).then_some(())
+    })
+    .await;
+    let gaps: Vec<Duration> = attempts.lock().unwrap().windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps[3] >= Duration::from_secs(3) && gaps[3] >= gaps[0] * 3, "the retries back off: {gaps:?}");
+    let log = gantry.log();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(WATCH_FAILED_LOG)).collect();
+    assert_eq!(warnings.len(), 1, "one warning for a lasting 403, not one per retry: {warnings:#?}");
+    assert!(warnings[0].contains("WARN") && warnings[0].contains("forbidden"), "{}", warnings[0]);
+    assert!(!log.contains(WATCH_WORKS_LOG), "no recovery while forbidden");
+
+    // The RBAC arrives: the next retry (within the 5 minute cap; about 13 s here) lists, and
+    // the agent says the watch works.
+    allowed.store(true, Ordering::SeqCst);
+    eventually("the agent to log that the NodeMaintenance watch works", &gantry, || async {
+        gantry.log().contains(WATCH_WORKS_LOG).then_some(())
+    })
+    .await;
+    let log = gantry.log();
+    assert!(log.contains(LISTED_LOG), "{log}");
+    assert_eq!(log.matches(WATCH_FAILED_LOG).count(), 1, "no further warning after the recovery");
 }
 
 fn restart(env: &common::Env, cluster: &Cluster) -> Gantry {

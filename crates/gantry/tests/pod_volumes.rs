@@ -6,8 +6,9 @@ mod common;
 
 use common::cluster;
 use common::{container_output, eventually, pod_yaml};
+use gantry_vocab::quantity;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 
@@ -54,6 +55,47 @@ async fn default_service_account_volume_gives_a_valid_token_and_ca() {
     let status = reviews.create(&PostParams::default(), &review).await.unwrap().status.unwrap();
     assert_eq!(status.authenticated, Some(true), "{status:?}");
     assert_eq!(status.user.unwrap().username.as_deref(), Some("system:serviceaccount:default:default"));
+    cluster.cleanup(&env.node).await;
+}
+
+/// A pod without limits sees the node's allocatable (capacity − reservations − the hard
+/// eviction threshold, as the Node status reports it) through the downward API's limits, and
+/// its memory emptyDir is sized to it, as upstream does.
+#[tokio::test]
+async fn missing_limits_and_memory_volume_size_follow_node_allocatable() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
+    let gantry = env.kubelet(&[
+        &format!("--kubeconfig={}", kubeconfig.display()),
+        "--system-reserved=cpu=100m,memory=256Mi",
+        "--eviction-hard=memory.available<100Mi",
+    ]);
+    let admin = cluster.admin().await;
+    let spec =
+        "  automountServiceAccountToken: false\n  volumes:\n  - name: scratch\n    emptyDir:\n      medium: Memory\n";
+    let container = "    volumeMounts:\n    - name: scratch\n      mountPath: /scratch\n    env:\n\
+        \x20   - name: MEM\n      valueFrom:\n        resourceFieldRef:\n          resource: limits.memory\n\
+        \x20   - name: CPU\n      valueFrom:\n        resourceFieldRef:\n          resource: limits.cpu\n          divisor: 1m\n";
+    let command = "echo MEM=$MEM; echo CPU=$CPU; echo MOUNT=$(grep ' /scratch ' /proc/mounts); sleep 3600";
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    pods.create(&PostParams::default(), &pod(&env.node, "alloc", command, spec, container)).await.unwrap();
+    let out = eventually("the pod's view of its limits", &gantry, || async {
+        let out = container_output(&env, "alloc");
+        out.contains("MOUNT=").then_some(out)
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(admin);
+    let allocatable = nodes.get(&env.node).await.unwrap().status.unwrap().allocatable.unwrap();
+    let memory = quantity::parse_units(&allocatable["memory"].0).unwrap();
+    let cpu = quantity::parse_milli(&allocatable["cpu"].0).unwrap();
+    let value = |key: &str| out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("{key} in {out}"));
+    assert_eq!(value("MEM=").parse::<i128>().unwrap(), memory, "limits.memory defaults to the Node's allocatable");
+    assert_eq!(value("CPU=").parse::<i128>().unwrap(), cpu, "limits.cpu defaults to the Node's allocatable");
+    // tmpfs rounds its size up to whole pages and shows it in KiB.
+    let mount = value("MOUNT=");
+    let size = mount.split(&[' ', ',']).find_map(|o| o.strip_prefix("size=")?.strip_suffix('k')?.parse::<i128>().ok());
+    let size = size.unwrap_or_else(|| panic!("a size= option: {mount}")) * 1024;
+    assert!((memory..memory + 4096).contains(&size), "the tmpfs of {size} bytes is the allocatable {memory}: {mount}");
     cluster.cleanup(&env.node).await;
 }
 

@@ -349,11 +349,14 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
     let rlimit = &node["rlimit"];
     assert!(rlimit["maxpid"].as_i64().unwrap() > 0 && rlimit["curproc"].as_i64().unwrap() > 1, "{rlimit}");
     assert!(node["swap"]["swapUsageBytes"].is_u64() && node["swap"]["swapAvailableBytes"].is_u64(), "{node}");
-    // PSI where the kernel offers it.
-    if std::path::Path::new("/proc/pressure/io").exists() {
+    // PSI where the kernel offers it, on cgroup v2 only (as upstream).
+    let cgroup_v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    if cgroup_v2 && std::path::Path::new("/proc/pressure/io").exists() {
         assert!(node["io"]["psi"]["some"]["total"].is_u64(), "{node}");
         assert!(node["memory"]["psi"]["full"]["avg10"].is_f64(), "{node}");
         assert!(node["cpu"]["psi"]["some"]["avg60"].is_f64(), "{node}");
+    } else if !cgroup_v2 {
+        assert!(node["cpu"].get("psi").is_none() && node["memory"].get("psi").is_none(), "no PSI on v1: {node}");
     }
 
     let (_, body) = get(&api, &alice, "/stats/summary", &[("only_cpu_and_memory", "true")]).await;

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::cluster::ApiLink;
 use crate::cluster::maintenance::HoldInput;
 use crate::cluster::objects::ObjectSource;
+use crate::node::status::Resources;
 use crate::runtime::observe::PodIdentity;
 use crate::runtime::{Driver, Observer};
 use crate::source::merge::Merger;
@@ -64,9 +65,8 @@ pub enum AgentError {
 }
 
 /// The `kubepods` limits for this machine (node allocatable enforcement).
-fn kubepods_limits(settings: &Settings) -> Option<gantry_pod::resources::CgroupValues> {
-    let facts = crate::node::machine::MachineFacts::read(&settings.root_dir);
-    let limits = crate::node::status::pods_cgroup_limits(settings, crate::node::status::capacity(settings, &facts));
+fn kubepods_limits(settings: &Settings, capacity: Resources) -> Option<gantry_pod::resources::CgroupValues> {
+    let limits = crate::node::status::pods_cgroup_limits(settings, capacity);
     if let Some(l) = &limits {
         tracing::info!(
             cpu_shares = l.cpu_shares,
@@ -77,10 +77,11 @@ fn kubepods_limits(settings: &Settings) -> Option<gantry_pod::resources::CgroupV
     limits
 }
 
-/// The node's allocatable CPU and memory, which pod resizes are admitted against.
-fn node_allocatable(settings: &Settings) -> gantry_pod::resize::Amounts {
-    let facts = crate::node::machine::MachineFacts::read(&settings.root_dir);
-    let a = crate::node::status::allocatable(settings, crate::node::status::capacity(settings, &facts));
+/// The node's allocatable CPU and memory as the Node status reports it: what pod resizes are
+/// admitted against, the downward API's default for missing limits and the bound of
+/// memory-backed volumes.
+fn node_allocatable(settings: &Settings, capacity: Resources) -> gantry_pod::resize::Amounts {
+    let a = crate::node::status::allocatable(settings, capacity);
     gantry_pod::resize::Amounts { cpu_milli: a.cpu_milli, memory: a.memory }
 }
 
@@ -140,6 +141,9 @@ impl Shared {
             api = %cri.version.runtime_api_version, node = %settings.node_name, "connected to container runtime"
         );
         let observer = Observer::new(cri.runtime.clone(), &settings.node_name);
+        let capacity =
+            crate::node::status::capacity(settings, &crate::node::machine::MachineFacts::read(&settings.root_dir));
+        let allocatable = node_allocatable(settings, capacity);
         let driver = Driver::new(
             cri,
             &settings.node_name,
@@ -147,11 +151,12 @@ impl Shared {
             settings.root_dir.clone(),
             settings.images.parallel_pull_limit(),
         )
-        .with_pod_settings(settings.pods.clone(), kubepods_limits(settings))
+        .with_node_resources(allocatable, capacity.memory)
+        .with_pod_settings(settings.pods.clone(), kubepods_limits(settings, capacity))
         .await?;
         driver.check_runtime_cgroup_driver().await?;
         let events = crate::events::Recorder::default();
-        let allocations = allocation::Allocations::load(&settings.root_dir, node_allocatable(settings));
+        let allocations = allocation::Allocations::load(&settings.root_dir, allocatable);
         Ok(Arc::new(Shared {
             driver: driver.with_events(events.clone()),
             observer,

@@ -142,9 +142,10 @@ pub struct ContainerContext<'a> {
     pub mounts: Vec<api::Mount>,
     /// The ConfigMaps and Secrets the environment refers to.
     pub env_objects: EnvObjects,
-    /// Node allocatable (CPU milli, memory bytes): the default for `resourceFieldRef` limits,
-    /// and the memory capacity the OOM score is relative to.
+    /// Node allocatable (CPU milli, memory bytes): the default for `resourceFieldRef` limits.
     pub node_allocatable: (i128, i128),
+    /// The machine's memory, which the OOM score is relative to (upstream's `MemoryCapacity`).
+    pub memory_capacity: i128,
     /// The user the image runs as, for `runAsNonRoot`.
     pub image_user: ImageUser,
     pub node_security: NodeSecurity<'a>,
@@ -190,7 +191,7 @@ pub fn container_config(
     requests::check(c)?;
     let limits = resources::container(c);
     let security = security::container(pod, c, &ctx.image_user, &ctx.node_security)?;
-    let mut resources = linux_resources(limits, qos::oom_score_adj(pod, c, ctx.node_allocatable.1));
+    let mut resources = linux_resources(limits, qos::oom_score_adj(pod, c, ctx.memory_capacity));
     if ctx.oom_group {
         resources.unified.insert("memory.oom.group".into(), "1".into());
     }
@@ -291,6 +292,7 @@ mod tests {
             mounts: vec![],
             env_objects: EnvObjects::default(),
             node_allocatable: (0, 1 << 30),
+            memory_capacity: 1 << 30,
             image_user: ImageUser { uid: Some(0), username: String::new() },
             node_security: NodeSecurity {
                 seccomp_default: false,

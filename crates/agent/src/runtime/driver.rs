@@ -24,6 +24,7 @@ use crate::image::puller::ImagePuller;
 use gantry_config::CgroupDriver;
 use gantry_config::PodSettings;
 use gantry_pod::ObservedPod;
+use gantry_pod::resize::Amounts;
 use gantry_pod::resources::CgroupValues;
 use gantry_vocab::spec;
 
@@ -69,6 +70,11 @@ pub struct Driver {
     events: Recorder,
     /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
     seccomp_root: PathBuf,
+    /// The node's allocatable as its status reports it: the downward API's default for missing
+    /// limits and the bound of memory-backed volumes.
+    allocatable: Amounts,
+    /// The machine's memory, which OOM scores are relative to.
+    memory_capacity: i128,
 }
 
 impl Driver {
@@ -88,7 +94,15 @@ impl Driver {
             kubepods_limits: None,
             oom_group: false,
             events: Recorder::default(),
+            allocatable: Amounts::default(),
+            memory_capacity: 0,
         }
+    }
+
+    /// The node's allocatable (capacity − reservations − hard eviction thresholds, the figure
+    /// the Node status reports) and the machine's memory capacity.
+    pub fn with_node_resources(self, allocatable: Amounts, memory_capacity: i128) -> Self {
+        Driver { allocatable, memory_capacity, ..self }
     }
 
     pub fn with_objects(self, objects: ObjectSource) -> Self {
@@ -187,13 +201,12 @@ impl Driver {
     }
 
     fn fields(&self, pod_ip: Option<&str>) -> downward::Fields {
-        let (node_cpu_milli, node_memory_bytes) = node_allocatable();
         downward::Fields {
             node: self.node.clone(),
             pod_ip: pod_ip.map(str::to_string),
             host_ip: None,
-            node_cpu_milli,
-            node_memory_bytes,
+            node_cpu_milli: self.allocatable.cpu_milli,
+            node_memory_bytes: self.allocatable.memory,
         }
     }
 
@@ -395,6 +408,7 @@ impl Driver {
             mounts,
             env_objects,
             node_allocatable,
+            memory_capacity: self.memory_capacity,
             image_user,
             node_security: self.node_security(),
             target_id,
@@ -606,18 +620,6 @@ impl Driver {
     pub fn grace(pod: &Pod) -> Duration {
         Duration::from_secs(spec::termination_grace_seconds(pod) as u64)
     }
-}
-
-/// The node's CPU (milli) and memory (bytes), the downward API's default for missing limits.
-fn node_allocatable() -> (i128, i128) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as i128;
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i128>().ok())
-        .unwrap_or(0);
-    (cpus * 1000, kib * 1024)
 }
 
 /// Stopping or removing something that no longer exists has done its job.

@@ -129,7 +129,7 @@ pub fn socket_peer_pid(socket: &Path) -> Option<i32> {
 /// The node's counters: the root cgroup on either hierarchy, with `/proc` standing in for
 /// what the root lacks (CPU time without a cpuacct controller; memory usage on the v2 root,
 /// which has no `memory.current`, as MemTotal − MemFree as runc computes it), and PSI from
-/// `/proc/pressure`.
+/// `/proc/pressure` on cgroup v2.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct NodeCounters {
     pub cgroup: Counters,
@@ -142,16 +142,13 @@ pub struct NodeCounters {
 
 pub fn node_counters(mount: &Path) -> NodeCounters {
     let meminfo = std::fs::read_to_string("/proc/meminfo").map(|t| parse_kv(&t)).unwrap_or_default();
-    let mut cgroup = match cgroup::hierarchy(mount) {
+    let hierarchy = cgroup::hierarchy(mount);
+    let mut cgroup = match hierarchy {
         Some(h) => Cgroup::named(mount, h, "/").read(),
         None => Counters::default(),
     };
     node_fallbacks(&mut cgroup, &meminfo);
-    let pressure =
-        |r: &str| std::fs::read_to_string(format!("/proc/pressure/{r}")).ok().and_then(|t| cgroup::parse_psi(&t));
-    cgroup.cpu_psi = pressure("cpu");
-    cgroup.memory_psi = pressure("memory");
-    cgroup.io_psi = pressure("io");
+    node_pressure(&mut cgroup, hierarchy, |r| std::fs::read_to_string(format!("/proc/pressure/{r}")).ok());
     cgroup.cpu_usage_nanos = cgroup.cpu_usage_nanos.or_else(proc_stat_cpu_nanos);
     NodeCounters {
         cgroup,
@@ -160,6 +157,18 @@ pub fn node_counters(mount: &Path) -> NodeCounters {
         swap_free: meminfo.get("SwapFree").copied(),
         boot_time: proc_stat_value("btime"),
     }
+}
+
+/// The node's PSI, from `/proc/pressure` (the root cgroup's figures), on cgroup v2 only: upstream
+/// (cAdvisor) takes PSI from the v2 pressure files, so a v1 node reports none (pure given `read`).
+fn node_pressure(root: &mut Counters, hierarchy: Option<cgroup::Hierarchy>, read: impl Fn(&str) -> Option<String>) {
+    if hierarchy != Some(cgroup::Hierarchy::V2) {
+        return;
+    }
+    let pressure = |r: &str| read(r).and_then(|t| cgroup::parse_psi(&t));
+    root.cpu_psi = pressure("cpu");
+    root.memory_psi = pressure("memory");
+    root.io_psi = pressure("io");
 }
 
 /// What the v2 root cgroup lacks, from `/proc/meminfo` (pure).
@@ -223,6 +232,23 @@ fn proc_stat_cpu_nanos() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_psi_only_on_cgroup_v2() {
+        let psi =
+            "some avg10=1.50 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=10\n";
+        let read = |_: &str| Some(psi.to_string());
+        for hierarchy in [Some(cgroup::Hierarchy::V1), None] {
+            let mut root = Counters::default();
+            node_pressure(&mut root, hierarchy, read);
+            assert_eq!((root.cpu_psi, root.memory_psi, root.io_psi), (None, None, None), "{hierarchy:?}");
+        }
+        let mut root = Counters::default();
+        node_pressure(&mut root, Some(cgroup::Hierarchy::V2), read);
+        let expected = cgroup::parse_psi(psi);
+        assert!(expected.is_some());
+        assert_eq!((root.cpu_psi, root.memory_psi, root.io_psi), (expected, expected, expected));
+    }
 
     #[test]
     fn parses_proc_net_dev_without_loopback() {

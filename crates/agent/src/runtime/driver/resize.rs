@@ -6,7 +6,7 @@ use gantry_cri::{CriError, api};
 use gantry_pod::resources::{self, CgroupValues};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::{Driver, node_allocatable};
+use super::Driver;
 use crate::runtime::cgroups;
 use crate::runtime::config;
 
@@ -16,7 +16,7 @@ impl Driver {
     pub async fn update_container_resources(&self, pod: &Pod, c: &Container, id: &str) -> Result<(), CriError> {
         let linux = config::linux_resources(
             resources::container(c),
-            gantry_pod::qos::oom_score_adj(pod, c, node_allocatable().1),
+            gantry_pod::qos::oom_score_adj(pod, c, self.memory_capacity),
         );
         let request = api::UpdateContainerResourcesRequest {
             container_id: id.to_string(),

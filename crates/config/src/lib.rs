@@ -47,7 +47,7 @@ pub use gates::{FeatureGates, Gate, GateError, UPSTREAM_ONLY_GATES, parse_gate_l
 pub use images::ImageSettings;
 pub use logs::LogSettings;
 pub use objects::ChangeDetection;
-pub use pods::{CgroupDriver, PodSettings};
+pub use pods::{CGROUP_MOUNT, CgroupDriver, Hierarchy, PodSettings, cgroup_hierarchy};
 pub use server::{AuthorizationMode, SELF_SIGNED_CERT, SELF_SIGNED_KEY, ServerSettings, TlsVersion, UnknownName};
 pub use shutdown::{PriorityGrace, ShutdownSettings};
 

@@ -350,3 +350,27 @@ mod tests {
         assert!(s.apply_flags(&f, &invalid).unwrap_err().to_string().contains("--allowed-unsafe-sysctls"));
     }
 }
+
+/// Where the cgroup file system is mounted.
+pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// The cgroup hierarchy a node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// One hierarchy per controller set under `/sys/fs/cgroup/<controller>`.
+    V1,
+    /// The unified hierarchy (`cgroup2fs` on `/sys/fs/cgroup`).
+    V2,
+}
+
+/// The hierarchy mounted at `mount`, if any (upstream `IsCgroup2UnifiedMode`: a statfs).
+/// The agent (which cgroups to write) and the stats (which files to read) must agree, so
+/// both ask here.
+pub fn cgroup_hierarchy(mount: &std::path::Path) -> Option<Hierarchy> {
+    let fs = nix::sys::statfs::statfs(mount).ok()?;
+    if fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
+        Some(Hierarchy::V2)
+    } else {
+        mount.join("memory").is_dir().then_some(Hierarchy::V1)
+    }
+}

@@ -11,10 +11,8 @@
 //! test prints SKIPPED, and fails under `CI=true`.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use gantry_test_apiserver::{TestApiServer, User};
 use gantry_testkit::vm::{self, Forward};
@@ -22,47 +20,13 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use vm_cluster::{GUEST_API, NODE, STEP, guest_kubeconfig, stripped_gantry, until};
+
+#[path = "common/vm_cluster.rs"]
+mod vm_cluster;
 
 /// The longest the whole boot may take (TCG emulation on a loaded machine is slow).
 const VM_TIMEOUT: Duration = Duration::from_secs(1200);
-/// How long one step (the guest up, a pod running, a resize applied) may take under TCG.
-const STEP: Duration = Duration::from_secs(300);
-/// The node name the guest's Gantry registers.
-const NODE: &str = "vm-node";
-/// Where the guest reaches the API server (`kubernetes` in its /etc/hosts, a name the
-/// server's certificate carries).
-const GUEST_API: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 100), 6443);
-
-/// Polls `check` until it gives a value; panics naming `what` after `STEP`.
-async fn until<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    let deadline = Instant::now() + STEP;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// The debug binary without its debug info, for a quicker trip over 9p.
-fn stripped_gantry(dir: &Path) -> PathBuf {
-    let full = PathBuf::from(env!("CARGO_BIN_EXE_gantry"));
-    let out = dir.join("gantry");
-    let stripped = std::process::Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(&full).status();
-    if stripped.is_ok_and(|s| s.success()) { out } else { full }
-}
-
-/// The node's kubeconfig, pointing at the server as the guest reaches it.
-fn guest_kubeconfig(server: &TestApiServer, dir: &Path) -> PathBuf {
-    let host = server.kubeconfig(&dir.join("host"), &User::Node(NODE.into()));
-    let text = std::fs::read_to_string(host).unwrap();
-    assert!(text.contains(&server.url()), "the kubeconfig names {}", server.url());
-    let out = dir.join("kubeconfig");
-    std::fs::write(&out, text.replace(&server.url(), &format!("https://kubernetes:{}", GUEST_API.port()))).unwrap();
-    out
-}
-
 fn status_of(pod: &Pod) -> Option<ContainerStatus> {
     pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|s| s.name == "app").cloned()
 }

@@ -21,11 +21,9 @@
 //! test prints SKIPPED, and fails under `CI=true`.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gantry_test_apiserver::{TestApiServer, User};
 use gantry_testkit::vm::{self, Forward};
@@ -33,44 +31,18 @@ use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, Pod};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
+use vm_cluster::{GUEST_API, NODE, guest_kubeconfig, stripped_gantry, until};
+
+#[path = "common/vm_cluster.rs"]
+mod vm_cluster;
 
 /// The longest the whole boot may take (TCG emulation on a loaded machine is slow).
 const VM_TIMEOUT: Duration = Duration::from_secs(900);
-/// How long one step (the guest up, the pods running) may take under TCG.
-const STEP: Duration = Duration::from_secs(300);
-const NODE: &str = "vm-node";
-const GUEST_API: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 100), 6443);
 /// The regular pods' window: shutdownGracePeriod - shutdownGracePeriodCriticalPods.
 const REGULAR_WINDOW: f64 = 12.0;
 /// Slack for TCG emulation on a loaded machine.
 const SLACK: f64 = 8.0;
 const MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
-
-async fn until<T, F: Future<Output = Option<T>>>(what: &str, mut check: impl FnMut() -> F) -> T {
-    let deadline = Instant::now() + STEP;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn stripped_gantry(dir: &Path) -> PathBuf {
-    let full = PathBuf::from(env!("CARGO_BIN_EXE_gantry"));
-    let out = dir.join("gantry");
-    let stripped = std::process::Command::new("strip").arg("--strip-debug").arg("-o").arg(&out).arg(&full).status();
-    if stripped.is_ok_and(|s| s.success()) { out } else { full }
-}
-
-fn guest_kubeconfig(server: &TestApiServer, dir: &Path) -> PathBuf {
-    let host = server.kubeconfig(&dir.join("host"), &User::Node(NODE.into()));
-    let text = std::fs::read_to_string(host).unwrap();
-    let out = dir.join("kubeconfig");
-    std::fs::write(&out, text.replace(&server.url(), &format!("https://kubernetes:{}", GUEST_API.port()))).unwrap();
-    out
-}
 
 /// A pod whose handler writes "<uptime> <name> term" on SIGTERM and, unless `stubborn`,
 /// "<uptime> <name> exit" 3 s later as it exits; a stubborn one keeps running until killed.

@@ -321,30 +321,10 @@ impl CgroupFs for CgroupV2 {
     }
 }
 
-/// Where the cgroup file system is mounted.
-pub const MOUNT: &str = "/sys/fs/cgroup";
-
-/// The cgroup hierarchy a node runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hierarchy {
-    /// One hierarchy per controller set under `/sys/fs/cgroup/<controller>`.
-    V1,
-    /// The unified hierarchy (`cgroup2fs` on `/sys/fs/cgroup`).
-    V2,
-}
+pub use gantry_config::{CGROUP_MOUNT as MOUNT, Hierarchy, cgroup_hierarchy as hierarchy};
 
 /// Upstream's warning (and event message) on a cgroup v1 node.
 pub const V1_DEPRECATED: &str = "cgroup v1 detected. cgroup v1 support has been transitioned into maintenance mode, please plan for the migration towards cgroup v2. More information at https://git.k8s.io/enhancements/keps/sig-node/4569-cgroup-v1-maintenance-mode";
-
-/// The hierarchy mounted at `mount`, if any (upstream `IsCgroup2UnifiedMode`: a statfs).
-pub fn hierarchy(mount: &Path) -> Option<Hierarchy> {
-    let fs = nix::sys::statfs::statfs(mount).ok()?;
-    if fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
-        Some(Hierarchy::V2)
-    } else {
-        mount.join("memory").is_dir().then_some(Hierarchy::V1)
-    }
-}
 
 /// The node's cgroup file system for the cgroupfs driver, on either hierarchy.
 pub fn detect() -> Option<Box<dyn CgroupFs>> {

@@ -22,3 +22,23 @@ containerd_systemd_cgroup() {
   systemctl restart containerd
   wait_for 60 ctr version >/dev/null 2>&1
 }
+
+# Cluster mode: the NIC on qemu's restricted user network, whose one peer (10.0.2.100) is the
+# host's test API server; its certificate names `kubernetes`.
+network() {
+  local nic
+  nic=$(ip -o link | awk -F': ' '$2 != "lo" { print $2; exit }')
+  [ -n "$nic" ] || { log "no network interface"; return 1; }
+  ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" || return 1
+  echo "10.0.2.100 kubernetes" >>/etc/hosts
+}
+
+# Cluster mode's common set-up: Gantry and the node's kubeconfig from the share (into $ROOT and
+# $KUBECONFIG, which the script sets), the network, and the locally built pause image.
+join_cluster_setup() {
+  install -m 0755 $H/gantry /usr/local/bin/gantry
+  mkdir -p $ROOT /etc/gantry
+  install -m 0600 $H/kubeconfig $KUBECONFIG
+  network || return 1
+  sed -i 's#sandbox_image = .*#sandbox_image = "gantry.local/pause:v1"#' /etc/containerd/config.toml
+}

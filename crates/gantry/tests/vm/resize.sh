@@ -13,21 +13,8 @@ KUBECONFIG=/etc/gantry/kubeconfig
 CG=/sys/fs/cgroup
 GANTRY_PID=
 
-# The NIC on qemu's restricted user network; the API server's certificate names `kubernetes`.
-network() {
-  local nic
-  nic=$(ip -o link | awk -F': ' '$2 != "lo" { print $2; exit }')
-  [ -n "$nic" ] || { log "no network interface"; return 1; }
-  ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" || return 1
-  echo "10.0.2.100 kubernetes" >>/etc/hosts
-}
-
 setup() {
-  install -m 0755 $H/gantry /usr/local/bin/gantry
-  mkdir -p $ROOT /etc/gantry
-  install -m 0600 $H/kubeconfig $KUBECONFIG
-  network || return 1
-  sed -i 's#sandbox_image = .*#sandbox_image = "gantry.local/pause:v1"#' /etc/containerd/config.toml
+  join_cluster_setup || return 1
   local t
   for t in $H/*.oci.tar; do ctr -n k8s.io images import "$t" >/dev/null || return 1; done
   stat -fc %T $CG >$R/cgroup-fs

@@ -12,24 +12,12 @@ ROOT=/var/lib/gantry
 CONFIG=/etc/gantry/config.yaml
 KUBECONFIG=/etc/gantry/kubeconfig
 
-network() {
-  local nic
-  nic=$(ip -o link | awk -F': ' '$2 != "lo" { print $2; exit }')
-  [ -n "$nic" ] || { log "no network interface"; return 1; }
-  ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" || return 1
-  echo "10.0.2.100 kubernetes" >>/etc/hosts
-}
-
 inhibit_delay() {
   busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec
 }
 
 setup() {
-  install -m 0755 $H/gantry /usr/local/bin/gantry
-  mkdir -p $ROOT /etc/gantry
-  install -m 0600 $H/kubeconfig $KUBECONFIG
-  network || return 1
-  sed -i 's#sandbox_image = .*#sandbox_image = "gantry.local/pause:v1"#' /etc/containerd/config.toml
+  join_cluster_setup || return 1
   # A network config, so that the runtime reports its network ready and the Node is Ready
   # until the shutdown (the pods use the host's network; no plugin runs for them).
   mkdir -p /etc/cni/net.d

@@ -14,24 +14,7 @@ use std::path::{Path, PathBuf};
 use super::host::parse_kv;
 use super::types::{PsiData, PsiStats};
 
-/// Where the cgroup file system is mounted.
-pub const MOUNT: &str = "/sys/fs/cgroup";
-
-/// The hierarchy mounted at `mount` (`cgroup2fs`: v2), None without a cgroup file system.
-pub fn hierarchy(mount: &Path) -> Option<Hierarchy> {
-    let fs = nix::sys::statfs::statfs(mount).ok()?;
-    if fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
-        Some(Hierarchy::V2)
-    } else {
-        mount.join("memory").is_dir().then_some(Hierarchy::V1)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hierarchy {
-    V1,
-    V2,
-}
+pub use gantry_config::{CGROUP_MOUNT as MOUNT, Hierarchy, cgroup_hierarchy as hierarchy};
 
 /// One cgroup: its directory on the unified hierarchy, or in the v1 `cpuacct` and `memory`
 /// hierarchies (where a process can sit at different paths).

@@ -41,7 +41,10 @@ async fn runonce_with_the_gate_runs_pods_reports_and_exits() {
 async fn runonce_reports_a_failed_pod_and_exits_non_zero() {
     let Some(env) = Env::start().await else { return };
     env.write_manifest("ok.yaml", &pod_yaml("ok", "sleep 3600", ""));
-    env.write_manifest("bad.yaml", &pod_yaml("bad", "exit 1", "  restartPolicy: Never\n"));
+    // A command that cannot start, so the container is never seen running (a quick `exit 1`
+    // can be, for an instant, which is upstream's rule too).
+    let bad = pod_yaml("bad", "", "  restartPolicy: Never\n").replace(r#"["sh", "-c", ""]"#, r#"["/no-such-command"]"#);
+    env.write_manifest("bad.yaml", &bad);
     let mut args = env.args();
     args.extend(["--runonce=true".to_string(), "--feature-gates=LegacyNodeRunOnceMode=true".to_string()]);
     let out = tokio::task::spawn_blocking(move || gantry(&args)).await.unwrap();

@@ -23,14 +23,17 @@ pub enum Gate {
     GracefulNodeShutdown,
     /// `shutdownGracePeriodByPodPriority`. Default: true.
     GracefulNodeShutdownBasedOnPodPriority,
+    /// KEP-4205: pressure stall information in `/stats/summary`. Default: true (beta in 1.34).
+    KubeletPSI,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 4] = [
+    pub const ALL: [Gate; 5] = [
         Gate::LegacyNodeRunOnceMode,
         Gate::DisableNodeKubeProxyVersion,
         Gate::GracefulNodeShutdown,
         Gate::GracefulNodeShutdownBasedOnPodPriority,
+        Gate::KubeletPSI,
     ];
 
     /// The gate's name as written in `--feature-gates` and `featureGates`.
@@ -40,6 +43,7 @@ impl Gate {
             Gate::DisableNodeKubeProxyVersion => "DisableNodeKubeProxyVersion",
             Gate::GracefulNodeShutdown => "GracefulNodeShutdown",
             Gate::GracefulNodeShutdownBasedOnPodPriority => "GracefulNodeShutdownBasedOnPodPriority",
+            Gate::KubeletPSI => "KubeletPSI",
         }
     }
 
@@ -48,7 +52,8 @@ impl Gate {
             Gate::LegacyNodeRunOnceMode => false,
             Gate::DisableNodeKubeProxyVersion
             | Gate::GracefulNodeShutdown
-            | Gate::GracefulNodeShutdownBasedOnPodPriority => true,
+            | Gate::GracefulNodeShutdownBasedOnPodPriority
+            | Gate::KubeletPSI => true,
         }
     }
 
@@ -130,7 +135,6 @@ pub const UPSTREAM_ONLY_GATES: &[&str] = &[
     "KubeletPodResourcesDynamicResources",
     "KubeletPodResourcesGet",
     "KubeletPodResourcesListUseActivePods",
-    "KubeletPSI",
     "KubeletRegistrationGetOnExistsOnly",
     "KubeletSeparateDiskGC",
     "KubeletServiceAccountTokenForCredentialProviders",
@@ -325,7 +329,7 @@ mod tests {
         assert!(g.enabled(Gate::DisableNodeKubeProxyVersion));
         assert_eq!(
             g.to_string(),
-            "DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,LegacyNodeRunOnceMode=false"
+            "DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false"
         );
         assert!(g.enabled(Gate::GracefulNodeShutdown) && g.enabled(Gate::GracefulNodeShutdownBasedOnPodPriority));
     }
@@ -341,7 +345,7 @@ mod tests {
         assert_eq!(g.without_effect(), vec!["KubeletTracing"]);
         assert_eq!(
             g.to_string(),
-            "DisableNodeKubeProxyVersion=false,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletTracing=true,LegacyNodeRunOnceMode=true"
+            "DisableNodeKubeProxyVersion=false,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,KubeletTracing=true,LegacyNodeRunOnceMode=true"
         );
     }
 

@@ -64,6 +64,8 @@ struct Inner {
     pod_cgroups: Option<gantry_config::PodSettings>,
     /// The runtime's unix socket, whose server is the `runtime` system container.
     runtime_socket: Option<PathBuf>,
+    /// The `KubeletPSI` gate: pressure stall information in the summary.
+    psi: bool,
     /// The InternalIP the node registered with (cluster mode), for the serving certificate.
     host_ip: Option<IpAddr>,
     settings: ServerSettings,
@@ -95,6 +97,7 @@ impl ServerState {
                 pod_logs_dir: settings.pod_logs_dir.clone(),
                 pod_cgroups: settings.pods.cgroups_per_qos.then(|| settings.pods.clone()),
                 runtime_socket: settings.container_runtime_endpoint.strip_prefix("unix://").map(PathBuf::from),
+                psi: settings.feature_gates.enabled(gantry_config::Gate::KubeletPSI),
                 host_ip,
                 settings: server,
                 authenticator,
@@ -133,6 +136,11 @@ impl ServerState {
 
     pub fn runtime_socket(&self) -> Option<&std::path::Path> {
         self.inner.runtime_socket.as_deref()
+    }
+
+    /// Whether the summary reports pressure stall information (the `KubeletPSI` gate).
+    pub fn psi(&self) -> bool {
+        self.inner.psi
     }
 
     pub fn settings(&self) -> &ServerSettings {

@@ -22,6 +22,7 @@ async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summa
         cgroup_mount: PathBuf::from(super::cgroup::MOUNT),
         pod_cgroups: state.pod_cgroups(),
         runtime_socket: state.runtime_socket().map(PathBuf::from),
+        psi: state.psi(),
         pods: state.pods(),
         cache: state.stats_cache(),
     };

@@ -51,6 +51,9 @@ pub struct Sources<'a> {
     pub pod_cgroups: Option<&'a PodSettings>,
     /// The runtime's unix socket: the process behind it is the `runtime` system container.
     pub runtime_socket: Option<PathBuf>,
+    /// The `KubeletPSI` gate: without it the summary has no pressure figures (nor `io`, which
+    /// carries only pressure).
+    pub psi: bool,
     /// The pods this node runs (from the status store).
     pub pods: Vec<Pod>,
     pub cache: &'a StatsCache,
@@ -169,7 +172,33 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
         .chain(src.pods.iter().map(|p| format!("pod/{}", spec::uid(p))))
         .collect();
     rates.retain(|k| k == "node" || k.starts_with("sys/") || alive.contains(k));
-    Ok(Summary { node, pods })
+    let mut summary = Summary { node, pods };
+    if !src.psi {
+        without_psi(&mut summary);
+    }
+    Ok(summary)
+}
+
+/// The summary as a kubelet with `KubeletPSI` off shows it (pure).
+fn without_psi(summary: &mut Summary) {
+    fn strip(cpu: &mut Option<CpuStats>, memory: &mut Option<MemoryStats>, io: &mut Option<IoStats>) {
+        if let Some(c) = cpu {
+            c.psi = None;
+        }
+        if let Some(m) = memory {
+            m.psi = None;
+        }
+        *io = None;
+    }
+    let node = &mut summary.node;
+    strip(&mut node.cpu, &mut node.memory, &mut node.io);
+    let containers = summary.pods.iter_mut().flat_map(|p| p.containers.iter_mut());
+    for c in node.system_containers.iter_mut().chain(containers) {
+        strip(&mut c.cpu, &mut c.memory, &mut c.io);
+    }
+    for p in &mut summary.pods {
+        strip(&mut p.cpu, &mut p.memory, &mut p.io);
+    }
 }
 
 fn node_stats(
@@ -551,6 +580,37 @@ fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_the_psi_gate_no_pressure_is_reported_anywhere() {
+        let psi = Some(PsiStats::default());
+        let cpu = || Some(CpuStats { psi, ..Default::default() });
+        let memory = || Some(MemoryStats { psi, ..Default::default() });
+        let io = || Some(IoStats { time: String::new(), psi });
+        let container = || ContainerStats { cpu: cpu(), memory: memory(), io: io(), ..Default::default() };
+        let mut summary = Summary {
+            node: NodeStats {
+                cpu: cpu(),
+                memory: memory(),
+                io: io(),
+                system_containers: vec![container()],
+                ..Default::default()
+            },
+            pods: vec![PodStats {
+                cpu: cpu(),
+                memory: memory(),
+                io: io(),
+                containers: vec![container()],
+                ..Default::default()
+            }],
+        };
+        let before = serde_json::to_string(&summary).unwrap();
+        assert_eq!(before.matches("\"psi\"").count(), 12, "{before}");
+        without_psi(&mut summary);
+        let after = serde_json::to_string(&summary).unwrap();
+        assert!(!after.contains("psi") && !after.contains("\"io\""), "{after}");
+        assert_eq!(after.matches("\"cpu\"").count(), 4, "CPU and memory stay: {after}");
+    }
 
     #[test]
     fn sandbox_pid_from_verbose_info() {

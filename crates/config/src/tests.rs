@@ -409,7 +409,7 @@ fn summary_masks_header_values() {
     assert!(summary.contains("syncFrequency=1m0s"), "{summary}");
     assert!(summary.contains("nodeName=machine-1"), "{summary}");
     assert!(
-        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,LegacyNodeRunOnceMode=false"),
+        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false"),
         "{summary}"
     );
     assert!(!summary.contains('\n'), "one line: {summary}");

@@ -112,6 +112,14 @@ pub fn file_usage(path: &Path) -> Option<(u64, u64)> {
     Some((meta.blocks() * 512, 1))
 }
 
+/// Bytes and inodes of the regular files directly in `dir`, not in its subdirectories: the
+/// pod-level log files of a pod's log directory, beside its containers' directories (upstream's
+/// `podLogStats`).
+pub fn files_usage(dir: &Path) -> Option<(u64, u64)> {
+    let files = std::fs::read_dir(dir).ok()?.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_file()));
+    Some(files.filter_map(|e| file_usage(&e.path())).fold((0, 0), |(b, i), (fb, fi)| (b + fb, i + fi)))
+}
+
 /// When a directory last changed: cAdvisor's creation time of a raw cgroup.
 pub fn modified(dir: &Path) -> Option<k8s_openapi::jiff::Timestamp> {
     let t = std::fs::metadata(dir).ok()?.modified().ok()?;
@@ -232,6 +240,18 @@ fn proc_stat_cpu_nanos() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_level_log_files_are_the_files_beside_the_container_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pod.log"), vec![b'x'; 64 << 10]).unwrap();
+        std::fs::create_dir(dir.path().join("main")).unwrap();
+        std::fs::write(dir.path().join("main/0.log"), vec![b'x'; 256 << 10]).unwrap();
+        let (bytes, inodes) = files_usage(dir.path()).unwrap();
+        assert_eq!(inodes, 1, "only the top-level file");
+        assert!((64 << 10..256 << 10).contains(&bytes), "{bytes}");
+        assert_eq!(files_usage(&dir.path().join("missing")), None);
+    }
 
     #[test]
     fn node_psi_only_on_cgroup_v2() {

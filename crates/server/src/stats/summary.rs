@@ -162,7 +162,10 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
             ps.volume = volumes(src.root_dir, pod, &time);
             let etc_hosts = host::file_usage(&paths::pod_dir(src.root_dir, uid).join(paths::ETC_HOSTS));
-            ps.ephemeral_storage = Some(ephemeral(&ps, pod, node.fs.as_ref(), etc_hosts, &time));
+            let pod_logs = host::files_usage(&paths::pod_log_dir(src.pod_logs_dir, pod));
+            let pod_files =
+                [etc_hosts, pod_logs].into_iter().flatten().fold((0, 0), |(b, i), (fb, fi)| (b + fb, i + fi));
+            ps.ephemeral_storage = Some(ephemeral(&ps, pod, node.fs.as_ref(), pod_files, &time));
         }
         pods.push(ps);
     }
@@ -397,14 +400,9 @@ fn is_local_ephemeral(v: &Volume) -> bool {
 }
 
 /// Ephemeral storage as upstream counts it (`calcEphemeralStorage`): writable layers, logs,
-/// the local ephemeral volumes and the pod's `/etc/hosts`, on the kubelet's root filesystem.
-fn ephemeral(
-    ps: &PodStats,
-    pod: &Pod,
-    root_fs: Option<&FsStats>,
-    etc_hosts: Option<(u64, u64)>,
-    time: &str,
-) -> FsStats {
+/// the local ephemeral volumes and the pod's own files (`/etc/hosts`, pod-level log files), on
+/// the kubelet's root filesystem.
+fn ephemeral(ps: &PodStats, pod: &Pod, root_fs: Option<&FsStats>, pod_files: (u64, u64), time: &str) -> FsStats {
     let ephemeral_volumes: Vec<&VolumeStats> = spec_volumes(pod)
         .iter()
         .filter(|v| is_local_ephemeral(v))
@@ -412,11 +410,8 @@ fn ephemeral(
         .collect();
     let containers = ps.containers.iter().flat_map(|c| [c.rootfs.as_ref(), c.logs.as_ref()]).flatten();
     let all = containers.chain(ephemeral_volumes.iter().map(|v| &v.fs));
-    let (mut used, mut inodes) =
-        all.fold((0, 0), |(b, i), f| (b + f.used_bytes.unwrap_or(0), i + f.inodes_used.unwrap_or(0)));
-    if let Some((b, i)) = etc_hosts {
-        (used, inodes) = (used + b, inodes + i);
-    }
+    let (used, inodes) =
+        all.fold(pod_files, |(b, i), f| (b + f.used_bytes.unwrap_or(0), i + f.inodes_used.unwrap_or(0)));
     FsStats {
         used_bytes: Some(used),
         inodes_used: Some(inodes),

@@ -865,13 +865,13 @@ async fn image_gc_passes_ten_seconds_after_start_then_every_five_minutes() {
 /// restarted; a pod that arrives while the node shuts down is rejected.
 #[tokio::test]
 async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejected() {
-    use gantry_agent::agent::ShutdownKill;
+    use gantry_agent::agent::{Kill, KillReason};
     let node = Node::start().await;
     node.fake.add_image("registry.test/app:v1");
     let shared = Shared::connect(&node.settings(), Arc::default()).await.expect("agent connects to the fake runtime");
     let (tx, rx) = mpsc::channel(16);
     let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
-    let kills = agent.shutdown_kills();
+    let kills = agent.kills();
     let _task = tokio::spawn(agent.run(rx));
     let pod = static_pod("web", &["app"]);
     let name = pod.metadata.name.clone().unwrap();
@@ -880,7 +880,7 @@ async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejec
 
     shared.shutting_down.send_replace(true);
     let (done, stopped) = tokio::sync::oneshot::channel();
-    kills.send(ShutdownKill { uid: uid(&pod).to_string(), grace: Duration::from_secs(5), done }).unwrap();
+    kills.send(Kill { uid: uid(&pod).to_string(), grace: Duration::from_secs(5), why: KillReason::Shutdown, done }).unwrap();
     let stopped = tokio::time::timeout(PATIENCE, stopped).await.expect("the pod stops within the test's patience");
     assert!(stopped.is_ok(), "the worker reports the pod stopped");
     let status = shared.statuses.get(uid(&pod)).unwrap().status.unwrap();

@@ -371,6 +371,7 @@ impl fmt::Debug for Settings {
             .field("logs", &self.logs)
             .field("pods", &self.pods)
             .field("server", &self.server)
+            .field("eviction", &self.eviction)
             .finish()
     }
 }

@@ -132,7 +132,7 @@ impl Node {
         }
         spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
         let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
-        if let Some(manager) = ShutdownManager::new(settings, shared.clone(), agent.shutdown_kills()) {
+        if let Some(manager) = ShutdownManager::new(settings, shared.clone(), agent.kills()) {
             supervisor.spawn("node-shutdown", manager.run());
         }
         if let Some(c) = cluster {
@@ -298,7 +298,10 @@ async fn join_cluster(
     // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let shutting_down = shared.shutting_down.subscribe();
-    let node = node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics, shutting_down).await?;
+    let pressure = shared.pressure.subscribe();
+    let node =
+        node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics, shutting_down, pressure)
+            .await?;
     supervisor.adopt("node-status", node.task);
     supervisor.adopt("event-writer", node.event_writer);
     if let Some(rotation) = node.clients.rotation.clone() {

@@ -799,3 +799,35 @@ pub fn set_disruption_target(status: &mut PodStatus, generation: Option<i64>, me
         None => conditions.push(condition),
     }
 }
+
+/// Admission under pressure (upstream's eviction admit handler): with memory pressure alone
+/// only BestEffort pods are refused, unless they tolerate the memory-pressure taint; any other
+/// pressure refuses every pod. Critical pods are always admitted. `Some` is the refusal
+/// message (reason [`REASON`]), in upstream's words.
+pub fn refuse_admission(pressure: Pressure, pod: &Pod) -> Option<String> {
+    if !pressure.any() || is_critical(pod) {
+        return None;
+    }
+    if pressure == (Pressure { memory: true, ..Pressure::default() }) {
+        let best_effort = crate::qos::class(pod) == crate::qos::QosClass::BestEffort;
+        if !best_effort || tolerates_memory_pressure(pod) {
+            return None;
+        }
+    }
+    Some(format!("The node had condition: [{}]. ", pressure.names().join(" ")))
+}
+
+/// Whether a toleration matches the `node.kubernetes.io/memory-pressure:NoSchedule` taint.
+fn tolerates_memory_pressure(pod: &Pod) -> bool {
+    const KEY: &str = "node.kubernetes.io/memory-pressure";
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+    tolerations.iter().any(|t| {
+        let effect = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "NoSchedule");
+        let key = t.key.as_deref().unwrap_or_default();
+        let matches = match t.operator.as_deref() {
+            Some("Exists") => key.is_empty() || key == KEY,
+            _ => key == KEY && t.value.as_deref().unwrap_or_default().is_empty(),
+        };
+        effect && matches
+    })
+}

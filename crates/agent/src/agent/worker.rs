@@ -174,6 +174,10 @@ impl Worker {
         if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
             return Ok(());
         }
+        let pressure = *self.shared.pressure.borrow();
+        if let Some(message) = gantry_pod::eviction::refuse_admission(pressure, &self.pod) {
+            return Err((gantry_pod::eviction::REASON, message));
+        }
         self.shared.driver.admit(&self.pod)
     }
 

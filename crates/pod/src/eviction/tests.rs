@@ -413,3 +413,27 @@ fn canonical_quantities() {
     assert_eq!(canonical("500M"), "500M");
     assert_eq!(canonical("1000"), "1k");
 }
+
+#[test]
+fn admission_under_pressure() {
+    use k8s_openapi::api::core::v1::Toleration;
+    let best_effort = pod("be", 0, vec![container("c", &[], &[])]);
+    let burstable = pod("b", 0, vec![container("c", &[("memory", "1Mi")], &[])]);
+    let mut tolerating = best_effort.clone();
+    tolerating.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+        key: Some("node.kubernetes.io/memory-pressure".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }]);
+    let mut critical = best_effort.clone();
+    critical.spec.as_mut().unwrap().priority = Some(SYSTEM_CRITICAL_PRIORITY);
+    let memory = Pressure { memory: true, ..Default::default() };
+    assert_eq!(refuse_admission(Pressure::default(), &best_effort), None);
+    assert_eq!(refuse_admission(memory, &best_effort).as_deref(), Some("The node had condition: [MemoryPressure]. "));
+    assert_eq!(refuse_admission(memory, &burstable), None);
+    assert_eq!(refuse_admission(memory, &tolerating), None);
+    let disk = Pressure { memory: true, disk: true, pid: false };
+    assert_eq!(refuse_admission(disk, &burstable).as_deref(), Some("The node had condition: [MemoryPressure DiskPressure]. "));
+    assert_eq!(refuse_admission(disk, &critical), None);
+}

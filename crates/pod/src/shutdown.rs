@@ -135,7 +135,7 @@ pub fn stopped_status(mut status: PodStatus, generation: Option<i64>, now: Time)
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use k8s_openapi::jiff::Timestamp;
 

@@ -1,7 +1,7 @@
 //! What the node reports about the machine: identity (machine-id, boot id,
 //! system UUID), kernel and OS, CPU/memory/storage capacity. Read from the
 //! same files cAdvisor reads for the Go kubelet. (Free memory and disk for the
-//! pressure conditions are the eviction manager's, `crate::eviction`.)
+//! pressure conditions are the eviction manager's.)
 
 use std::path::Path;
 

@@ -6,7 +6,7 @@
 //!   what changed, and the patches to send. No I/O; time is an input.
 //! * [`machine`], [`addresses`], [`runtime_state`] gather the inputs
 //!   (machine facts, interfaces/DNS, CRI status); the pressure conditions
-//!   come from the eviction manager (`crate::eviction`).
+//!   come from the eviction manager.
 //! * [`controller::NodeController`] does the API calls: registration, the
 //!   status loop (every `nodeStatusUpdateFrequency`, PATCH only when changed
 //!   or every `nodeStatusReportFrequency`), the lease loop (every

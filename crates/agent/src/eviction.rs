@@ -98,12 +98,11 @@ impl<S: StatsSource> EvictionManager<S> {
             let evicted = self.synchronize().await;
             if !evicted.is_empty() {
                 // As upstream, the next pass waits until the evicted pods are gone, so that it
-                // sees what their eviction freed.
+                // sees what their eviction freed; at most one pod goes per interval.
                 let all = futures::future::join_all(evicted);
                 if tokio::time::timeout(CLEANUP_TIMEOUT, all).await.is_err() {
                     tracing::info!(node = %self.node, "Eviction manager: timed out waiting for pods to be cleaned up");
                 }
-                tick.reset_immediately();
             }
         }
     }

@@ -20,7 +20,8 @@ impl StatsSource for SummaryStats {
     async fn stats(&self) -> Result<Stats, CriError> {
         let summary = gantry_server::stats::http::collect(&self.state, false).await?;
         let info = self.state.cri().images.image_fs_info(api::ImageFsInfoRequest::default()).await?;
-        let image_mount = info.image_filesystems.iter().find_map(|fs| fs.fs_id.as_ref().map(|id| id.mountpoint.clone()));
+        let image_mount =
+            info.image_filesystems.iter().find_map(|fs| fs.fs_id.as_ref().map(|id| id.mountpoint.clone()));
         let dedicated_imagefs = image_mount.is_some_and(|m| !same_device(self.state.root_dir(), Path::new(&m)));
         Ok(Stats { observations: observations(&summary), usage: usage(&summary), dedicated_imagefs })
     }
@@ -46,7 +47,11 @@ fn memory(m: &MemoryStats) -> Option<Observation> {
 }
 
 fn bytes(fs: &FsStats) -> Option<Observation> {
-    Some(Observation { available: fs.available_bytes?.into(), capacity: fs.capacity_bytes?.into(), time: at(&fs.time)? })
+    Some(Observation {
+        available: fs.available_bytes?.into(),
+        capacity: fs.capacity_bytes?.into(),
+        time: at(&fs.time)?,
+    })
 }
 
 fn inodes(fs: &FsStats) -> Option<Observation> {

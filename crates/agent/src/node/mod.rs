@@ -120,7 +120,8 @@ pub async fn start(
     }
     // Pod and node events share one recorder: one writer task, one correlator.
     let (events, event_writer) = crate::events::Recorder::to_api(clients.client.clone(), node);
-    let controller = NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
+    let controller =
+        NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
     let addresses = controller.addresses();

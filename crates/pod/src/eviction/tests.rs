@@ -434,6 +434,9 @@ fn admission_under_pressure() {
     assert_eq!(refuse_admission(memory, &burstable), None);
     assert_eq!(refuse_admission(memory, &tolerating), None);
     let disk = Pressure { memory: true, disk: true, pid: false };
-    assert_eq!(refuse_admission(disk, &burstable).as_deref(), Some("The node had condition: [MemoryPressure DiskPressure]. "));
+    assert_eq!(
+        refuse_admission(disk, &burstable).as_deref(),
+        Some("The node had condition: [MemoryPressure DiskPressure]. ")
+    );
     assert_eq!(refuse_admission(disk, &critical), None);
 }

@@ -2,7 +2,7 @@
 //! agent's clock) it reads the node's stats, runs [`gantry_pod::eviction`] over them, publishes
 //! the pressure conditions (`Shared::pressure`, which the Node status and pod admission read),
 //! evicts pods over their local storage limits, and under pressure reclaims node resources
-//! (unused images, for disk) before it evicts at most one pod, through the pod's worker like
+//! (dead containers and unused images, for disk) before it evicts at most one pod, through the pod's worker like
 //! any stop, and waits for it to be gone.
 
 use std::future::Future;
@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::agent::{Kill, KillReason, Shared};
+use crate::agent::{ContainerReclaimer, Kill, KillReason, Shared};
 use crate::events::{EventType, NodeEvent};
 use crate::image::collector::ImageReclaimer;
 use gantry_config::Settings;
@@ -38,11 +38,17 @@ pub trait StatsSource: Send + Sync + 'static {
     fn stats(&self) -> impl Future<Output = Result<Stats, gantry_cri::CriError>> + Send;
 }
 
+/// What frees node-level disk before pods are evicted for it.
+pub struct Reclaim {
+    pub containers: ContainerReclaimer,
+    pub images: ImageReclaimer,
+}
+
 pub struct EvictionManager<S> {
     shared: Arc<Shared>,
     stats: S,
-    /// Frees disk (unused images) before any pod is evicted for it.
-    images: ImageReclaimer,
+    /// Frees disk (dead containers, then unused images) before any pod is evicted for it.
+    reclaim: Reclaim,
     config: core::Config,
     kills: mpsc::UnboundedSender<Kill>,
     state: core::Manager,
@@ -57,7 +63,7 @@ impl<S: StatsSource> EvictionManager<S> {
         settings: &Settings,
         shared: Arc<Shared>,
         stats: S,
-        images: ImageReclaimer,
+        reclaim: Reclaim,
         kills: mpsc::UnboundedSender<Kill>,
     ) -> Result<Self, core::ThresholdError> {
         let e = &settings.eviction;
@@ -77,7 +83,7 @@ impl<S: StatsSource> EvictionManager<S> {
         Ok(EvictionManager {
             shared,
             stats,
-            images,
+            reclaim,
             config,
             kills,
             state: core::Manager::default(),
@@ -146,7 +152,9 @@ impl<S: StatsSource> EvictionManager<S> {
             message: format!("Attempting to reclaim {resource}"),
         });
         if core::reclaims_images_and_containers(threshold.signal) {
-            self.images.delete_unused().await;
+            // Dead containers first: the images they hold become unused.
+            self.reclaim.containers.delete_dead().await;
+            self.reclaim.images.delete_unused().await;
             if let Some(after) = self.read_stats().await
                 && core::reclaimed_enough(&self.config, &after.observations)
             {

@@ -996,6 +996,7 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     let (tx, rx) = mpsc::channel(16);
     let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
     let kills = agent.kills();
+    let containers = agent.container_reclaimer();
     let _task = tokio::spawn(agent.run(rx));
     // Two pods as the API server would send them (not static, so not critical), one static.
     let api_pod = |name: &str, request: &str| {
@@ -1037,7 +1038,8 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
     // No image collector runs: a reclaim request returns at once (memory reclaims none anyway).
     let images = ImageCollector::new(cri, settings.images.clone(), None, NODE).reclaimer();
-    let manager = EvictionManager::new(&settings, shared.clone(), stats, images, kills).expect("thresholds");
+    let reclaim = gantry_agent::eviction::Reclaim { containers, images };
+    let manager = EvictionManager::new(&settings, shared.clone(), stats, reclaim, kills).expect("thresholds");
     let started = tokio::time::Instant::now();
     let _manager = tokio::spawn(manager.run());
 
@@ -1070,4 +1072,76 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     assert!(cleared, "MemoryPressure clears");
     let after = started.elapsed() - relieved;
     assert!(after >= Duration::from_secs(20) && after <= Duration::from_secs(31), "cleared {after:?} after relief");
+}
+
+/// nodefs stats a test controls: low while the image `registry.test/old:v1` is in the runtime
+/// (removing it is what reclaims the disk), or always low once `stuck` is set.
+struct DiskStats {
+    cri: gantry_cri::Cri,
+    stuck: Arc<Mutex<bool>>,
+}
+
+impl gantry_agent::eviction::StatsSource for DiskStats {
+    async fn stats(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
+        use gantry_pod::eviction::{Observation, Signal};
+        let images = self.cri.images.list_images(Default::default()).await?.images;
+        let old = images.iter().any(|i| i.repo_tags.iter().any(|t| t == "registry.test/old:v1"));
+        let low = old || *self.stuck.lock().unwrap();
+        let time = k8s_openapi::jiff::Timestamp::now();
+        let nodefs = Observation { available: if low { 5 << 30 } else { 50 << 30 }, capacity: 100 << 30, time };
+        Ok(gantry_agent::eviction::Stats {
+            observations: [(Signal::NodeFsAvailable, nodefs)].into(),
+            usage: Default::default(),
+            dedicated_imagefs: false,
+        })
+    }
+}
+
+/// Disk pressure reclaims first, as upstream: unused images go (through the running image
+/// collector) and, when that brings nodefs back above its threshold, no pod is evicted; when
+/// reclaiming cannot, the pod is evicted for `ephemeral-storage`.
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_removes_unused_images_before_it_evicts_a_pod() {
+    use gantry_agent::eviction::{EvictionManager, Reclaim};
+    use gantry_agent::image::collector::ImageCollector;
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/app:v1");
+    node.fake.add_image("registry.test/old:v1");
+    let mut settings = node.settings();
+    settings.eviction_hard = [("nodefs.available".to_string(), "10%".to_string())].into();
+    let shared = Shared::connect(&settings, Arc::default()).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
+    let (kills, containers) = (agent.kills(), agent.container_reclaimer());
+    let _task = tokio::spawn(agent.run(rx));
+    let mut web = static_pod("web", &["app"]);
+    web.metadata.annotations.as_mut().unwrap().insert("kubernetes.io/config.source".into(), "api".into());
+    send(&tx, &[&web]).await;
+    wait_status(&shared, "web running", |s| phase(s, &web).as_deref() == Some("Running")).await;
+
+    let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
+    let collector = ImageCollector::new(cri.clone(), settings.images.clone(), None, NODE);
+    let reclaim = Reclaim { containers, images: collector.reclaimer() };
+    let _collector = tokio::spawn(collector.run());
+    let stuck = Arc::new(Mutex::new(false));
+    let stats = DiskStats { cri, stuck: stuck.clone() };
+    let manager = EvictionManager::new(&settings, shared.clone(), stats, reclaim, kills).expect("thresholds");
+    let _manager = tokio::spawn(manager.run());
+
+    let removed = node.fake.advance_until(Duration::from_secs(5), |calls| !ops(calls, "RemoveImage").is_empty()).await;
+    assert!(removed, "the unused image goes first");
+    assert!(shared.pressure.borrow().disk, "DiskPressure");
+    node.fake.advance(Duration::from_secs(15)).await;
+    assert_eq!(phase(&shared, &web).as_deref(), Some("Running"), "reclaim was enough: no eviction");
+    let images = node.fake.images();
+    assert_eq!(images.len(), 1, "the image in use stays: {images:?}");
+
+    *stuck.lock().unwrap() = true;
+    node.fake.advance(Duration::from_secs(10)).await;
+    wait_status(&shared, "web evicted", |s| phase(s, &web).as_deref() == Some("Failed")).await;
+    let status = shared.statuses.get(uid(&web)).unwrap().status.unwrap();
+    // 10% is a float32 fraction, as upstream: 10% of 100 GiB is 10737418400 bytes, not 10Gi.
+    let message = "The node was low on resource: ephemeral-storage. Threshold quantity: 10737418400, available: 5Gi. ";
+    assert_eq!((status.reason.as_deref(), status.message.as_deref()), (Some("Evicted"), Some(message)));
 }

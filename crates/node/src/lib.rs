@@ -18,7 +18,7 @@ use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, KeyError, Pu
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::Recorder;
-use gantry_agent::eviction::EvictionManager;
+use gantry_agent::eviction::{EvictionManager, Reclaim};
 use gantry_agent::image::collector::{ImageCollector, ImageReclaimer};
 use gantry_agent::node::{self as node_side, Startup};
 use gantry_agent::shutdown::ShutdownManager;
@@ -139,7 +139,8 @@ impl Node {
         let images = spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
         let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
         let stats = eviction_stats::SummaryStats { state };
-        let eviction = EvictionManager::new(settings, shared.clone(), stats, images, agent.kills())?;
+        let reclaim = Reclaim { containers: agent.container_reclaimer(), images };
+        let eviction = EvictionManager::new(settings, shared.clone(), stats, reclaim, agent.kills())?;
         supervisor.spawn("eviction-manager", eviction.run());
         if let Some(manager) = ShutdownManager::new(settings, shared.clone(), agent.kills()) {
             supervisor.spawn("node-shutdown", manager.run());

@@ -254,6 +254,24 @@ pub struct Agent {
     /// Pods to stop for the node's shutdown or an eviction.
     kills_tx: mpsc::UnboundedSender<Kill>,
     kills_rx: mpsc::UnboundedReceiver<Kill>,
+    /// Requests for a garbage collection pass now (the eviction manager's reclaim).
+    gc_tx: mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
+    gc_rx: mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Asks the agent to remove the dead containers and sandboxes its garbage collection would
+/// remove, now (upstream's `DeleteAllUnusedContainers`, before a disk eviction).
+#[derive(Clone)]
+pub struct ContainerReclaimer(mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>);
+
+impl ContainerReclaimer {
+    /// Returns once the pass is over (at once when the agent does not run).
+    pub async fn delete_dead(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.0.send(done).is_ok() {
+            let _ = wait.await;
+        }
+    }
 }
 
 /// A pod to stop and leave `Failed` (the node's shutdown, an eviction), within `grace`; `done`
@@ -280,6 +298,7 @@ impl Agent {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let holds = tokio::sync::watch::Sender::new(HoldInput::default());
         let (kills_tx, kills_rx) = mpsc::unbounded_channel();
+        let (gc_tx, gc_rx) = mpsc::unbounded_channel();
         Agent {
             shared,
             merger: Merger::default(),
@@ -300,7 +319,14 @@ impl Agent {
             statics: tokio::sync::watch::Sender::new(Vec::new()),
             kills_tx,
             kills_rx,
+            gc_tx,
+            gc_rx,
         }
+    }
+
+    /// Where the eviction manager asks for dead containers to go.
+    pub fn container_reclaimer(&self) -> ContainerReclaimer {
+        ContainerReclaimer(self.gc_tx.clone())
     }
 
     /// Where the node shutdown manager and the eviction manager send the pods to stop.
@@ -341,6 +367,13 @@ impl Agent {
                 Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
                 Some(kill) = self.kills_rx.recv() => self.stop_and_fail(kill),
+                Some(done) = self.gc_rx.recv() => {
+                    match self.shared.observer.all().await {
+                        Ok(snapshot) => self.collect_garbage(&snapshot.pods).await,
+                        Err(e) => tracing::warn!(error = %e, "cannot list pods in the runtime"),
+                    }
+                    let _ = done.send(());
+                }
                 _ = relist.tick() => self.housekeeping().await,
             }
         }

@@ -77,9 +77,18 @@ impl ImageCollector {
             Ok((images, in_use, _)) => self.records.observe(&images, &in_use, clock::now(), true),
             Err(e) => tracing::warn!(node = %self.node, error = %e, "image garbage collection: cannot list images"),
         }
-        tokio::time::sleep(FIRST_PASS_DELAY).await;
         let mut failed_before = false;
+        let mut next = tokio::time::Instant::now() + FIRST_PASS_DELAY;
         loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                // The eviction manager's requests are answered between passes, at once.
+                Some(done) = self.requests.recv() => {
+                    self.delete_unused().await;
+                    let _ = done.send(());
+                    continue;
+                }
+            }
             match self.pass().await {
                 Ok(()) => failed_before = false,
                 Err(e) => {
@@ -91,17 +100,7 @@ impl ImageCollector {
                     failed_before = true;
                 }
             }
-            let next = tokio::time::sleep(PERIOD);
-            tokio::pin!(next);
-            loop {
-                tokio::select! {
-                    () = &mut next => break,
-                    Some(done) = self.requests.recv() => {
-                        self.delete_unused().await;
-                        let _ = done.send(());
-                    }
-                }
-            }
+            next = tokio::time::Instant::now() + PERIOD;
         }
     }
 

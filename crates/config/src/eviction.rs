@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::cluster;
 use super::duration::GoDuration;
 use super::file::KubeletConfiguration;
+use super::flags::Flags;
 use super::{ConfigError, Problem};
 
 type Invalid<'a> = &'a dyn Fn(&str, Problem) -> ConfigError;
@@ -51,55 +52,123 @@ pub fn parse_grace(text: &str) -> Option<Duration> {
     GoDuration::parse(text).ok().filter(|d| !d.is_negative()).and_then(GoDuration::to_std)
 }
 
+/// The settings as one input gives them (the config file, or the flags), and the names its
+/// errors use.
+struct Input {
+    soft: Option<BTreeMap<String, String>>,
+    soft_grace_period: Option<BTreeMap<String, String>>,
+    minimum_reclaim: Option<BTreeMap<String, String>>,
+    max_pod_grace_period: Option<i32>,
+    pressure_transition_period: Option<GoDuration>,
+    local_storage_capacity_isolation: Option<bool>,
+    /// evictionSoft, evictionSoftGracePeriod, evictionMinimumReclaim, evictionMaxPodGracePeriod,
+    /// evictionPressureTransitionPeriod in this input's spelling.
+    names: [&'static str; 5],
+}
+
 impl EvictionSettings {
     pub(super) fn apply_file(&mut self, c: &KubeletConfiguration, invalid: Invalid) -> Result<(), ConfigError> {
-        if let Some(map) = &c.eviction_soft {
-            cluster::check_eviction(map).map_err(|e| invalid("evictionSoft", e.into()))?;
-            self.soft = map.clone();
+        self.apply(
+            Input {
+                soft: c.eviction_soft.clone(),
+                soft_grace_period: c.eviction_soft_grace_period.clone(),
+                minimum_reclaim: c.eviction_minimum_reclaim.clone(),
+                max_pod_grace_period: c.eviction_max_pod_grace_period,
+                pressure_transition_period: c.eviction_pressure_transition_period,
+                local_storage_capacity_isolation: c.local_storage_capacity_isolation,
+                names: [
+                    "evictionSoft",
+                    "evictionSoftGracePeriod",
+                    "evictionMinimumReclaim",
+                    "evictionMaxPodGracePeriod",
+                    "evictionPressureTransitionPeriod",
+                ],
+            },
+            invalid,
+        )
+    }
+
+    /// The flags override the file, as upstream's flag precedence.
+    pub(super) fn apply_flags(&mut self, f: &Flags, invalid: Invalid) -> Result<(), ConfigError> {
+        let list = |values: &[String], separator: char, flag: &str| -> Result<_, ConfigError> {
+            if values.is_empty() {
+                return Ok(None);
+            }
+            let mut map = BTreeMap::new();
+            for value in values {
+                map.extend(cluster::parse_key_value_list(value, separator).map_err(|e| invalid(flag, e.into()))?);
+            }
+            Ok(Some(map))
+        };
+        self.apply(
+            Input {
+                soft: list(&f.eviction_soft, '<', "--eviction-soft")?,
+                soft_grace_period: list(&f.eviction_soft_grace_period, '=', "--eviction-soft-grace-period")?,
+                minimum_reclaim: list(&f.eviction_minimum_reclaim, '=', "--eviction-minimum-reclaim")?,
+                max_pod_grace_period: f.eviction_max_pod_grace_period,
+                pressure_transition_period: f.eviction_pressure_transition_period,
+                local_storage_capacity_isolation: None,
+                names: [
+                    "--eviction-soft",
+                    "--eviction-soft-grace-period",
+                    "--eviction-minimum-reclaim",
+                    "--eviction-max-pod-grace-period",
+                    "--eviction-pressure-transition-period",
+                ],
+            },
+            invalid,
+        )
+    }
+
+    fn apply(&mut self, input: Input, invalid: Invalid) -> Result<(), ConfigError> {
+        let [soft_name, grace_name, reclaim_name, max_grace_name, transition_name] = input.names;
+        if let Some(map) = input.soft {
+            cluster::check_eviction(&map).map_err(|e| invalid(soft_name, e.into()))?;
+            self.soft = map;
         }
-        if let Some(map) = &c.eviction_soft_grace_period {
-            cluster::check_signals(map).map_err(|e| invalid("evictionSoftGracePeriod", e.into()))?;
+        if let Some(map) = input.soft_grace_period {
+            cluster::check_signals(&map).map_err(|e| invalid(grace_name, e.into()))?;
             if let Some((signal, value)) = map.iter().find(|(_, v)| parse_grace(v).is_none()) {
                 return Err(invalid(
-                    "evictionSoftGracePeriod",
+                    grace_name,
                     format!("invalid grace period {value:?} for {signal}: must be a non-negative duration").into(),
                 ));
             }
-            self.soft_grace_period = map.clone();
+            self.soft_grace_period = map;
         }
         if let Some(signal) = self.soft.keys().find(|s| !self.soft_grace_period.contains_key(*s)) {
             return Err(invalid(
-                "evictionSoftGracePeriod",
+                grace_name,
                 format!("grace period must be specified for the soft eviction threshold {signal}").into(),
             ));
         }
-        if let Some(map) = &c.eviction_minimum_reclaim {
-            cluster::check_minimum_reclaim(map).map_err(|e| invalid("evictionMinimumReclaim", e.into()))?;
-            self.minimum_reclaim = map.clone();
+        if let Some(map) = input.minimum_reclaim {
+            cluster::check_minimum_reclaim(&map).map_err(|e| invalid(reclaim_name, e.into()))?;
+            self.minimum_reclaim = map;
         }
-        match c.eviction_max_pod_grace_period {
+        match input.max_pod_grace_period {
             Some(n) if n < 0 => {
                 return Err(invalid(
-                    "evictionMaxPodGracePeriod",
-                    format!("invalid configuration: evictionMaxPodGracePeriod {n} must not be negative").into(),
+                    max_grace_name,
+                    format!("invalid configuration: {max_grace_name} {n} must not be negative").into(),
                 ));
             }
             Some(n) => self.max_pod_grace_period = i64::from(n),
             None => {}
         }
-        if let Some(d) = c.eviction_pressure_transition_period {
-            // Zero is upstream's "unset": the default applies.
+        if let Some(d) = input.pressure_transition_period {
             if d.is_negative() {
                 return Err(invalid(
-                    "evictionPressureTransitionPeriod",
-                    format!("invalid configuration: evictionPressureTransitionPeriod {d} must not be negative").into(),
+                    transition_name,
+                    format!("invalid configuration: {transition_name} {d} must not be negative").into(),
                 ));
             }
+            // Zero is upstream's "unset": the default applies.
             if let Some(d) = d.to_std().filter(|d| !d.is_zero()) {
                 self.pressure_transition_period = d;
             }
         }
-        if let Some(on) = c.local_storage_capacity_isolation {
+        if let Some(on) = input.local_storage_capacity_isolation {
             self.local_storage_capacity_isolation = on;
         }
         Ok(())

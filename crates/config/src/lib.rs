@@ -941,6 +941,7 @@ fn apply_flags_cluster(
         cluster::check_eviction(&map).map_err(|e| invalid("--eviction-hard", e.into()))?;
         s.eviction_hard = map;
     }
+    s.eviction.apply_flags(f, &invalid)?;
     if let Some(p) = f.port {
         s.port = check_port(p).map_err(|e| invalid("--port", e.into()))?;
     }

@@ -119,3 +119,82 @@ pub fn usage(summary: &Summary) -> gantry_pod::eviction::Usage {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use gantry_server::stats::types::{
+        ContainerStats, NodeStats, PodReference, PodStats, RlimitStats, RuntimeStats, VolumeStats,
+    };
+
+    use super::*;
+
+    const T: &str = "2026-11-24T12:00:00Z";
+
+    fn fs(available: u64, capacity: u64, inodes_free: u64, inodes: u64) -> FsStats {
+        FsStats {
+            time: T.into(),
+            available_bytes: Some(available),
+            capacity_bytes: Some(capacity),
+            inodes_free: Some(inodes_free),
+            inodes: Some(inodes),
+            ..Default::default()
+        }
+    }
+
+    fn memory(available: u64, working_set: u64) -> MemoryStats {
+        MemoryStats {
+            time: T.into(),
+            available_bytes: Some(available),
+            working_set_bytes: Some(working_set),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn signals_and_usage_from_the_summary() {
+        let summary = Summary {
+            node: NodeStats {
+                memory: Some(memory(300, 700)),
+                system_containers: vec![ContainerStats {
+                    name: "pods".into(),
+                    memory: Some(memory(100, 400)),
+                    ..Default::default()
+                }],
+                fs: Some(fs(10, 100, 5, 50)),
+                runtime: Some(RuntimeStats { image_fs: Some(fs(20, 200, 7, 70)), container_fs: None }),
+                rlimit: Some(RlimitStats { time: T.into(), maxpid: Some(1000), curproc: Some(250) }),
+                ..Default::default()
+            },
+            pods: vec![PodStats {
+                pod_ref: PodReference { name: "p".into(), namespace: "default".into(), uid: "u".into() },
+                containers: vec![ContainerStats {
+                    name: "c".into(),
+                    memory: Some(memory(0, 42)),
+                    rootfs: Some(FsStats { used_bytes: Some(3), inodes_used: Some(1), ..fs(0, 0, 0, 0) }),
+                    ..Default::default()
+                }],
+                volume: vec![VolumeStats {
+                    name: "scratch".into(),
+                    fs: FsStats { used_bytes: Some(9), ..fs(0, 0, 0, 0) },
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let o = observations(&summary);
+        let pair = |s: Signal| (o[&s].available, o[&s].capacity);
+        assert_eq!(pair(Signal::MemoryAvailable), (300, 1000), "capacity = available + working set");
+        assert_eq!(pair(Signal::AllocatableMemoryAvailable), (100, 500));
+        assert_eq!(pair(Signal::NodeFsAvailable), (10, 100));
+        assert_eq!(pair(Signal::NodeFsInodesFree), (5, 50));
+        assert_eq!(pair(Signal::ImageFsAvailable), (20, 200));
+        assert_eq!(pair(Signal::ImageFsInodesFree), (7, 70));
+        assert_eq!(pair(Signal::PidAvailable), (750, 1000));
+        assert_eq!(o[&Signal::MemoryAvailable].time, T.parse().unwrap());
+        let u = &usage(&summary)["u"];
+        assert_eq!(u.containers[0].memory_working_set, Some(42));
+        assert_eq!((u.containers[0].rootfs_bytes, u.containers[0].rootfs_inodes), (Some(3), Some(1)));
+        assert_eq!(u.volumes[0].bytes, Some(9));
+        assert!(observations(&Summary::default()).is_empty(), "no stats, no signal");
+    }
+}

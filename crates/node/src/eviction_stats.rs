@@ -176,7 +176,6 @@ mod tests {
                 volume: vec![VolumeStats {
                     name: "scratch".into(),
                     fs: FsStats { used_bytes: Some(9), ..fs(0, 0, 0, 0) },
-                    ..Default::default()
                 }],
                 ..Default::default()
             }],

@@ -434,7 +434,8 @@ fn find_unescaped(s: &str, needle: &str) -> Option<usize> {
             i += 2;
             continue;
         }
-        if s[i..].starts_with(needle) {
+        // Bytes, not `&s[i..]`: after a multi-byte character `i` is not a char boundary.
+        if bytes[i..].starts_with(needle.as_bytes()) {
             return Some(i);
         }
         i += 1;
@@ -482,6 +483,16 @@ mod tests {
 
     fn labels(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    /// Fuzzing found (fuzz/regressions/selectors/): a multi-byte character after an
+    /// operator's first byte panicked on a char boundary.
+    #[test]
+    fn field_values_with_multi_byte_characters() {
+        assert!(FieldSelector::parse(":=Ʃ").is_ok());
+        let s = FieldSelector::parse("metadata.name=Ʃé,metadata.namespace!=ñ").unwrap();
+        assert!(s.matches(&json!({"metadata": {"name": "Ʃé", "namespace": "b"}})));
+        assert!(!s.matches(&json!({"metadata": {"name": "Ʃé", "namespace": "ñ"}})));
     }
 
     #[test]

@@ -318,6 +318,11 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
     assert!(c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0);
     assert!(c["rootfs"]["capacityBytes"].as_u64().unwrap() > 0);
     assert!(c["logs"]["usedBytes"].is_u64());
+    // Swap and IO of the container itself, from its own cgroup (v1: the swap part of memsw,
+    // no pressure), as upstream's CRI stats provider fills them.
+    assert!(c["swap"]["swapUsageBytes"].is_u64(), "{c}");
+    assert!(c["io"]["time"].is_string(), "{c}");
+    assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() >= min, "{c}");
     assert!(pod["memory"]["workingSetBytes"].as_u64().unwrap() >= min);
     assert_eq!(pod["network"]["name"], "eth0", "the sandbox's network namespace: {pod}");
     // containerd 1.6 has no sandbox stats: the pod cgroup's own files (pause, sh, sleep).

@@ -62,6 +62,8 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "cgroupsPerQOS",
     "cgroupDriver",
     "cgroupRoot",
+    "kubeletCgroups",
+    "systemCgroups",
     "podPidsLimit",
     "enforceNodeAllocatable",
     "failCgroupV1",

@@ -202,6 +202,18 @@ pub struct Flags {
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_root: Option<String>,
 
+    /// The cgroup (cgroupfs path) the agent moves itself into. (kubeletCgroups)
+    #[arg(long, value_name = "CGROUP")]
+    pub kubelet_cgroups: Option<String>,
+
+    /// The container runtime's cgroup, for the summary's runtime system container.
+    #[arg(long, value_name = "CGROUP")]
+    pub runtime_cgroups: Option<String>,
+
+    /// The cgroup the node's non-kernel processes in the root cgroup are moved into; needs --cgroup-root. (systemCgroups)
+    #[arg(long, value_name = "CGROUP")]
+    pub system_cgroups: Option<String>,
+
     /// The most processes a pod may have (pids.max of its cgroup); -1: no limit. (podPidsLimit) [default: -1]
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub pod_max_pids: Option<i64>,
@@ -464,7 +476,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "iptables-masquerade-bit",
     "kube-api-content-type",
     "kube-reserved-cgroup",
-    "kubelet-cgroups",
     "lock-file",
     "log-flush-frequency",
     "log-json-info-buffer-size",
@@ -484,9 +495,7 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "registry-qps",
     "reserved-cpus",
     "reserved-memory",
-    "runtime-cgroups",
     "streaming-connection-idle-timeout",
-    "system-cgroups",
     "system-reserved-cgroup",
     "topology-manager-policy",
     "topology-manager-policy-options",

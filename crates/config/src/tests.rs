@@ -701,3 +701,27 @@ fn change_detection_strategy() {
     let e = err(&[], Some(&body("Poll"))).to_string();
     assert!(e.contains("configMapAndSecretChangeDetectionStrategy") && e.contains("Get, Cache, Watch"), "{e}");
 }
+
+#[test]
+fn system_container_cgroups() {
+    let s = ok(&["--runtime-cgroups=/system.slice/containerd.service"], Some("kubeletCgroups: /kubelet\n"));
+    assert_eq!(
+        (s.pods.kubelet_cgroups.as_str(), s.pods.runtime_cgroups.as_str()),
+        ("/kubelet", "/system.slice/containerd.service")
+    );
+    assert_eq!(
+        ok(&["--kubelet-cgroups=/k"], Some("kubeletCgroups: /kubelet\n")).pods.kubelet_cgroups,
+        "/k",
+        "the flag wins"
+    );
+    let s = ok(&["--system-cgroups=/system", "--cgroup-root=/"], None);
+    assert_eq!(s.pods.system_cgroups, "/system");
+    // Upstream's validation: systemCgroups needs a cgroupRoot, and is never the root itself.
+    let e = err(&[], Some("systemCgroups: /system\n")).to_string();
+    assert!(
+        e.contains("invalid configuration: systemCgroups (--system-cgroups) was specified and cgroupRoot (--cgroup-root) was not specified"),
+        "{e}"
+    );
+    let e = err(&["--system-cgroups=/", "--cgroup-root=/"], None).to_string();
+    assert!(e.contains("system container cannot be root (\"/\")"), "{e}");
+}

@@ -236,6 +236,8 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("cgroupDriver", "cgroup_driver", "crates/agent/src/runtime/driver.rs"),
     ("cgroupRoot", "cgroup_root", "crates/agent/src/runtime/cgroups.rs"),
     ("podPidsLimit", "pod_pids_limit", "crates/agent/src/runtime/cgroups.rs"),
+    ("kubeletCgroups", "kubelet_cgroups", "crates/agent/src/system_containers.rs"),
+    ("systemCgroups", "system_cgroups", "crates/agent/src/system_containers.rs"),
     ("failCgroupV1", "fail_cgroup_v1", "crates/agent/src/agent/mod.rs"),
     ("enforceNodeAllocatable", "enforce_pods_allocatable", "crates/agent/src/node/status.rs"),
     ("clusterDNS", "cluster_dns", "crates/agent/src/runtime/dns.rs"),
@@ -437,10 +439,11 @@ const SPAWNS: &[(&str, &str, usize, &str)] = &[
         "one prober per probed container: Probers keeps the handle and aborts it when the \
          container stops running or the pod worker (and with it Probers) ends",
     ),
-    ("crates/agent/src/runtime/driver.rs", "spawn_blocking(", 5, "blocking cgroup and file I/O, awaited in place"),
+    ("crates/agent/src/runtime/driver.rs", "spawn_blocking(", 6, "blocking cgroup and file I/O, awaited in place"),
     ("crates/agent/src/runtime/driver/resize.rs", "spawn_blocking(", 1, "blocking cgroup writes, awaited in place"),
     ("crates/agent/src/runtime/volumes.rs", "spawn_blocking(", 1, "blocking volume writes, awaited in place"),
     ("crates/logs/src/rotation.rs", "spawn_blocking(", 1, "blocking clean-up of rotated logs, awaited in place"),
+    ("crates/agent/src/system_containers.rs", "spawn_blocking(", 1, "cgroup writes of one round, awaited in place"),
     (
         "crates/server/src/logs/service.rs",
         "spawn_blocking(",

@@ -262,7 +262,7 @@ fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, 
     Ok(Some(Arc::new(cert)))
 }
 
-/// The status file, image garbage collection and log rotation.
+/// The status file, image garbage collection, log rotation and the system containers.
 fn spawn_housekeeping(supervisor: &mut Supervisor, settings: &Settings, shared: &Shared, cluster: Option<&Cluster>) {
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();
@@ -273,6 +273,9 @@ fn spawn_housekeeping(supervisor: &mut Supervisor, settings: &Settings, shared: 
     supervisor.spawn("image-gc", collector.run());
     let rotation = gantry_logs::rotation::run(cri.runtime, settings.node_name.clone(), settings.logs.clone());
     supervisor.spawn("log-rotation", rotation);
+    if gantry_agent::system_containers::configured(&settings.pods) {
+        supervisor.spawn("system-containers", gantry_agent::system_containers::run(settings.pods.clone()));
+    }
 }
 
 /// Cluster mode: the node side (registration, status, lease) and the API pod source.

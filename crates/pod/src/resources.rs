@@ -121,6 +121,17 @@ pub fn pod(pod: &Pod) -> CgroupValues {
     }
 }
 
+/// The Burstable QoS cgroup's CPU shares (upstream's `setCPUCgroupConfig`): the shares of the
+/// sum of the active Burstable pods' CPU requests, the minimum (2) when they request none.
+pub fn burstable_shares<'a>(active: impl IntoIterator<Item = &'a Pod>) -> i64 {
+    let requested = active
+        .into_iter()
+        .filter(|p| qos::class(p) == QosClass::Burstable)
+        .map(|p| pod_total(p, |c| cpu(c).request))
+        .sum();
+    shares(requested)
+}
+
 /// The size of a memory-backed volume (a `medium: Memory` emptyDir, and the tmpfs under
 /// secret, downward API and projected volumes), as upstream's `calculateEmptyDirMemorySize`:
 /// the node's allocatable memory, lowered to the pod cgroup's memory limit when it has one, and
@@ -207,6 +218,17 @@ mod tests {
             container(&res(&[], &[])),
             CgroupValues { cpu_shares: 2, cpu_period: 100_000, ..Default::default() }
         );
+    }
+
+    #[test]
+    fn burstable_level_shares_sum_the_burstable_pods_requests() {
+        let burstable = |cpu: &str| pod_of(vec![], vec![res(&[("cpu", cpu)], &[])]);
+        let guaranteed = pod_of(vec![], vec![res(&[], &[("cpu", "1"), ("memory", "64Mi")])]);
+        let best_effort = pod_of(vec![], vec![res(&[], &[])]);
+        assert_eq!(burstable_shares([&burstable("100m"), &burstable("200m")]), 307, "300m");
+        assert_eq!(burstable_shares([&burstable("100m"), &guaranteed, &best_effort]), 102, "Burstable pods only");
+        assert_eq!(burstable_shares([&guaranteed]), 2, "none: the minimum");
+        assert_eq!(burstable_shares([]), 2);
     }
 
     #[test]

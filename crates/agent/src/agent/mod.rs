@@ -245,6 +245,8 @@ pub struct Agent {
     last_gc: Instant,
     /// Pods being deleted through the API whose termination already ran.
     finished: std::collections::HashSet<String>,
+    /// The Burstable QoS cgroup's CPU shares as last set (None: to be set).
+    burstable_shares: Option<i64>,
     /// The static pods, for the mirror pod manager.
     statics: tokio::sync::watch::Sender<Vec<Pod>>,
     /// Pods to stop for the node's shutdown.
@@ -282,6 +284,7 @@ impl Agent {
             fingerprints: HashMap::new(),
             last_gc: Instant::now(),
             finished: Default::default(),
+            burstable_shares: None,
             statics: tokio::sync::watch::Sender::new(Vec::new()),
             shutdown_tx,
             shutdown_rx,
@@ -311,7 +314,10 @@ impl Agent {
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                Some(update) = updates.recv() => self.apply(update),
+                Some(update) = updates.recv() => {
+                    self.apply(update);
+                    self.update_qos_cgroups().await;
+                }
                 Some(uid) = self.done_rx.recv() => {
                     self.workers.remove(&uid);
                     if self.shared.allocations.remove(&uid) {
@@ -322,6 +328,7 @@ impl Agent {
                         self.publish_statics();
                     }
                     self.reconcile();
+                    self.update_qos_cgroups().await;
                 }
                 Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
@@ -449,11 +456,29 @@ impl Agent {
         }
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
+            // Upstream sets the QoS levels again every minute, whatever changed them.
+            self.burstable_shares = None;
+            self.update_qos_cgroups().await;
             self.collect_garbage(&snapshot.pods).await;
             if sources_ready {
                 let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
                 self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
             }
+        }
+    }
+
+    /// The Burstable QoS level's CPU shares follow the active Burstable pods' CPU requests
+    /// (upstream's `UpdateQOSCgroups`), set when they change: a new pod counts before its
+    /// worker creates its cgroup, a removed one stops counting.
+    async fn update_qos_cgroups(&mut self) {
+        let terminal = |p: &Pod| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            matches!(phase, Some("Succeeded" | "Failed"))
+        };
+        let active = self.desired.iter().filter(|(uid, p)| !self.finished.contains(*uid) && !terminal(p));
+        let shares = gantry_pod::resources::burstable_shares(active.map(|(_, p)| p.as_ref()));
+        if self.burstable_shares != Some(shares) && self.shared.driver.update_qos_cgroups(shares).await {
+            self.burstable_shares = Some(shares);
         }
     }
 

@@ -72,6 +72,16 @@ pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
         .collect()
 }
 
+/// The QoS levels' values (upstream's `setCPUCgroupConfig`): the Burstable level gets
+/// `burstable_shares`, the BestEffort level the minimum shares.
+pub fn qos_levels(settings: &PodSettings, burstable_shares: i64) -> [(String, CgroupValues); 2] {
+    let shares = |cpu_shares| CgroupValues { cpu_shares, ..Default::default() };
+    [
+        (settings.cgroup_name(&["kubepods", "burstable"]), shares(burstable_shares)),
+        (settings.cgroup_name(&["kubepods", "besteffort"]), shares(resources::shares(0))),
+    ]
+}
+
 /// The pod UID a child cgroup of a QoS level belongs to: `pod<uid>` (cgroupfs) or
 /// `kubepods-burstable-pod<uid with underscores>.slice` (systemd).
 fn pod_uid(driver: CgroupDriver, child: &str) -> Option<String> {
@@ -326,6 +336,29 @@ pub use gantry_config::{CGROUP_MOUNT as MOUNT, Hierarchy, cgroup_hierarchy as hi
 /// Upstream's warning (and event message) on a cgroup v1 node.
 pub const V1_DEPRECATED: &str = "cgroup v1 detected. cgroup v1 support has been transitioned into maintenance mode, please plan for the migration towards cgroup v2. More information at https://git.k8s.io/enhancements/keps/sig-node/4569-cgroup-v1-maintenance-mode";
 
+/// Moves process `pid` into the cgroup `path` (a cgroupfs path, which must exist) in every
+/// hierarchy.
+pub fn attach(mount: &Path, hierarchy: Hierarchy, path: &str, pid: u32) -> io::Result<()> {
+    let roots = match hierarchy {
+        Hierarchy::V2 => vec![mount.to_path_buf()],
+        Hierarchy::V1 => CgroupV1::new(mount).hierarchies(),
+    };
+    for root in roots {
+        write(&root.join(path.trim_start_matches('/')), "cgroup.procs", pid)?;
+    }
+    Ok(())
+}
+
+/// The processes directly in the root cgroup (on v1, the memory hierarchy's root).
+pub fn root_processes(mount: &Path, hierarchy: Hierarchy) -> io::Result<Vec<u32>> {
+    let root = match hierarchy {
+        Hierarchy::V2 => mount.to_path_buf(),
+        Hierarchy::V1 => mount.join("memory"),
+    };
+    let text = std::fs::read_to_string(root.join("cgroup.procs"))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
+
 /// The node's cgroup file system for the cgroupfs driver, on either hierarchy.
 pub fn detect() -> Option<Box<dyn CgroupFs>> {
     let mount = Path::new(MOUNT);
@@ -436,6 +469,15 @@ mod tests {
         assert_eq!(m.runtime, CgroupDriver::Systemd);
         assert!(m.to_string().contains("SystemdCgroup = true"), "{m}");
         assert_eq!(mismatch_in_sandbox_error(CgroupDriver::Cgroupfs, "image not found"), None);
+    }
+
+    #[test]
+    fn qos_levels_get_their_shares() {
+        let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
+        let [(burstable, b), (besteffort, be)] = qos_levels(&s, 307);
+        assert_eq!((burstable.as_str(), b.cpu_shares), ("/r/kubepods/burstable", 307));
+        assert_eq!((besteffort.as_str(), be.cpu_shares), ("/r/kubepods/besteffort", 2));
+        assert_eq!((b.memory_limit, b.cpu_quota, b.pids_limit), (0, 0, 0), "nothing else is set");
     }
 
     #[test]

@@ -167,6 +167,28 @@ impl Driver {
         }
     }
 
+    /// Sets the QoS levels' CPU shares: the Burstable level's from its pods' requests, the
+    /// BestEffort level's the minimum. False when it could not (logged; tried again later).
+    pub async fn update_qos_cgroups(&self, burstable_shares: i64) -> bool {
+        let Some(fs) = self.cgroups.clone() else { return true };
+        let levels = cgroups::qos_levels(&self.pods, burstable_shares);
+        let result = tokio::task::spawn_blocking(move || {
+            levels.iter().try_for_each(|(path, values)| fs.ensure(path, Some(values)))
+        })
+        .await
+        .expect("cgroup task does not panic");
+        match result {
+            Ok(()) => {
+                tracing::debug!(burstable_shares, "updated the QoS cgroups");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Failed to update QoS cgroup configuration");
+                false
+            }
+        }
+    }
+
     /// Checks the runtime's cgroup driver where it reports one (CRI `RuntimeConfig`, as upstream
     /// asks it at start-up); runtimes without the call are checked at the first sandbox.
     pub async fn check_runtime_cgroup_driver(&self) -> Result<(), cgroups::DriverMismatch> {

@@ -69,9 +69,8 @@ impl Cgroup {
     /// or `<prefix>-<id>.scope` (systemd, e.g. containerd's `cri-containerd-<id>.scope`).
     pub fn container(&self, id: &str) -> Option<Cgroup> {
         let entries = std::fs::read_dir(self.dir()).ok()?;
-        let name = entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .find(|name| container_id_of(name) == id)?;
+        let name =
+            entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).find(|name| container_id_of(name) == id)?;
         Some(self.child(&name))
     }
 

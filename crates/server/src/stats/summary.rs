@@ -49,7 +49,10 @@ pub struct Sources<'a> {
     pub cgroup_mount: PathBuf,
     /// How pod cgroups are named (None without `cgroupsPerQOS`: pods have none of their own).
     pub pod_cgroups: Option<&'a PodSettings>,
-    /// The runtime's unix socket: the process behind it is the `runtime` system container.
+    /// The system containers' cgroups (`kubeletCgroups`, `--runtime-cgroups`, `systemCgroups`).
+    pub cgroups: &'a PodSettings,
+    /// The runtime's unix socket: without `--runtime-cgroups`, the process behind it is the
+    /// `runtime` system container.
     pub runtime_socket: Option<PathBuf>,
     /// The `KubeletPSI` gate: without it the summary has no pressure figures (nor `io`, which
     /// carries only pressure).
@@ -275,8 +278,9 @@ impl Usage {
     }
 }
 
-/// The agent's own cgroup (`kubelet`), the runtime's (`runtime`: the process serving the CRI
-/// socket) and `kubepods` (`pods`), as upstream's summary lists them.
+/// The system containers as upstream's summary lists them: `kubelet` (`kubeletCgroups`, else
+/// the agent's own cgroup), `runtime` (`--runtime-cgroups`, else the cgroup of the process
+/// serving the CRI socket), `misc` (`systemCgroups`, when set) and `pods` (`kubepods`).
 fn system_containers(
     src: &Sources<'_>,
     hierarchy: Option<Hierarchy>,
@@ -290,10 +294,16 @@ fn system_containers(
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         Cgroup::of_process(mount, h, &text)
     };
-    let runtime_pid = src.runtime_socket.as_deref().and_then(host::socket_peer_pid);
+    let named = |name: &str| (!name.is_empty()).then(|| Cgroup::named(mount, h, name));
+    let runtime_pid = || src.runtime_socket.as_deref().and_then(host::socket_peer_pid);
     let found = [
-        ("kubelet", of_process("self"), host::process_start("self")),
-        ("runtime", runtime_pid.and_then(|pid| of_process(&pid.to_string())), None),
+        ("kubelet", named(&src.cgroups.kubelet_cgroups).or_else(|| of_process("self")), host::process_start("self")),
+        (
+            "runtime",
+            named(&src.cgroups.runtime_cgroups).or_else(|| runtime_pid().and_then(|pid| of_process(&pid.to_string()))),
+            None,
+        ),
+        ("misc", named(&src.cgroups.system_cgroups), None),
         ("pods", src.pod_cgroups.map(|s| Cgroup::named(mount, h, &s.cgroup_name(&["kubepods"]))), None),
     ];
     found

@@ -66,6 +66,8 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "systemCgroups",
     "podPidsLimit",
     "enforceNodeAllocatable",
+    "kubeReservedCgroup",
+    "systemReservedCgroup",
     "failCgroupV1",
     "clusterDNS",
     "clusterDomain",

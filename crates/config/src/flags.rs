@@ -202,6 +202,14 @@ pub struct Flags {
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_root: Option<String>,
 
+    /// The existing cgroup kube-reserved is enforced on. (kubeReservedCgroup)
+    #[arg(long, value_name = "CGROUP")]
+    pub kube_reserved_cgroup: Option<String>,
+
+    /// The existing cgroup system-reserved is enforced on. (systemReservedCgroup)
+    #[arg(long, value_name = "CGROUP")]
+    pub system_reserved_cgroup: Option<String>,
+
     /// The cgroup (cgroupfs path) the agent moves itself into. (kubeletCgroups)
     #[arg(long, value_name = "CGROUP")]
     pub kubelet_cgroups: Option<String>,
@@ -475,7 +483,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "iptables-drop-bit",
     "iptables-masquerade-bit",
     "kube-api-content-type",
-    "kube-reserved-cgroup",
     "lock-file",
     "log-flush-frequency",
     "log-json-info-buffer-size",
@@ -496,7 +503,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "reserved-cpus",
     "reserved-memory",
     "streaming-connection-idle-timeout",
-    "system-reserved-cgroup",
     "topology-manager-policy",
     "topology-manager-policy-options",
     "topology-manager-scope",

@@ -668,7 +668,24 @@ fn enforce_node_allocatable() {
     let e = err(&["--enforce-node-allocatable=pods,none"], None).to_string();
     assert!(e.contains("--enforce-node-allocatable") && e.contains("'none'"), "{e}");
     let e = err(&["--enforce-node-allocatable=pods,system-reserved"], None).to_string();
-    assert!(e.contains("system-reserved") && e.contains("not supported"), "{e}");
+    assert!(
+        e.contains("invalid configuration: systemReservedCgroup (--system-reserved-cgroup) must be specified when \"system-reserved\" contained in enforceNodeAllocatable (--enforce-node-allocatable)"),
+        "{e}"
+    );
+    let e = err(&[], Some("enforceNodeAllocatable: [kube-reserved]\n")).to_string();
+    assert!(e.contains("kubeReservedCgroup (--kube-reserved-cgroup) must be specified"), "{e}");
+    let s = ok(
+        &["--enforce-node-allocatable=pods,kube-reserved,system-reserved-compressible", "--kube-reserved-cgroup=/kube"],
+        Some("systemReservedCgroup: /system.slice\n"),
+    );
+    assert!(s.enforce_pods_allocatable);
+    assert_eq!((s.enforce_kube_reserved, s.enforce_system_reserved), (ReservedLimits::All, ReservedLimits::CpuOnly));
+    assert_eq!((s.kube_reserved_cgroup.as_str(), s.system_reserved_cgroup.as_str()), ("/kube", "/system.slice"));
+    let e = err(
+        &["--enforce-node-allocatable=kube-reserved,kube-reserved-compressible", "--kube-reserved-cgroup=/k"],
+        None,
+    );
+    assert!(e.to_string().contains("cannot be specified together"), "{e}");
     let e = err(&["--enforce-node-allocatable=everything"], None).to_string();
     assert!(e.contains("invalid option \"everything\""), "{e}");
 }

@@ -240,6 +240,8 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("systemCgroups", "system_cgroups", "crates/agent/src/system_containers.rs"),
     ("failCgroupV1", "fail_cgroup_v1", "crates/agent/src/agent/mod.rs"),
     ("enforceNodeAllocatable", "enforce_pods_allocatable", "crates/agent/src/node/status.rs"),
+    ("kubeReservedCgroup", "kube_reserved_cgroup", "crates/agent/src/runtime/driver.rs"),
+    ("systemReservedCgroup", "system_reserved_cgroup", "crates/agent/src/runtime/driver.rs"),
     ("clusterDNS", "cluster_dns", "crates/agent/src/runtime/dns.rs"),
     ("clusterDomain", "cluster_domain", "crates/agent/src/runtime/dns.rs"),
     ("resolvConf", "resolv_conf", "crates/agent/src/runtime/driver.rs"),
@@ -439,7 +441,7 @@ const SPAWNS: &[(&str, &str, usize, &str)] = &[
         "one prober per probed container: Probers keeps the handle and aborts it when the \
          container stops running or the pod worker (and with it Probers) ends",
     ),
-    ("crates/agent/src/runtime/driver.rs", "spawn_blocking(", 6, "blocking cgroup and file I/O, awaited in place"),
+    ("crates/agent/src/runtime/driver.rs", "spawn_blocking(", 7, "blocking cgroup and file I/O, awaited in place"),
     ("crates/agent/src/runtime/driver/resize.rs", "spawn_blocking(", 1, "blocking cgroup writes, awaited in place"),
     ("crates/agent/src/runtime/volumes.rs", "spawn_blocking(", 1, "blocking volume writes, awaited in place"),
     ("crates/logs/src/rotation.rs", "spawn_blocking(", 1, "blocking clean-up of rotated logs, awaited in place"),

@@ -62,6 +62,8 @@ pub enum AgentError {
     Systemd(#[from] crate::runtime::systemd::SystemdError),
     #[error(transparent)]
     CgroupDriver(#[from] crate::runtime::cgroups::DriverMismatch),
+    #[error(transparent)]
+    Reserved(#[from] crate::runtime::cgroups::ReservedError),
 }
 
 /// The `kubepods` limits for this machine (node allocatable enforcement).
@@ -155,6 +157,7 @@ impl Shared {
         .with_pod_settings(settings.pods.clone(), kubepods_limits(settings, capacity))
         .await?;
         driver.check_runtime_cgroup_driver().await?;
+        driver.enforce_reserved(settings).await?;
         let events = crate::events::Recorder::default();
         let allocations = allocation::Allocations::load(&settings.root_dir, allocatable);
         Ok(Arc::new(Shared {

@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use gantry_config::{CgroupDriver, PodSettings};
+use std::collections::BTreeMap;
+
+use gantry_config::{CgroupDriver, PodSettings, ReservedLimits};
 use gantry_pod::qos::{self, QosClass};
 use gantry_pod::resources::{self, CgroupValues};
+use gantry_vocab::quantity;
 use gantry_vocab::spec;
 
 /// The cgroups a pod needs, outermost first.
@@ -80,6 +83,57 @@ pub fn qos_levels(settings: &PodSettings, burstable_shares: i64) -> [(String, Cg
         (settings.cgroup_name(&["kubepods", "burstable"]), shares(burstable_shares)),
         (settings.cgroup_name(&["kubepods", "besteffort"]), shares(resources::shares(0))),
     ]
+}
+
+/// A reserved cgroup's limits as upstream's `getCgroupConfig` computes them from the
+/// reservation: CPU shares, and unless only compressible resources are enforced, the memory
+/// limit and PIDs. None for an empty reservation (upstream: "not configured properly").
+pub fn reserved_values(reserved: &BTreeMap<String, String>, limits: ReservedLimits) -> Option<CgroupValues> {
+    if reserved.is_empty() || limits == ReservedLimits::Off {
+        return None;
+    }
+    // The quantities were validated with the configuration.
+    let units = |name: &str| reserved.get(name).and_then(|q| quantity::parse_units(q).ok()).map_or(0, |v| v as i64);
+    let mut values = CgroupValues::default();
+    if let Some(cpu) = reserved.get("cpu").and_then(|q| quantity::parse_milli(q).ok()) {
+        values.cpu_shares = resources::shares(cpu);
+    }
+    if limits == ReservedLimits::All {
+        values.memory_limit = units("memory");
+        values.pids_limit = units("pid");
+    }
+    Some(values)
+}
+
+/// Why a reserved cgroup's limits could not be enforced (a start-up error, as upstream).
+#[derive(Debug, thiserror::Error)]
+#[error("Failed to enforce {which} Cgroup Limits on {cgroup:?}: {problem}")]
+pub struct ReservedError {
+    /// `Kube Reserved` or `System Reserved`.
+    pub which: &'static str,
+    pub cgroup: String,
+    #[source]
+    pub problem: ReservedProblem,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReservedProblem {
+    #[error("{0:?} cgroup is not configured properly")]
+    NotConfigured(String),
+    #[error("cgroup {cgroup:?} has some missing paths: {paths}")]
+    Missing { cgroup: String, paths: String },
+    #[error(transparent)]
+    Update(#[from] io::Error),
+}
+
+/// The directories an existing cgroup has on the hierarchy (each v1 controller's on v1) that
+/// are missing, as upstream's `Validate` lists them.
+pub fn missing_paths(mount: &Path, hierarchy: Hierarchy, path: &str) -> Vec<PathBuf> {
+    let roots = match hierarchy {
+        Hierarchy::V2 => vec![mount.to_path_buf()],
+        Hierarchy::V1 => ["cpu", "memory", "pids"].iter().map(|c| mount.join(c)).filter(|d| d.is_dir()).collect(),
+    };
+    roots.into_iter().map(|r| r.join(path.trim_start_matches('/'))).filter(|d| !d.is_dir()).collect()
 }
 
 /// The pod UID a child cgroup of a QoS level belongs to: `pod<uid>` (cgroupfs) or
@@ -469,6 +523,26 @@ mod tests {
         assert_eq!(m.runtime, CgroupDriver::Systemd);
         assert!(m.to_string().contains("SystemdCgroup = true"), "{m}");
         assert_eq!(mismatch_in_sandbox_error(CgroupDriver::Cgroupfs, "image not found"), None);
+    }
+
+    #[test]
+    fn reserved_cgroup_values() {
+        let reserved: BTreeMap<String, String> =
+            [("cpu", "500m"), ("memory", "256Mi"), ("pid", "1000")].map(|(k, v)| (k.into(), v.into())).into();
+        let all = reserved_values(&reserved, ReservedLimits::All).unwrap();
+        assert_eq!((all.cpu_shares, all.memory_limit, all.pids_limit), (512, 256 << 20, 1000));
+        let cpu = reserved_values(&reserved, ReservedLimits::CpuOnly).unwrap();
+        assert_eq!((cpu.cpu_shares, cpu.memory_limit, cpu.pids_limit), (512, 0, 0), "compressible only");
+        assert_eq!(reserved_values(&BTreeMap::new(), ReservedLimits::All), None);
+        assert_eq!(reserved_values(&reserved, ReservedLimits::Off), None);
+    }
+
+    #[test]
+    fn missing_reserved_cgroups_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("system.slice")).unwrap();
+        assert!(missing_paths(dir.path(), Hierarchy::V2, "/system.slice").is_empty());
+        assert_eq!(missing_paths(dir.path(), Hierarchy::V2, "/kube.slice"), [dir.path().join("kube.slice")]);
     }
 
     #[test]

@@ -167,6 +167,51 @@ impl Driver {
         }
     }
 
+    /// Enforces `kubeReserved`/`systemReserved` on their existing cgroups when
+    /// `enforceNodeAllocatable` lists them (upstream's `enforceExistingCgroup`): the cgroup must
+    /// exist; its limits are set through the cgroup driver.
+    pub async fn enforce_reserved(&self, settings: &gantry_config::Settings) -> Result<(), cgroups::ReservedError> {
+        let Some(fs) = self.cgroups.clone() else { return Ok(()) };
+        let mount = Path::new(cgroups::MOUNT);
+        let Some(hierarchy) = cgroups::hierarchy(mount) else { return Ok(()) };
+        let jobs = [
+            (
+                "System Reserved",
+                &settings.system_reserved_cgroup,
+                &settings.system_reserved,
+                settings.enforce_system_reserved,
+            ),
+            ("Kube Reserved", &settings.kube_reserved_cgroup, &settings.kube_reserved, settings.enforce_kube_reserved),
+        ];
+        for (which, cgroup, reserved, limits) in jobs {
+            if limits == gantry_config::ReservedLimits::Off {
+                continue;
+            }
+            let failed = |problem| cgroups::ReservedError { which, cgroup: cgroup.clone(), problem };
+            let values = cgroups::reserved_values(reserved, limits)
+                .ok_or_else(|| failed(cgroups::ReservedProblem::NotConfigured(cgroup.clone())))?;
+            let missing = cgroups::missing_paths(mount, hierarchy, cgroup);
+            if !missing.is_empty() {
+                let paths = missing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+                return Err(failed(cgroups::ReservedProblem::Missing { cgroup: cgroup.clone(), paths }));
+            }
+            let (fs, path) = (fs.clone(), cgroup.clone());
+            tokio::task::spawn_blocking(move || fs.ensure(&path, Some(&values)))
+                .await
+                .expect("cgroup task does not panic")
+                .map_err(|e| failed(e.into()))?;
+            tracing::info!(
+                cgroup = %cgroup,
+                cpu_shares = values.cpu_shares,
+                memory_limit = values.memory_limit,
+                pids_limit = values.pids_limit,
+                "Updated limits on {} cgroup {cgroup}",
+                which.to_lowercase()
+            );
+        }
+        Ok(())
+    }
+
     /// Sets the QoS levels' CPU shares: the Burstable level's from its pods' requests, the
     /// BestEffort level's the minimum. False when it could not (logged; tried again later).
     pub async fn update_qos_cgroups(&self, burstable_shares: i64) -> bool {

@@ -152,6 +152,8 @@ fn cgroupfs_driver_pod_and_qos_cgroups_carry_the_limits() {
     let seen = cgroups(run, "cgroupfs/cgroups-running");
     let weight = seen.get(&("/kubepods/besteffort".into(), "cpu.weight".into()));
     assert_eq!(weight.map(String::as_str), Some("1"), "the besteffort level has the minimum weight");
+    let weight = seen.get(&("/kubepods/burstable".into(), "cpu.weight".into()));
+    assert_eq!(weight.map(String::as_str), Some("4"), "the burstable level: its one pod's 100m (102 shares)");
 }
 
 /// `kubepods` carries the node's allocatable: 2 CPUs − 500m systemReserved → 1536 shares →
@@ -202,6 +204,9 @@ fn systemd_driver_slices_carry_the_limits() {
     let Some(run) = completed() else { return };
     let paths = pod_cgroups(run, "systemd", slice_path);
     assert_pod_limits(run, "systemd", &paths);
+    let seen = cgroups(run, "systemd/cgroups-running");
+    let weight = seen.get(&("/kubepods.slice/kubepods-burstable.slice".into(), "cpu.weight".into()));
+    assert_eq!(weight.map(String::as_str), Some("4"), "the burstable slice: its one pod's 100m (102 shares)");
     // systemd itself holds the values: they survive a daemon-reload and show in its units.
     let slices = run.read("systemd/slices-running");
     let guaranteed = slices
@@ -297,6 +302,20 @@ fn assert_stats(run: &VmRun, case: &str, pod_cgroup: &str) {
     // PSI, which the guest's kernel offers, for the node and from the pod cgroup's files.
     assert!(node["io"]["psi"]["some"]["total"].is_u64(), "{case}: {node}");
     assert!(pod["memory"]["psi"]["full"]["avg10"].is_f64(), "{case}: {pod}");
+    // And the container's own, from its cgroup below the pod's (named by the runtime: the ID
+    // on cgroupfs, a cri-containerd-<ID>.scope on systemd), with its swap and IO.
+    for resource in ["cpu", "memory", "io"] {
+        assert!(container[resource]["psi"]["some"]["total"].is_u64(), "{case}: container {resource} psi: {container}");
+    }
+    assert!(container["swap"]["swapUsageBytes"].is_u64(), "{case}: {container}");
+    let children = run.read(&format!("{case}/container-cgroups"));
+    let own: Vec<&str> = children.lines().filter_map(|l| l.strip_prefix(&format!("{pod_cgroup} "))).collect();
+    let is_id = |s: &str| s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit());
+    let named = |c: &str| match case {
+        "systemd" => c.strip_prefix("cri-containerd-").and_then(|c| c.strip_suffix(".scope")).is_some_and(is_id),
+        _ => is_id(c),
+    };
+    assert!(own.len() == 2 && own.iter().all(|c| named(c)), "{case}: pause and main below {pod_cgroup}: {children}");
     assert!(node["rlimit"]["maxpid"].as_i64().unwrap() > 0, "{case}: {node}");
 
     let metrics = run.read(&format!("{case}/metrics-resource.txt"));
@@ -307,6 +326,34 @@ fn assert_stats(run: &VmRun, case: &str, pod_cgroup: &str) {
     let c_cpu = metric(&metrics, &format!("container_cpu_usage_seconds_total{c_labels}")).unwrap_or_default();
     assert!(c_cpu > 0.0, "{case}: {metrics}");
     assert!(metric(&metrics, "node_memory_working_set_bytes").unwrap_or_default() > pod_ws, "{case}");
+}
+
+/// The system containers on cgroupfs: the agent moved itself into kubeletCgroups, a process
+/// left in the root cgroup went to systemCgroups, and the summary reads both and the runtime's
+/// --runtime-cgroups.
+#[test]
+fn system_containers_kubelet_system_and_runtime_cgroups() {
+    let Some(run) = completed() else { return };
+    assert_eq!(run.read("cgroupfs/gantry-cgroup").trim(), "0::/gantry-kubelet", "{}", run.read("cgroupfs/gantry.log"));
+    assert_eq!(run.read("cgroupfs/stray-cgroup").trim(), "0::/gantry-system", "{}", run.read("cgroupfs/gantry.log"));
+    let summary: serde_json::Value = serde_json::from_str(&run.read("cgroupfs/summary.json")).unwrap();
+    let names: Vec<&str> =
+        summary["node"]["systemContainers"].as_array().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    for name in ["kubelet", "runtime", "misc", "pods"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+}
+
+/// enforceNodeAllocatable [pods, kube-reserved, system-reserved] on systemd: kube.slice gets
+/// kubeReserved's 256Mi as MemoryMax, system.slice systemReserved's 500m as CPUWeight 20.
+#[test]
+fn systemd_driver_reserved_slices_carry_the_reservations() {
+    let Some(run) = completed() else { return };
+    let reserved = run.read("systemd/reserved");
+    let line = |unit: &str| reserved.lines().find(|l| l.starts_with(unit)).unwrap_or_default().to_string();
+    let mib256 = (256u64 << 20).to_string();
+    assert_eq!(line("kube.slice"), format!("kube.slice MemoryMax={mib256} {mib256}"), "{reserved}");
+    assert_eq!(line("system.slice"), "system.slice CPUWeight=20 20", "{reserved}");
 }
 
 #[test]

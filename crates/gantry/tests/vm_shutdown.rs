@@ -201,6 +201,24 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
             "{name}"
         );
     }
+    // Upstream's state file under the root directory, and the two shutdown metrics with the
+    // same start (the guest copied them while the shutdown ran; the end comes just before the
+    // lock is released, so the last copy may or may not have it).
+    let state: serde_json::Value = serde_json::from_str(&run.read("graceful_node_shutdown_state"))
+        .unwrap_or_else(|e| panic!("graceful_node_shutdown_state: {e}\n{}", report()));
+    let start: k8s_openapi::jiff::Timestamp = state["startTime"].as_str().unwrap().parse().unwrap();
+    let end = state["endTime"].as_str().unwrap();
+    assert!(start.as_second() > 1_700_000_000, "{state}");
+    assert!(end == "0001-01-01T00:00:00Z" || end.parse::<k8s_openapi::jiff::Timestamp>().unwrap() >= start, "{state}");
+    let metrics = run.read("shutdown-metrics");
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default();
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    let metric_start = value("kubelet_graceful_shutdown_start_time_seconds");
+    assert!((metric_start - start.as_nanosecond() as f64 / 1e9).abs() < 0.001, "{metrics} vs {state}");
+    assert!(value("kubelet_graceful_shutdown_end_time_seconds") >= 0.0, "{metrics}");
+
     let ready = ready(&Api::<Node>::all(admin.clone()).get(NODE).await.unwrap()).unwrap();
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_deref(), ready.message.as_deref()),

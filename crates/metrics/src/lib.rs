@@ -4,6 +4,7 @@
 //! two nodes in one process count separately; the HTTP handlers encode on demand.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -58,6 +59,9 @@ pub struct Metrics {
     pub runtime_operation_duration: Family<OperationLabels, Histogram>,
     pub rest_client_requests: Family<RequestLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
+    /// The last graceful node shutdown's start and end (seconds since the epoch; 0: none).
+    pub graceful_shutdown_start_time: Gauge<f64, AtomicU64>,
+    pub graceful_shutdown_end_time: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -114,6 +118,18 @@ impl Metrics {
             "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
             rest_client_requests.clone(),
         );
+        let graceful_shutdown_start_time = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "kubelet_graceful_shutdown_start_time_seconds",
+            "[ALPHA] Last graceful shutdown start time since unix epoch in seconds",
+            graceful_shutdown_start_time.clone(),
+        );
+        let graceful_shutdown_end_time = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "kubelet_graceful_shutdown_end_time_seconds",
+            "[ALPHA] Last graceful shutdown end time since unix epoch in seconds",
+            graceful_shutdown_end_time.clone(),
+        );
         let mut probe_registry = Registry::default();
         let probes = Family::<ProbeLabels, Counter>::default();
         probe_registry.register(
@@ -132,6 +148,8 @@ impl Metrics {
             runtime_operation_duration,
             rest_client_requests,
             probes,
+            graceful_shutdown_start_time,
+            graceful_shutdown_end_time,
         }
     }
 

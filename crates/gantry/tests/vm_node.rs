@@ -235,6 +235,10 @@ fn driver_mismatch_names_both_settings() {
     let log = run.read("mismatch/gantry.log");
     let line = log.lines().find(|l| l.contains("SystemdCgroup")).unwrap_or_else(|| panic!("no mismatch error\n{log}"));
     assert!(line.contains("cgroupDriver") && line.contains("cgroupfs"), "{line}");
+    // The other way round: containerd on cgroupfs takes the systemd parent as a path.
+    let log = run.read("mismatch-systemd/gantry.log");
+    let line = log.lines().find(|l| l.contains("SystemdCgroup")).unwrap_or_else(|| panic!("no mismatch error\n{log}"));
+    assert!(line.contains("cgroupDriver is \"systemd\"") && line.contains("SystemdCgroup = false"), "{line}");
 }
 
 /// A series' value in Prometheus text.

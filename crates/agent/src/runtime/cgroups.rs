@@ -183,6 +183,14 @@ pub fn mismatch_in_sandbox_error(ours: CgroupDriver, message: &str) -> Option<Dr
         .then_some(DriverMismatch { ours, runtime: CgroupDriver::Systemd })
 }
 
+/// The mismatch the other way round, which the sandbox's creation does not reveal: runc under
+/// its cgroupfs driver takes the systemd parent as a plain path and names the sandbox's cgroup
+/// after its ID (`<slice>/<id>`), where under systemd it is `cri-containerd-<id>.scope`.
+pub fn mismatch_in_sandbox_cgroup(ours: CgroupDriver, named_by_cgroupfs: bool) -> Option<DriverMismatch> {
+    (ours == CgroupDriver::Systemd && named_by_cgroupfs)
+        .then_some(DriverMismatch { ours, runtime: CgroupDriver::Cgroupfs })
+}
+
 /// The cgroup file system.
 pub trait CgroupFs: Send + Sync {
     /// Creates the cgroup in every hierarchy (idempotent) and sets the values given.
@@ -543,6 +551,15 @@ mod tests {
         std::fs::create_dir(dir.path().join("system.slice")).unwrap();
         assert!(missing_paths(dir.path(), Hierarchy::V2, "/system.slice").is_empty());
         assert_eq!(missing_paths(dir.path(), Hierarchy::V2, "/kube.slice"), [dir.path().join("kube.slice")]);
+    }
+
+    #[test]
+    fn systemd_parent_under_a_cgroupfs_runtime_is_a_mismatch() {
+        let m = mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, true).unwrap();
+        let text = m.to_string();
+        assert!(text.contains("cgroupDriver is \"systemd\"") && text.contains("SystemdCgroup = false"), "{text}");
+        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, false), None);
+        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Cgroupfs, true), None);
     }
 
     #[test]

@@ -408,7 +408,27 @@ impl Driver {
                 None => StartError::new(reason, format!("Failed to create pod sandbox: {message}")),
             }
         })?;
+        self.check_sandbox_cgroup(pod, &response.pod_sandbox_id).await?;
         Ok(response.pod_sandbox_id)
+    }
+
+    /// With the systemd driver, a sandbox whose cgroup the runtime named the cgroupfs way shows
+    /// a runtime on the cgroupfs driver (containerd 1.6 cannot say so through CRI): the sandbox
+    /// is removed and the pod fails with the mismatch, as a refused parent does the other way.
+    async fn check_sandbox_cgroup(&self, pod: &Pod, id: &str) -> Result<(), StartError> {
+        if self.cgroups.is_none() || self.pods.cgroup_driver != CgroupDriver::Systemd {
+            return Ok(());
+        }
+        let parent = cgroups::plan(&self.pods, self.kubepods_limits, pod).parent;
+        let plain = Path::new(cgroups::MOUNT).join(parent.trim_start_matches('/')).join(id);
+        let Some(mismatch) = cgroups::mismatch_in_sandbox_cgroup(self.pods.cgroup_driver, plain.is_dir()) else {
+            return Ok(());
+        };
+        tracing::error!(pod = %spec::full_name(pod), cgroup = %plain.display(), "{mismatch}");
+        let _ = self.cri.runtime.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: id.into() }).await;
+        let _ = self.remove_sandbox(id).await;
+        let message = format!("{mismatch}: the runtime created the sandbox's cgroup as {}", plain.display());
+        Err(StartError::new(StartFailure::CreatePodSandboxError, message))
     }
 
     /// The managed `/etc/hosts` mount, unless a volume is mounted there or the pod has no IP yet.

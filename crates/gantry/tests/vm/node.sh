@@ -191,13 +191,14 @@ orphan_slice() {
     replace 0 0 >/dev/null
 }
 
-# Gantry on cgroupfs, containerd on systemd: the first sandbox fails with a clear message.
+# A driver mismatch either way round: the first sandbox fails with a clear message.
+# case_mismatch CASE GANTRY_DRIVER CONTAINERD_SYSTEMD_CGROUP
 case_mismatch() {
-  local c=$R/mismatch
+  local c=$R/$1
   mkdir -p "$c"
-  log "case mismatch"
-  containerd_systemd_cgroup true || return 1
-  start_gantry "$c" cgroupfs
+  log "case $1"
+  containerd_systemd_cgroup "$3" || return 1
+  start_gantry "$c" "$2"
   cp $H/pods/besteffort.yaml $MANIFESTS/
   wait_for 120 grep -q 'SystemdCgroup' "$c/gantry.log" || log "no mismatch message"
   cp $ROOT/pods.json "$c/pods.json" 2>/dev/null
@@ -208,5 +209,6 @@ case_mismatch() {
 setup || exit 1
 case_qos cgroupfs cgroupfs kubepods orphan_cgroupfs system_containers
 case_qos systemd systemd kubepods.slice orphan_slice reserved_slices
-case_mismatch
+case_mismatch mismatch cgroupfs true
+case_mismatch mismatch-systemd systemd false
 log "done"

@@ -63,6 +63,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "cgroupDriver",
     "cgroupRoot",
     "kubeletCgroups",
+    "memoryThrottlingFactor",
     "systemCgroups",
     "podPidsLimit",
     "enforceNodeAllocatable",

@@ -76,7 +76,7 @@ pub const RUNONCE_DEPRECATION: &str = "RunOnce mode is deprecated (KEP-4580) and
 /// `Debug` and `Display` mask the values of `static_pod_url_header` (and
 /// any password in `static_pod_url`), so logging a `Settings` does not leak
 /// credentials.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 pub struct Settings {
     /// `--hostname-override`, else the machine hostname; trimmed, lowercased.
     pub node_name: String,
@@ -484,6 +484,7 @@ pub fn resolve(flags: Flags, file: Option<(PathBuf, &str)>, machine_hostname: &s
         );
     }
 
+    s.pods.memory_qos = s.feature_gates.enabled(Gate::MemoryQoS);
     if s.run_once && !s.feature_gates.enabled(Gate::LegacyNodeRunOnceMode) {
         return Err(ConfigError::RunOnceDeprecated {
             set_by: run_once_source.unwrap_or_else(|| "runOnce".to_string()),

@@ -20,7 +20,7 @@ pub enum CgroupDriver {
     Systemd,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PodSettings {
     /// `cgroupsPerQOS` / `--cgroups-per-qos`, default true.
     pub cgroups_per_qos: bool,
@@ -51,6 +51,11 @@ pub struct PodSettings {
     /// `systemCgroups` / `--system-cgroups`: the cgroup the node's non-kernel processes still in
     /// the root cgroup are moved into, reported as the `misc` system container.
     pub system_cgroups: String,
+    /// The `MemoryQoS` gate (acted on only on cgroup v2).
+    pub memory_qos: bool,
+    /// `memoryThrottlingFactor` (default 0.9): how far between request and limit a container's
+    /// `memory.high` sits under MemoryQoS.
+    pub memory_throttling_factor: f64,
     /// `allowedUnsafeSysctls` / `--allowed-unsafe-sysctls`: names or `prefix*` patterns.
     pub allowed_unsafe_sysctls: Vec<String>,
     /// `seccompDefault` / `--seccomp-default`: RuntimeDefault for containers that set none.
@@ -68,6 +73,8 @@ impl Default for PodSettings {
             pod_pids_limit: -1,
             fail_cgroup_v1: false,
             single_process_oom_kill: None,
+            memory_qos: false,
+            memory_throttling_factor: 0.9,
             kubelet_cgroups: String::new(),
             runtime_cgroups: String::new(),
             system_cgroups: String::new(),
@@ -187,6 +194,17 @@ impl PodSettings {
         }
         if c.single_process_oom_kill.is_some() {
             self.single_process_oom_kill = c.single_process_oom_kill;
+        }
+        if let Some(f) = c.memory_throttling_factor {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(invalid(
+                    "memoryThrottlingFactor",
+                    Problem::Rule(format!(
+                        "invalid configuration: memoryThrottlingFactor {f} must be greater than 0 and less than or equal to 1.0"
+                    )),
+                ));
+            }
+            self.memory_throttling_factor = f;
         }
         if let Some(c) = &c.kubelet_cgroups {
             self.kubelet_cgroups = c.clone();

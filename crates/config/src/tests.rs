@@ -409,7 +409,7 @@ fn summary_masks_header_values() {
     assert!(summary.contains("syncFrequency=1m0s"), "{summary}");
     assert!(summary.contains("nodeName=machine-1"), "{summary}");
     assert!(
-        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false"),
+        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false,MemoryQoS=false"),
         "{summary}"
     );
     assert!(!summary.contains('\n'), "one line: {summary}");
@@ -741,4 +741,21 @@ fn system_container_cgroups() {
     );
     let e = err(&["--system-cgroups=/", "--cgroup-root=/"], None).to_string();
     assert!(e.contains("system container cannot be root (\"/\")"), "{e}");
+}
+
+#[test]
+fn memory_qos_gate_and_throttling_factor() {
+    let s = ok(&[], None);
+    assert!(!s.pods.memory_qos, "alpha: off by default");
+    assert_eq!(s.pods.memory_throttling_factor, 0.9);
+    let s = ok(&["--feature-gates=MemoryQoS=true"], Some("memoryThrottlingFactor: 0.8\n"));
+    assert!(s.pods.memory_qos);
+    assert_eq!(s.pods.memory_throttling_factor, 0.8);
+    let e = err(&[], Some("memoryThrottlingFactor: 1.5\n")).to_string();
+    assert!(
+        e.contains(
+            "invalid configuration: memoryThrottlingFactor 1.5 must be greater than 0 and less than or equal to 1.0"
+        ),
+        "{e}"
+    );
 }

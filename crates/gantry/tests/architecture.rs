@@ -242,6 +242,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("enforceNodeAllocatable", "enforce_pods_allocatable", "crates/agent/src/node/status.rs"),
     ("kubeReservedCgroup", "kube_reserved_cgroup", "crates/agent/src/runtime/driver.rs"),
     ("systemReservedCgroup", "system_reserved_cgroup", "crates/agent/src/runtime/driver.rs"),
+    ("memoryThrottlingFactor", "memory_throttling_factor", "crates/agent/src/runtime/driver.rs"),
     ("clusterDNS", "cluster_dns", "crates/agent/src/runtime/dns.rs"),
     ("clusterDomain", "cluster_domain", "crates/agent/src/runtime/dns.rs"),
     ("resolvConf", "resolv_conf", "crates/agent/src/runtime/driver.rs"),

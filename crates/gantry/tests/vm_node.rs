@@ -360,6 +360,30 @@ fn systemd_driver_reserved_slices_carry_the_reservations() {
     assert_eq!(line("system.slice"), "system.slice CPUWeight=20 20", "{reserved}");
 }
 
+/// MemoryQoS (on in the cgroupfs case only): the burstable pod's container gets memory.min
+/// from its 32Mi request and memory.high 90% of the way to its 64Mi limit (page-aligned), its
+/// pod cgroup and the burstable level its request, kubepods the guaranteed and burstable pods'
+/// requests; with the gate off (systemd case) nothing is protected or throttled.
+#[test]
+fn memory_qos_sets_memory_min_and_high() {
+    let Some(run) = completed() else { return };
+    let mi: u64 = 1 << 20;
+    let high = ((32 * mi) as f64 + (32 * mi) as f64 * 0.9) as u64 / 4096 * 4096;
+    let b = container_view(run, "cgroupfs", "burstable");
+    assert_eq!(
+        (b["memory.min"].as_str(), b["memory.high"].clone()),
+        ((32 * mi).to_string().as_str(), high.to_string())
+    );
+    let seen = cgroups(run, "cgroupfs/cgroups-running");
+    let min = |cgroup: String| seen.get(&(cgroup, "memory.min".to_string())).cloned().unwrap_or_default();
+    let uid = &uids(run, "cgroupfs")["burstable"];
+    assert_eq!(min(format!("/kubepods/burstable/pod{uid}")), (32 * mi).to_string());
+    assert_eq!(min("/kubepods/burstable".into()), (32 * mi).to_string(), "the burstable pods' requests");
+    assert_eq!(min("/kubepods".into()), (96 * mi).to_string(), "guaranteed 64Mi + burstable 32Mi");
+    let off = container_view(run, "systemd", "burstable");
+    assert_eq!((off["memory.min"].as_str(), off["memory.high"].as_str()), ("0", "max"), "the gate is off by default");
+}
+
 #[test]
 fn cgroupfs_driver_stats_read_cgroup_v2() {
     let Some(run) = completed() else { return };

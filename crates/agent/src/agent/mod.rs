@@ -248,8 +248,8 @@ pub struct Agent {
     last_gc: Instant,
     /// Pods being deleted through the API whose termination already ran.
     finished: std::collections::HashSet<String>,
-    /// The Burstable QoS cgroup's CPU shares as last set (None: to be set).
-    burstable_shares: Option<i64>,
+    /// What the QoS cgroups were last given (None: to be set).
+    qos: Option<crate::runtime::cgroups::QosWanted>,
     /// The static pods, for the mirror pod manager.
     statics: tokio::sync::watch::Sender<Vec<Pod>>,
     /// Pods to stop for the node's shutdown.
@@ -287,7 +287,7 @@ impl Agent {
             fingerprints: HashMap::new(),
             last_gc: Instant::now(),
             finished: Default::default(),
-            burstable_shares: None,
+            qos: None,
             statics: tokio::sync::watch::Sender::new(Vec::new()),
             shutdown_tx,
             shutdown_rx,
@@ -460,7 +460,7 @@ impl Agent {
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
             // Upstream sets the QoS levels again every minute, whatever changed them.
-            self.burstable_shares = None;
+            self.qos = None;
             self.update_qos_cgroups().await;
             self.collect_garbage(&snapshot.pods).await;
             if sources_ready {
@@ -478,10 +478,18 @@ impl Agent {
             let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
             matches!(phase, Some("Succeeded" | "Failed"))
         };
-        let active = self.desired.iter().filter(|(uid, p)| !self.finished.contains(*uid) && !terminal(p));
-        let shares = gantry_pod::resources::burstable_shares(active.map(|(_, p)| p.as_ref()));
-        if self.burstable_shares != Some(shares) && self.shared.driver.update_qos_cgroups(shares).await {
-            self.burstable_shares = Some(shares);
+        let active: Vec<&Pod> = self
+            .desired
+            .iter()
+            .filter(|(uid, p)| !self.finished.contains(*uid) && !terminal(p))
+            .map(|(_, p)| p.as_ref())
+            .collect();
+        let want = crate::runtime::cgroups::QosWanted {
+            burstable_shares: gantry_pod::resources::burstable_shares(active.iter().copied()),
+            memory_min: gantry_pod::resources::qos_memory_min(active.iter().copied()),
+        };
+        if self.qos != Some(want) && self.shared.driver.update_qos_cgroups(want).await {
+            self.qos = Some(want);
         }
     }
 

@@ -75,14 +75,42 @@ pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
         .collect()
 }
 
-/// The QoS levels' values (upstream's `setCPUCgroupConfig`): the Burstable level gets
-/// `burstable_shares`, the BestEffort level the minimum shares.
-pub fn qos_levels(settings: &PodSettings, burstable_shares: i64) -> [(String, CgroupValues); 2] {
-    let shares = |cpu_shares| CgroupValues { cpu_shares, ..Default::default() };
-    [
-        (settings.cgroup_name(&["kubepods", "burstable"]), shares(burstable_shares)),
-        (settings.cgroup_name(&["kubepods", "besteffort"]), shares(resources::shares(0))),
-    ]
+/// What the QoS levels should get for the active pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosWanted {
+    /// The Burstable level's CPU shares (upstream's `setCPUCgroupConfig`).
+    pub burstable_shares: i64,
+    /// `memory.min` of the Burstable level and of `kubepods` under MemoryQoS
+    /// (upstream's `setMemoryQoS`).
+    pub memory_min: (i64, i64),
+}
+
+/// The QoS levels' values: the Burstable level gets `burstable_shares`, the BestEffort level
+/// the minimum shares; with `memory_min` (MemoryQoS), the Burstable level and `kubepods` get
+/// their `memory.min` (a zero one is left alone, as upstream).
+pub fn qos_levels(
+    settings: &PodSettings,
+    burstable_shares: i64,
+    memory_min: Option<(i64, i64)>,
+) -> Vec<(String, CgroupValues)> {
+    let (burstable_min, kubepods_min) = memory_min.unwrap_or_default();
+    let mut levels = vec![
+        (
+            settings.cgroup_name(&["kubepods", "burstable"]),
+            CgroupValues { cpu_shares: burstable_shares, memory_min: burstable_min, ..Default::default() },
+        ),
+        (
+            settings.cgroup_name(&["kubepods", "besteffort"]),
+            CgroupValues { cpu_shares: resources::shares(0), ..Default::default() },
+        ),
+    ];
+    if kubepods_min > 0 {
+        levels.push((
+            settings.cgroup_name(&["kubepods"]),
+            CgroupValues { memory_min: kubepods_min, ..Default::default() },
+        ));
+    }
+    levels
 }
 
 /// A reserved cgroup's limits as upstream's `getCgroupConfig` computes them from the
@@ -377,6 +405,9 @@ impl CgroupFs for CgroupV2 {
         if v.memory_limit > 0 {
             write(&dir, "memory.max", v.memory_limit)?;
         }
+        if v.memory_min > 0 {
+            write(&dir, "memory.min", v.memory_min)?;
+        }
         if v.pids_limit != 0 {
             write(&dir, "pids.max", pids_max(v.pids_limit))?;
         }
@@ -565,10 +596,15 @@ mod tests {
     #[test]
     fn qos_levels_get_their_shares() {
         let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
-        let [(burstable, b), (besteffort, be)] = qos_levels(&s, 307);
+        let levels = qos_levels(&s, 307, None);
+        let [(burstable, b), (besteffort, be)] = &levels[..] else { panic!("{levels:?}") };
         assert_eq!((burstable.as_str(), b.cpu_shares), ("/r/kubepods/burstable", 307));
         assert_eq!((besteffort.as_str(), be.cpu_shares), ("/r/kubepods/besteffort", 2));
-        assert_eq!((b.memory_limit, b.cpu_quota, b.pids_limit), (0, 0, 0), "nothing else is set");
+        assert_eq!((b.memory_limit, b.cpu_quota, b.pids_limit, b.memory_min), (0, 0, 0, 0), "nothing else is set");
+        // MemoryQoS: the Burstable level and kubepods protect their pods' requests.
+        let levels = qos_levels(&s, 307, Some((64, 96)));
+        assert_eq!(levels[0].1.memory_min, 64);
+        assert_eq!(levels[2], ("/r/kubepods".to_string(), CgroupValues { memory_min: 96, ..Default::default() }));
     }
 
     #[test]
@@ -594,6 +630,7 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 1 << 20,
             pids_limit: 0,
+            memory_min: 0,
         };
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
@@ -627,9 +664,11 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 1 << 20,
             pids_limit: 42,
+            memory_min: 1 << 19,
         };
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+        assert_eq!(read("kubepods/podx/memory.min"), (1 << 19).to_string(), "MemoryQoS");
         // A plain file stands in for the kernel's; it keeps the last write.
         assert_eq!(read("cgroup.subtree_control"), "+cpu +cpuset +pids +io", "only what is offered and missing");
         assert_eq!(read("kubepods/podx/cpu.weight"), "39", "1 CPU");
@@ -638,7 +677,7 @@ mod tests {
         assert_eq!(read("kubepods/podx/pids.max"), "42");
         assert_eq!(fs.children("/kubepods"), ["podx"]);
         std::fs::create_dir(root.join("kubepods/podx/container")).unwrap();
-        for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
+        for f in ["cpu.weight", "cpu.max", "memory.max", "memory.min", "pids.max"] {
             std::fs::remove_file(root.join("kubepods/podx").join(f)).unwrap();
         }
         fs.remove("/kubepods/podx").unwrap();

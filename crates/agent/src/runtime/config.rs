@@ -154,6 +154,9 @@ pub struct ContainerContext<'a> {
     /// `memory.oom.group=1` in the CRI `unified` settings: the kernel's OOM killer stops the
     /// whole container (cgroup v2 unless `singleProcessOOMKill`).
     pub oom_group: bool,
+    /// MemoryQoS (the gate, on cgroup v2): `memoryThrottlingFactor` for the container's
+    /// `memory.min`/`memory.high` in `unified` (relative to `node_allocatable`'s memory).
+    pub memory_qos: Option<f64>,
 }
 
 /// Why a container's CRI config cannot be built (upstream's `CreateContainerConfigError`).
@@ -194,6 +197,10 @@ pub fn container_config(
     let mut resources = linux_resources(limits, qos::oom_score_adj(pod, c, ctx.memory_capacity));
     if ctx.oom_group {
         resources.unified.insert("memory.oom.group".into(), "1".into());
+    }
+    if let Some(factor) = ctx.memory_qos {
+        let entries = resources::memory_qos(c, ctx.node_allocatable.1, factor);
+        resources.unified.extend(entries.into_iter().map(|(k, v)| (k.to_string(), v)));
     }
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
@@ -284,7 +291,7 @@ mod tests {
     fn container_config_resolves_env_and_log_path() {
         let p = pod();
         let c = &p.spec.as_ref().unwrap().containers[0];
-        let ctx = ContainerContext {
+        let ctx = |memory_qos: Option<f64>| ContainerContext {
             node: "node1",
             attempt: 3,
             pod_ip: None,
@@ -301,10 +308,22 @@ mod tests {
             },
             target_id: None,
             oom_group: true,
+            memory_qos,
         };
-        let cfg = container_config(&p, c, ctx).unwrap();
+        // MemoryQoS: a 64Mi request is protected and throttled 90% of the way to the node's
+        // allocatable 1Gi (no limit), page-aligned.
+        let mut requested = c.clone();
+        requested.resources =
+            Some(serde_json::from_value(serde_json::json!({"requests": {"memory": "64Mi"}})).unwrap());
+        let cfg = container_config(&p, &requested, ctx(Some(0.9))).unwrap();
+        let unified = &cfg.linux.as_ref().unwrap().resources.as_ref().unwrap().unified;
+        let high = ((64u64 << 20) as f64 + ((1u64 << 30) - (64 << 20)) as f64 * 0.9) as u64 / 4096 * 4096;
+        assert_eq!(unified.get("memory.min").cloned(), Some((64u64 << 20).to_string()));
+        assert_eq!(unified.get("memory.high").cloned(), Some(high.to_string()));
+        let cfg = container_config(&p, c, ctx(None)).unwrap();
         let unified = &cfg.linux.as_ref().unwrap().resources.as_ref().unwrap().unified;
         assert_eq!(unified.get("memory.oom.group").map(String::as_str), Some("1"), "cgroup v2: the whole container");
+        assert!(!unified.contains_key("memory.min"), "MemoryQoS off");
         assert_eq!(cfg.log_path, "web/3.log");
         let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
         assert_eq!(env, [("A", "1"), ("POD", "web-node1")]);

@@ -66,6 +66,8 @@ pub struct Driver {
     kubepods_limits: Option<CgroupValues>,
     /// Containers get `memory.oom.group=1` (cgroup v2 unless `singleProcessOOMKill`).
     oom_group: bool,
+    /// MemoryQoS: the gate, on cgroup v2.
+    memory_qos: bool,
     /// Events about a pod's setup (DNS configuration).
     events: Recorder,
     /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
@@ -93,6 +95,7 @@ impl Driver {
             cgroups: None,
             kubepods_limits: None,
             oom_group: false,
+            memory_qos: false,
             events: Recorder::default(),
             allocatable: Amounts::default(),
             memory_capacity: 0,
@@ -147,7 +150,8 @@ impl Driver {
         // unless singleProcessOOMKill (on cgroup v1 it always kills one process).
         let v2 = cgroups::hierarchy(Path::new(cgroups::MOUNT)) == Some(cgroups::Hierarchy::V2);
         let oom_group = v2 && !pods.single_process_oom_kill.unwrap_or(false);
-        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, oom_group, ..self };
+        let memory_qos = v2 && pods.memory_qos;
+        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, oom_group, memory_qos, ..self };
         driver.enforce_node_allocatable().await;
         Ok(driver)
     }
@@ -188,8 +192,12 @@ impl Driver {
                 continue;
             }
             let failed = |problem| cgroups::ReservedError { which, cgroup: cgroup.clone(), problem };
-            let values = cgroups::reserved_values(reserved, limits)
+            let mut values = cgroups::reserved_values(reserved, limits)
                 .ok_or_else(|| failed(cgroups::ReservedProblem::NotConfigured(cgroup.clone())))?;
+            if self.memory_qos {
+                // Upstream protects the reserved memory too under MemoryQoS.
+                values.memory_min = values.memory_limit;
+            }
             let missing = cgroups::missing_paths(mount, hierarchy, cgroup);
             if !missing.is_empty() {
                 let paths = missing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
@@ -213,10 +221,12 @@ impl Driver {
     }
 
     /// Sets the QoS levels' CPU shares: the Burstable level's from its pods' requests, the
-    /// BestEffort level's the minimum. False when it could not (logged; tried again later).
-    pub async fn update_qos_cgroups(&self, burstable_shares: i64) -> bool {
+    /// BestEffort level's the minimum; under MemoryQoS also their `memory.min`. False when it
+    /// could not (logged; tried again later).
+    pub async fn update_qos_cgroups(&self, want: cgroups::QosWanted) -> bool {
         let Some(fs) = self.cgroups.clone() else { return true };
-        let levels = cgroups::qos_levels(&self.pods, burstable_shares);
+        let memory_min = self.memory_qos.then_some(want.memory_min);
+        let levels = cgroups::qos_levels(&self.pods, want.burstable_shares, memory_min);
         let result = tokio::task::spawn_blocking(move || {
             levels.iter().try_for_each(|(path, values)| fs.ensure(path, Some(values)))
         })
@@ -224,7 +234,7 @@ impl Driver {
         .expect("cgroup task does not panic");
         match result {
             Ok(()) => {
-                tracing::debug!(burstable_shares, "updated the QoS cgroups");
+                tracing::debug!(?want, "updated the QoS cgroups");
                 true
             }
             Err(e) => {
@@ -382,7 +392,13 @@ impl Driver {
     /// Creates the pod's cgroups (QoS level, then the pod's own with its limits).
     async fn ensure_cgroups(&self, pod: &Pod) -> Result<(), StartError> {
         let Some(fs) = self.cgroups.clone() else { return Ok(()) };
-        let plan = cgroups::plan(&self.pods, self.kubepods_limits, pod);
+        let mut plan = cgroups::plan(&self.pods, self.kubepods_limits, pod);
+        if self.memory_qos
+            && let Some((_, Some(own))) = plan.create.last_mut()
+        {
+            // Upstream's ResourceConfigForPod under MemoryQoS: the pod's requests are protected.
+            own.memory_min = gantry_pod::resources::pod_memory_request(pod);
+        }
         tokio::task::spawn_blocking(move || {
             plan.create.iter().try_for_each(|(path, values)| fs.ensure(path, values.as_ref()))
         })
@@ -500,6 +516,7 @@ impl Driver {
             node_security: self.node_security(),
             target_id,
             oom_group: self.oom_group,
+            memory_qos: self.memory_qos.then_some(self.pods.memory_throttling_factor),
         };
         let container_config = config::container_config(pod, c, ctx)
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;

@@ -64,7 +64,7 @@ dump_cgroups() {
   local d f
   find "$@" -type d 2>/dev/null | sort | while read -r d; do
     echo "${d#"$CG"} - -"
-    for f in cpu.weight cpu.max memory.max pids.max cgroup.procs; do
+    for f in cpu.weight cpu.max memory.max memory.min pids.max cgroup.procs; do
       [ -r "$d/$f" ] && echo "${d#"$CG"} $f $(tr '\n' ' ' <"$d/$f")"
     done
   done
@@ -142,7 +142,8 @@ show_slices() {
 }
 
 # The system containers (cgroupfs case): the agent in kubeletCgroups, a stray process of the
-# root cgroup moved into systemCgroups, the runtime named by --runtime-cgroups.
+# root cgroup moved into systemCgroups, the runtime named by --runtime-cgroups. MemoryQoS is on
+# in this case only.
 STRAY=
 system_containers() {
   case $1 in
@@ -150,6 +151,7 @@ system_containers() {
       sh -c "echo \$\$ >$CG/cgroup.procs; exec sleep 600" &
       STRAY=$!
       EXTRA_CONFIG="cgroupRoot: /
+featureGates: {MemoryQoS: true}
 kubeletCgroups: /gantry-kubelet
 systemCgroups: /gantry-system"
       EXTRA_FLAGS=--runtime-cgroups=/system.slice/containerd.service

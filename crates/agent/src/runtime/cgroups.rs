@@ -211,12 +211,13 @@ pub fn mismatch_in_sandbox_error(ours: CgroupDriver, message: &str) -> Option<Dr
         .then_some(DriverMismatch { ours, runtime: CgroupDriver::Systemd })
 }
 
-/// The mismatch the other way round, which the sandbox's creation does not reveal: runc under
-/// its cgroupfs driver takes the systemd parent as a plain path and names the sandbox's cgroup
-/// after its ID (`<slice>/<id>`), where under systemd it is `cri-containerd-<id>.scope`.
-pub fn mismatch_in_sandbox_cgroup(ours: CgroupDriver, named_by_cgroupfs: bool) -> Option<DriverMismatch> {
-    (ours == CgroupDriver::Systemd && named_by_cgroupfs)
-        .then_some(DriverMismatch { ours, runtime: CgroupDriver::Cgroupfs })
+/// The mismatch the other way round, which the sandbox's creation does not reveal: containerd
+/// 1.6 passes a `.slice` parent to runc in systemd's `slice:prefix:id` form, and runc under its
+/// cgroupfs driver takes that as a relative path below its own cgroup, so the sandbox's process
+/// (`/proc/<pid>/cgroup`) ends up outside the pod's slice `parent`.
+pub fn mismatch_in_sandbox_cgroup(ours: CgroupDriver, parent: &str, proc_cgroup: &str) -> Option<DriverMismatch> {
+    let inside = proc_cgroup.lines().any(|l| l.splitn(3, ':').nth(2).is_some_and(|path| path.starts_with(parent)));
+    (ours == CgroupDriver::Systemd && !inside).then_some(DriverMismatch { ours, runtime: CgroupDriver::Cgroupfs })
 }
 
 /// The cgroup file system.
@@ -586,11 +587,14 @@ mod tests {
 
     #[test]
     fn systemd_parent_under_a_cgroupfs_runtime_is_a_mismatch() {
-        let m = mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, true).unwrap();
+        let parent = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice";
+        let stray = "0::/system.slice/containerd.service/kubepods-besteffort-pod1.slice:cri-containerd:ab\n";
+        let m = mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, parent, stray).unwrap();
         let text = m.to_string();
         assert!(text.contains("cgroupDriver is \"systemd\"") && text.contains("SystemdCgroup = false"), "{text}");
-        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, false), None);
-        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Cgroupfs, true), None);
+        let inside = format!("0::{parent}/cri-containerd-ab.scope\n");
+        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, parent, &inside), None);
+        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Cgroupfs, parent, stray), None);
     }
 
     #[test]

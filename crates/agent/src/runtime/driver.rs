@@ -428,22 +428,29 @@ impl Driver {
         Ok(response.pod_sandbox_id)
     }
 
-    /// With the systemd driver, a sandbox whose cgroup the runtime named the cgroupfs way shows
-    /// a runtime on the cgroupfs driver (containerd 1.6 cannot say so through CRI): the sandbox
-    /// is removed and the pod fails with the mismatch, as a refused parent does the other way.
+    /// With the systemd driver, a sandbox whose process is outside its pod's slice shows a
+    /// runtime on the cgroupfs driver (containerd 1.6 cannot say so through CRI): the sandbox is
+    /// removed and the pod fails with the mismatch, as a refused parent does the other way. A
+    /// runtime that reports no process for the sandbox is not checked.
     async fn check_sandbox_cgroup(&self, pod: &Pod, id: &str) -> Result<(), StartError> {
         if self.cgroups.is_none() || self.pods.cgroup_driver != CgroupDriver::Systemd {
             return Ok(());
         }
-        let parent = cgroups::plan(&self.pods, self.kubepods_limits, pod).parent;
-        let plain = Path::new(cgroups::MOUNT).join(parent.trim_start_matches('/')).join(id);
-        let Some(mismatch) = cgroups::mismatch_in_sandbox_cgroup(self.pods.cgroup_driver, plain.is_dir()) else {
+        let request = api::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true };
+        let Some(pid) = self.cri.runtime.pod_sandbox_status(request).await.ok().and_then(|s| sandbox_pid(&s.info))
+        else {
             return Ok(());
         };
-        tracing::error!(pod = %spec::full_name(pod), cgroup = %plain.display(), "{mismatch}");
+        let Ok(proc_cgroup) = tokio::fs::read_to_string(format!("/proc/{pid}/cgroup")).await else { return Ok(()) };
+        let parent = cgroups::plan(&self.pods, self.kubepods_limits, pod).parent;
+        let Some(mismatch) = cgroups::mismatch_in_sandbox_cgroup(self.pods.cgroup_driver, &parent, &proc_cgroup) else {
+            return Ok(());
+        };
+        let found = proc_cgroup.lines().next().unwrap_or_default().to_string();
+        tracing::error!(pod = %spec::full_name(pod), expected = %parent, found = %found, "{mismatch}");
         let _ = self.cri.runtime.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: id.into() }).await;
         let _ = self.remove_sandbox(id).await;
-        let message = format!("{mismatch}: the runtime created the sandbox's cgroup as {}", plain.display());
+        let message = format!("{mismatch}: the sandbox runs in cgroup {found:?}, not below {parent}");
         Err(StartError::new(StartFailure::CreatePodSandboxError, message))
     }
 
@@ -732,4 +739,11 @@ fn already_gone_is_ok<T>(result: Result<T, CriError>) -> Result<(), CriError> {
         Err(e) if !e.is_not_found() => Err(e),
         _ => Ok(()),
     }
+}
+
+/// The sandbox's process in a verbose `PodSandboxStatus` (containerd: `{"pid": N, …}` under
+/// `info`).
+fn sandbox_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    v.get("pid")?.as_u64().filter(|p| *p > 0).map(|p| p as u32)
 }

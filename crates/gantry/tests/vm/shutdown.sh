@@ -66,7 +66,9 @@ log "systemctl poweroff"
 systemctl poweroff
 # Keep going until the shutdown stops this unit (returning would let vm-runner force a
 # poweroff at once), copying Gantry's shutdown state file and its shutdown metrics to the share
-# as they change.
+# as they change. systemd stops the unit once Gantry released its lock, so the state file's
+# last copy, on that SIGTERM, has the shutdown's end.
+trap 'cp $ROOT/graceful_node_shutdown_state $R/ 2>/dev/null; sync; exit 0' TERM
 for _ in $(seq 3000); do
   cp $ROOT/graceful_node_shutdown_state $R/ 2>/dev/null
   busybox wget -q -O $R/metrics.tmp http://127.0.0.1:10255/metrics 2>/dev/null &&

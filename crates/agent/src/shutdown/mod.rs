@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::agent::{Shared, ShutdownKill};
+use crate::agent::{Kill, KillReason, Shared};
 use crate::events::{EventType, NodeEvent};
 use gantry_config::{Gate, Settings};
 use gantry_pod::shutdown::{self, Group, Stage};
@@ -53,7 +53,7 @@ pub struct ShutdownManager {
     /// when `GracefulNodeShutdownBasedOnPodPriority` is on, as upstream.
     state_file: Option<PathBuf>,
     shared: Arc<Shared>,
-    kills: mpsc::UnboundedSender<ShutdownKill>,
+    kills: mpsc::UnboundedSender<Kill>,
 }
 
 impl ShutdownManager {
@@ -61,7 +61,7 @@ impl ShutdownManager {
     pub fn new(
         settings: &Settings,
         shared: Arc<Shared>,
-        kills: mpsc::UnboundedSender<ShutdownKill>,
+        kills: mpsc::UnboundedSender<Kill>,
     ) -> Option<ShutdownManager> {
         if !settings.feature_gates.enabled(Gate::GracefulNodeShutdown) {
             tracing::info!("Node graceful shutdown feature is disabled, node shutdown will be immediate");
@@ -217,7 +217,7 @@ impl ShutdownManager {
             tracing::info!(pod = %kill.name, pod_uid = %kill.uid, grace_period = kill.grace_seconds, "Shutdown manager killing pod with gracePeriod");
             let (done, rx) = oneshot::channel();
             let grace = Duration::from_secs(kill.grace_seconds.max(0) as u64);
-            let _ = self.kills.send(ShutdownKill { uid: kill.uid.clone(), grace, done });
+            let _ = self.kills.send(Kill { uid: kill.uid.clone(), grace, why: KillReason::Shutdown, done });
             stopping.push(rx);
         }
         let (grace_period, priority) = (stage.window.as_secs(), stage.priority);

@@ -173,7 +173,8 @@ impl Worker {
         if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
             return Ok(());
         }
-        self.shared.driver.admit(&self.pod)
+        self.shared.driver.admit(&self.pod)?;
+        self.shared.driver.admit_devices(&self.pod).await
     }
 
     /// A rejected pod never starts: it fails with the reason, and waits to be removed.
@@ -559,6 +560,7 @@ impl Worker {
             }
         }
         self.shared.statuses.remove(&uid);
+        self.shared.driver.release_devices(&uid);
         tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = %uid, "pod stopped and removed");
         if let Some(api) = &self.shared.api
             && gantry_vocab::keys::is_api_pod(&self.pod)

@@ -265,11 +265,14 @@ impl DeviceManager {
     pub async fn admit(&self, pod: &Pod) -> Result<(), AdmitError> {
         let _one_at_a_time = self.inner.admission.lock().await;
         let uid = spec::uid(pod);
-        let containers = pod.spec.iter().flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers));
-        for c in containers {
-            for (resource, size) in self.requests(c) {
-                self.allocate(uid, &c.name, &resource, size).await.map_err(AdmitError)?;
-            }
+        let wanted: Vec<(String, String, usize)> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .flat_map(|c| self.requests(c).into_iter().map(|(resource, size)| (c.name.clone(), resource, size)))
+            .collect();
+        for (container, resource, size) in wanted {
+            self.allocate(uid, &container, &resource, size).await.map_err(AdmitError)?;
         }
         Ok(())
     }
@@ -354,7 +357,9 @@ impl DeviceManager {
                     Ok(Ok(_)) => {}
                     Ok(Err(s)) => return Err(DeviceError::Rpc(GrpcError(s))),
                     Err(_) => {
-                        return Err(DeviceError::Rpc(GrpcError(Status::deadline_exceeded("context deadline exceeded"))));
+                        return Err(DeviceError::Rpc(GrpcError(Status::deadline_exceeded(
+                            "context deadline exceeded",
+                        ))));
                     }
                 }
             }

@@ -49,6 +49,7 @@ fn inputs<'a>(s: &'a Settings, f: &'a MachineFacts, now: Timestamp) -> NodeInput
         pressure: Pressure::default(),
         addresses: Ok(addresses()),
         images: None,
+        devices: Default::default(),
         now,
     }
 }

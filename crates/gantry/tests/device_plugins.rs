@@ -1,0 +1,257 @@
+//! End-to-end, cluster mode: device plugins. The test kit's device plugin (a real gRPC server
+//! on a unix socket whose devices are files) registers through `<root-dir>/plugins_registry`
+//! or on `device-plugins/kubelet.sock`; Gantry reports its devices on the Node, admits pods
+//! against them, gives a container its devices (env, mounts, device nodes) from the plugin's
+//! `Allocate`, keeps the allocations over a restart (the checkpoint), and lists them in the
+//! pod-resources API. Against the test API server, or a real cluster (`GANTRY_E2E_KUBECONFIG`).
+
+mod common;
+
+use std::path::Path;
+
+use common::cluster::{self, Cluster};
+use common::{Env, Gantry, container_output, eventually};
+use gantry_plugins::api::deviceplugin::DevicePluginOptions;
+use gantry_plugins::api::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use gantry_plugins::api::podresources::{
+    AllocatableResourcesRequest, GetPodResourcesRequest, ListPodResourcesRequest, PodResources,
+};
+use gantry_testkit::{PluginCall, TestDevicePlugin};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::PostParams;
+
+const GPU: &str = "example.com/gpu";
+
+/// A pod bound to the node whose `main` container asks for `count` of `resource`.
+fn device_pod(node: &str, name: &str, resource: &str, count: u32, command: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", command],
+                "resources": {"limits": {resource: count.to_string()}, "requests": {resource: count.to_string()}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// The Node's capacity and allocatable of `resource`, once both are reported.
+async fn node_amounts(nodes: &Api<Node>, node: &str, resource: &str) -> Option<(String, String)> {
+    let status = nodes.get(node).await.ok()?.status?;
+    let capacity = status.capacity?.get(resource)?.0.clone();
+    let allocatable = status.allocatable?.get(resource)?.0.clone();
+    Some((capacity, allocatable))
+}
+
+async fn wait_amounts(gantry: &Gantry, nodes: &Api<Node>, node: &str, resource: &str, want: (&str, &str)) {
+    let what = format!("Node {resource} capacity/allocatable {want:?}");
+    eventually(&what, gantry, || async {
+        let got = node_amounts(nodes, node, resource).await?;
+        (got.0 == want.0 && got.1 == want.1).then_some(())
+    })
+    .await;
+}
+
+async fn pod_resources(root: &Path) -> PodResourcesListerClient<tonic::transport::Channel> {
+    let channel = gantry_testkit::cri::connect(&root.join("pod-resources/kubelet.sock")).await.expect("pod-resources socket");
+    PodResourcesListerClient::new(channel)
+}
+
+/// The devices of `pod`'s `main` container in a pod-resources answer.
+fn main_devices(list: &[PodResources], pod: &str) -> Option<Vec<(String, Vec<String>)>> {
+    let p = list.iter().find(|p| p.name == pod && p.namespace == "default")?;
+    let c = p.containers.iter().find(|c| c.name == "main")?;
+    Some(c.devices.iter().map(|d| (d.resource_name.clone(), d.device_ids.clone())).collect())
+}
+
+struct Setup {
+    env: Env,
+    cluster: Cluster,
+    nodes: Api<Node>,
+    pods: Api<Pod>,
+}
+
+async fn setup() -> Option<Setup> {
+    let (env, cluster) = cluster::setup().await?;
+    let admin = cluster.admin().await;
+    Some(Setup { nodes: Api::all(admin.clone()), pods: Api::namespaced(admin, "default"), env, cluster })
+}
+
+#[tokio::test]
+async fn devices_are_reported_allocated_checkpointed_and_listed() {
+    let Some(Setup { env, cluster, nodes, pods }) = setup().await else { return };
+    let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
+    let plugin = TestDevicePlugin::start(&env.root.join("plugins_registry/example-gpu.sock"), GPU, 2, options)
+        .await
+        .unwrap();
+    let mut gantry = cluster::start_node(&env, &cluster);
+    let node = env.node.clone();
+
+    // Registration through plugins_registry, then both devices on the Node.
+    wait_amounts(&gantry, &nodes, &node, GPU, ("2", "2")).await;
+    let calls = plugin.calls();
+    assert_eq!(calls[0], PluginCall::GetInfo, "{calls:?}");
+    assert!(calls.contains(&PluginCall::NotifyRegistrationStatus { registered: true, error: String::new() }));
+    assert!(calls.contains(&PluginCall::GetDevicePluginOptions) && calls.contains(&PluginCall::ListAndWatch));
+
+    // A pod asking for one device gets the plugin's preferred one (the last available).
+    let command = "echo devices=$EXAMPLE_DEVICES; cat /run/example-devices/*; test -c /dev/example-dev-1 && echo node-ok; sleep 3600";
+    pods.create(&PostParams::default(), &device_pod(&node, "gpu", GPU, 1, command)).await.unwrap();
+    eventually("the device pod runs", &gantry, || async {
+        (pods.get("gpu").await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    let output = eventually("the container printed its devices", &gantry, || async {
+        let out = container_output(&env, "gpu");
+        out.contains("node-ok").then_some(out)
+    })
+    .await;
+    assert!(output.contains("devices=dev-1"), "env from Allocate: {output}");
+    assert!(output.contains("device dev-1"), "the device file is mounted: {output}");
+    let calls = plugin.calls();
+    assert!(
+        calls.contains(&PluginCall::GetPreferredAllocation { available: vec!["dev-0".into(), "dev-1".into()], size: 1 }),
+        "{calls:?}"
+    );
+    assert!(calls.contains(&PluginCall::Allocate { devices: vec!["dev-1".into()] }), "{calls:?}");
+    assert!(calls.contains(&PluginCall::PreStartContainer { devices: vec!["dev-1".into()] }), "{calls:?}");
+    let uid = pods.get("gpu").await.unwrap().metadata.uid.unwrap();
+
+    // More than is free: rejected as upstream, and the running pod is untouched.
+    pods.create(&PostParams::default(), &device_pod(&node, "greedy", GPU, 2, "sleep 3600")).await.unwrap();
+    let status = eventually("the greedy pod is rejected", &gantry, || async {
+        let status = pods.get("greedy").await.ok()?.status?;
+        (status.phase.as_deref() == Some("Failed")).then_some(status)
+    })
+    .await;
+    assert_eq!(status.reason.as_deref(), Some("UnexpectedAdmissionError"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some(
+            "Pod was rejected: Allocate failed due to requested number of devices unavailable for example.com/gpu. \
+             Requested: 2, Available: 1, which is unexpected"
+        )
+    );
+    assert_eq!(pods.get("gpu").await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
+
+    // The pod-resources API lists the allocation and the node's devices.
+    let mut client = pod_resources(&env.root).await;
+    let list = client.list(ListPodResourcesRequest {}).await.unwrap().into_inner().pod_resources;
+    assert_eq!(main_devices(&list, "gpu"), Some(vec![(GPU.to_string(), vec!["dev-1".to_string()])]));
+    let got = client
+        .get(GetPodResourcesRequest { pod_name: "gpu".into(), pod_namespace: "default".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(main_devices(&got.pod_resources.into_iter().collect::<Vec<_>>(), "gpu").unwrap().len(), 1);
+    let allocatable = client.get_allocatable_resources(AllocatableResourcesRequest {}).await.unwrap().into_inner();
+    let mut ids: Vec<String> = allocatable.devices.iter().flat_map(|d| d.device_ids.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["dev-0", "dev-1"]);
+    assert!(allocatable.cpu_ids.is_empty() && allocatable.memory.is_empty(), "no CPU or memory manager");
+
+    // An unhealthy device leaves allocatable, not capacity.
+    plugin.set_healthy("dev-0", false);
+    wait_amounts(&gantry, &nodes, &node, GPU, ("2", "1")).await;
+
+    // The allocation is checkpointed and survives a restart; the pod keeps running.
+    let checkpoint = std::fs::read_to_string(env.root.join("device-plugins/kubelet_internal_checkpoint")).unwrap();
+    assert!(checkpoint.contains(&uid), "{checkpoint}");
+    let before = env.running("gpu").await;
+    let registrations = plugin.calls().iter().filter(|c| **c == PluginCall::GetInfo).count();
+    gantry.kill();
+    let gantry = cluster::start_node(&env, &cluster);
+    eventually("the restarted node registers the plugin again", &gantry, || async {
+        (plugin.calls().iter().filter(|c| **c == PluginCall::GetInfo).count() > registrations).then_some(())
+    })
+    .await;
+    wait_amounts(&gantry, &nodes, &node, GPU, ("2", "1")).await;
+    let mut client = eventually("pod-resources served again", &gantry, || async {
+        let channel = gantry_testkit::cri::connect(&env.root.join("pod-resources/kubelet.sock")).await.ok()?;
+        let mut client = PodResourcesListerClient::new(channel);
+        client.list(ListPodResourcesRequest {}).await.ok()?;
+        Some(client)
+    })
+    .await;
+    let list = eventually("the restarted node lists the pod", &gantry, || {
+        let mut client = client.clone();
+        async move {
+            let list = client.list(ListPodResourcesRequest {}).await.ok()?.into_inner().pod_resources;
+            main_devices(&list, "gpu").is_some_and(|d| !d.is_empty()).then_some(list)
+        }
+    })
+    .await;
+    assert_eq!(main_devices(&list, "gpu"), Some(vec![(GPU.to_string(), vec!["dev-1".to_string()])]));
+    assert_eq!(env.running("gpu").await, before, "the device pod keeps running, unchanged");
+    // dev-1 is still the running pod's and dev-0 is unhealthy: nothing is free.
+    pods.create(&PostParams::default(), &device_pod(&node, "late", GPU, 1, "sleep 3600")).await.unwrap();
+    let status = eventually("the late pod is rejected", &gantry, || async {
+        let status = pods.get("late").await.ok()?.status?;
+        (status.phase.as_deref() == Some("Failed")).then_some(status)
+    })
+    .await;
+    assert!(status.message.unwrap().contains("Requested: 1, Available: 0"), "the restored allocation holds dev-1");
+    let _ = client.list(ListPodResourcesRequest {}).await;
+    cluster.cleanup(&node).await;
+}
+
+#[tokio::test]
+async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
+    let Some(Setup { env, cluster, nodes, pods: _ }) = setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let node = env.node.clone();
+
+    // Through plugins_registry with no version Gantry speaks: refused, with upstream's text.
+    let old = TestDevicePlugin::start_with_versions(
+        &env.root.join("plugins_registry/old.sock"),
+        "example.com/old",
+        1,
+        DevicePluginOptions::default(),
+        &["v1alpha"],
+    )
+    .await
+    .unwrap();
+    let refused = eventually("the old plugin is told why it is refused", &gantry, || async {
+        old.calls().into_iter().find_map(|c| match c {
+            PluginCall::NotifyRegistrationStatus { registered: false, error } => Some(error),
+            _ => None,
+        })
+    })
+    .await;
+    assert_eq!(
+        refused,
+        "RegisterPlugin error -- plugin validation failed with err: manager version, v1beta1, is not among plugin \
+         supported versions [v1alpha]"
+    );
+
+    // The classic way: Register on device-plugins/kubelet.sock.
+    let kubelet_sock = env.root.join("device-plugins/kubelet.sock");
+    eventually("kubelet.sock is served", &gantry, || async { kubelet_sock.exists().then_some(()) }).await;
+    let classic = TestDevicePlugin::start(
+        &env.root.join("device-plugins/classic.sock"),
+        "example.com/classic",
+        3,
+        DevicePluginOptions::default(),
+    )
+    .await
+    .unwrap();
+    classic.register_with_kubelet(&kubelet_sock).await.unwrap();
+    wait_amounts(&gantry, &nodes, &node, "example.com/classic", ("3", "3")).await;
+    assert!(!classic.calls().contains(&PluginCall::GetInfo), "registered on kubelet.sock, not through the watcher");
+    assert!(node_amounts(&nodes, &node, "example.com/old").await.is_none(), "the refused plugin has no resource");
+
+    // The plugin goes away: its devices stay in capacity with nothing allocatable (upstream's
+    // grace period before the resource is removed).
+    drop(classic);
+    wait_amounts(&gantry, &nodes, &node, "example.com/classic", ("3", "0")).await;
+    cluster.cleanup(&node).await;
+}

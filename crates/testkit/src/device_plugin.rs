@@ -56,6 +56,9 @@ struct Service {
     files: PathBuf,
     state: Arc<Mutex<State>>,
     changed: watch::Sender<u64>,
+    /// Set when the plugin stops: its `ListAndWatch` streams end (the server's connections
+    /// outlive an aborted server task).
+    stopped: watch::Sender<bool>,
 }
 
 impl Service {
@@ -116,6 +119,7 @@ impl TestDevicePlugin {
             files: files.path().to_path_buf(),
             state: Arc::new(Mutex::new(State { devices, calls: Vec::new() })),
             changed: watch::Sender::new(0),
+            stopped: watch::Sender::new(false),
         };
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
@@ -174,6 +178,7 @@ impl TestDevicePlugin {
 
 impl Drop for TestDevicePlugin {
     fn drop(&mut self) {
+        self.service.stopped.send_replace(true);
         self.server.abort();
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -216,10 +221,14 @@ impl DevicePlugin for Service {
         self.record(PluginCall::ListAndWatch);
         let service = self.clone();
         let changes = self.changed.subscribe();
-        // The current list, then a new one on every change.
+        // The current list, then a new one on every change, until the plugin stops.
         let stream = futures::stream::unfold((service, changes, true), |(service, mut changes, first)| async move {
-            if !first && changes.changed().await.is_err() {
-                return None;
+            if !first {
+                let mut stopped = service.stopped.subscribe();
+                tokio::select! {
+                    changed = changes.changed() => changed.ok()?,
+                    _ = stopped.wait_for(|s| *s) => return None,
+                }
             }
             let list = service.list();
             Some((Ok(list), (service, changes, false)))

@@ -19,7 +19,7 @@ use gantry_plugins::api::podresources::{
 use gantry_testkit::{PluginCall, TestDevicePlugin};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 
 const GPU: &str = "example.com/gpu";
 
@@ -62,7 +62,8 @@ async fn wait_amounts(gantry: &Gantry, nodes: &Api<Node>, node: &str, resource: 
 }
 
 async fn pod_resources(root: &Path) -> PodResourcesListerClient<tonic::transport::Channel> {
-    let channel = gantry_testkit::cri::connect(&root.join("pod-resources/kubelet.sock")).await.expect("pod-resources socket");
+    let channel =
+        gantry_testkit::cri::connect(&root.join("pod-resources/kubelet.sock")).await.expect("pod-resources socket");
     PodResourcesListerClient::new(channel)
 }
 
@@ -90,9 +91,8 @@ async fn setup() -> Option<Setup> {
 async fn devices_are_reported_allocated_checkpointed_and_listed() {
     let Some(Setup { env, cluster, nodes, pods }) = setup().await else { return };
     let options = DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true };
-    let plugin = TestDevicePlugin::start(&env.root.join("plugins_registry/example-gpu.sock"), GPU, 2, options)
-        .await
-        .unwrap();
+    let plugin =
+        TestDevicePlugin::start(&env.root.join("plugins_registry/example-gpu.sock"), GPU, 2, options).await.unwrap();
     let mut gantry = cluster::start_node(&env, &cluster);
     let node = env.node.clone();
 
@@ -119,7 +119,8 @@ async fn devices_are_reported_allocated_checkpointed_and_listed() {
     assert!(output.contains("device dev-1"), "the device file is mounted: {output}");
     let calls = plugin.calls();
     assert!(
-        calls.contains(&PluginCall::GetPreferredAllocation { available: vec!["dev-0".into(), "dev-1".into()], size: 1 }),
+        calls
+            .contains(&PluginCall::GetPreferredAllocation { available: vec!["dev-0".into(), "dev-1".into()], size: 1 }),
         "{calls:?}"
     );
     assert!(calls.contains(&PluginCall::Allocate { devices: vec!["dev-1".into()] }), "{calls:?}");
@@ -174,14 +175,15 @@ async fn devices_are_reported_allocated_checkpointed_and_listed() {
         (plugin.calls().iter().filter(|c| **c == PluginCall::GetInfo).count() > registrations).then_some(())
     })
     .await;
-    wait_amounts(&gantry, &nodes, &node, GPU, ("2", "1")).await;
-    let mut client = eventually("pod-resources served again", &gantry, || async {
+    // Until the plugin lists its devices again, the restored resource has none.
+    let client = eventually("the restarted node knows the plugin's devices again", &gantry, || async {
         let channel = gantry_testkit::cri::connect(&env.root.join("pod-resources/kubelet.sock")).await.ok()?;
         let mut client = PodResourcesListerClient::new(channel);
-        client.list(ListPodResourcesRequest {}).await.ok()?;
-        Some(client)
+        let allocatable = client.get_allocatable_resources(AllocatableResourcesRequest {}).await.ok()?.into_inner();
+        (allocatable.devices.len() == 2).then_some(client)
     })
     .await;
+    wait_amounts(&gantry, &nodes, &node, GPU, ("2", "1")).await;
     let list = eventually("the restarted node lists the pod", &gantry, || {
         let mut client = client.clone();
         async move {
@@ -200,7 +202,15 @@ async fn devices_are_reported_allocated_checkpointed_and_listed() {
     })
     .await;
     assert!(status.message.unwrap().contains("Requested: 1, Available: 0"), "the restored allocation holds dev-1");
-    let _ = client.list(ListPodResourcesRequest {}).await;
+
+    // Deleting the pod frees its device.
+    pods.delete("gpu", &DeleteParams::default()).await.unwrap();
+    eventually("the device pod is gone", &gantry, || async { pods.get_opt("gpu").await.ok()?.is_none().then_some(()) })
+        .await;
+    let checkpoint = std::fs::read_to_string(env.root.join("device-plugins/kubelet_internal_checkpoint")).unwrap();
+    assert!(!checkpoint.contains(&uid), "freed in the checkpoint: {checkpoint}");
+    let list = client.clone().list(ListPodResourcesRequest {}).await.unwrap().into_inner().pod_resources;
+    assert!(main_devices(&list, "gpu").is_none());
     cluster.cleanup(&node).await;
 }
 

@@ -125,10 +125,14 @@ impl TestDevicePlugin {
             std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
         }
         let incoming = crate::cri::serve_socket(socket)?;
-        let (registration, plugin) = (RegistrationServer::new(service.clone()), DevicePluginServer::new(service.clone()));
+        let (registration, plugin) =
+            (RegistrationServer::new(service.clone()), DevicePluginServer::new(service.clone()));
         let server = tokio::spawn(async move {
-            let result =
-                tonic::transport::Server::builder().add_service(registration).add_service(plugin).serve_with_incoming(incoming).await;
+            let result = tonic::transport::Server::builder()
+                .add_service(registration)
+                .add_service(plugin)
+                .serve_with_incoming(incoming)
+                .await;
             if let Err(e) = result {
                 tracing::error!(error = %e, "test device plugin stopped");
             }

@@ -208,3 +208,19 @@ fn deregister(handlers: &Handlers, r: &Registered) {
         handlers.devices.disconnect(&r.name);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sockets_that_are_not_dot_files_are_plugins() {
+        let dir = tempfile::tempdir().unwrap();
+        let _a = std::os::unix::net::UnixListener::bind(dir.path().join("a.sock")).unwrap();
+        let _hidden = std::os::unix::net::UnixListener::bind(dir.path().join(".hidden.sock")).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not a socket").unwrap();
+        let found: Vec<PathBuf> = sockets(dir.path()).into_keys().collect();
+        assert_eq!(found, vec![dir.path().join("a.sock")]);
+        assert!(sockets(&dir.path().join("missing")).is_empty());
+    }
+}

@@ -216,7 +216,7 @@ async fn devices_are_reported_allocated_checkpointed_and_listed() {
 
 #[tokio::test]
 async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
-    let Some(Setup { env, cluster, nodes, pods: _ }) = setup().await else { return };
+    let Some(Setup { env, cluster, nodes, pods }) = setup().await else { return };
     let gantry = cluster::start_node(&env, &cluster);
     let node = env.node.clone();
 
@@ -258,6 +258,25 @@ async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     wait_amounts(&gantry, &nodes, &node, "example.com/classic", ("3", "3")).await;
     assert!(!classic.calls().contains(&PluginCall::GetInfo), "registered on kubelet.sock, not through the watcher");
     assert!(node_amounts(&nodes, &node, "example.com/old").await.is_none(), "the refused plugin has no resource");
+
+    // An init container's devices go on to the pod's app container (upstream's reuse): all
+    // three devices twice over would not fit otherwise.
+    let mut reuse = device_pod(&node, "reuse", "example.com/classic", 3, "echo app=$EXAMPLE_DEVICES; sleep 3600");
+    let mut init = reuse.spec.as_ref().unwrap().containers[0].clone();
+    init.name = "init".into();
+    init.command = Some(vec!["sh".into(), "-c".into(), "echo init=$EXAMPLE_DEVICES".into()]);
+    reuse.spec.as_mut().unwrap().init_containers = Some(vec![init]);
+    pods.create(&PostParams::default(), &reuse).await.unwrap();
+    eventually("the pod reusing its init container's devices runs", &gantry, || async {
+        (pods.get("reuse").await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    let output = eventually("the app container printed its devices", &gantry, || async {
+        let out = container_output(&env, "reuse");
+        out.contains("app=").then_some(out)
+    })
+    .await;
+    assert!(output.contains("app=dev-0,dev-1,dev-2"), "{output}");
 
     // The plugin goes away: its devices stay in capacity with nothing allocatable (upstream's
     // grace period before the resource is removed).

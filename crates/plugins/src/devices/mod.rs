@@ -265,14 +265,28 @@ impl DeviceManager {
     pub async fn admit(&self, pod: &Pod) -> Result<(), AdmitError> {
         let _one_at_a_time = self.inner.admission.lock().await;
         let uid = spec::uid(pod);
-        let wanted: Vec<(String, String, usize)> = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
-            .flat_map(|c| self.requests(c).into_iter().map(|(resource, size)| (c.name.clone(), resource, size)))
-            .collect();
-        for (container, resource, size) in wanted {
-            self.allocate(uid, &container, &resource, size).await.map_err(AdmitError)?;
+        // Upstream's `devicesToReuse`: a regular init container's devices are free for the
+        // pod's later containers (it has finished by then); a sidecar's or an app container's
+        // devices are theirs for the pod's life.
+        let spec = pod.spec.as_ref();
+        let inits =
+            spec.into_iter().flat_map(|s| s.init_containers.iter().flatten()).map(|c| (c, !spec::is_sidecar(c)));
+        let apps = spec.into_iter().flat_map(|s| &s.containers).map(|c| (c, false));
+        let wanted: Vec<(String, bool, Vec<(String, usize)>)> =
+            inits.chain(apps).map(|(c, finishes)| (c.name.clone(), finishes, self.requests(c))).collect();
+        let mut reusable: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (container, finishes, requests) in wanted {
+            for (resource, size) in requests {
+                let reuse = reusable.entry(resource.clone()).or_default();
+                let ids = self.allocate(uid, &container, &resource, size, reuse).await.map_err(AdmitError)?;
+                if finishes {
+                    reuse.extend(ids);
+                } else {
+                    ids.iter().for_each(|id| {
+                        reuse.remove(id);
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -295,23 +309,36 @@ impl DeviceManager {
             .collect()
     }
 
-    async fn allocate(&self, uid: &str, container: &str, resource: &str, size: usize) -> Result<(), DeviceError> {
-        let need = lock(&self.inner.state).need(uid, container, resource, size)?;
-        let Need::Pick { available, size } = need else { return Ok(()) };
+    /// Gives `container` `size` devices of `resource` (the ones it holds already, if any) and
+    /// returns them.
+    async fn allocate(
+        &self,
+        uid: &str,
+        container: &str,
+        resource: &str,
+        size: usize,
+        reusable: &BTreeSet<String>,
+    ) -> Result<Vec<String>, DeviceError> {
+        let need = lock(&self.inner.state).need(uid, container, resource, size, reusable)?;
+        let (reusable, available, size) = match need {
+            Need::Allocated(ids) => return Ok(ids),
+            Need::Pick { reusable, available, size } => (reusable, available, size),
+        };
         let (mut client, options) = self.plugin(resource)?;
         let mut preferred = Vec::new();
-        if options.get_preferred_allocation_available {
+        // Enough reusable devices: no choice to ask the plugin about (as upstream).
+        if options.get_preferred_allocation_available && reusable.len() < size {
             let request = PreferredAllocationRequest {
                 container_requests: vec![ContainerPreferredAllocationRequest {
                     available_device_i_ds: available.clone(),
-                    must_include_device_i_ds: Vec::new(),
+                    must_include_device_i_ds: reusable.clone(),
                     allocation_size: size as i32,
                 }],
             };
             let answer = client.get_preferred_allocation(request).await.map_err(|s| DeviceError::Rpc(GrpcError(s)))?;
             preferred = answer.into_inner().container_responses.into_iter().flat_map(|r| r.device_i_ds).collect();
         }
-        let ids = state::choose(&available, size, &preferred);
+        let ids = state::choose(&reusable, &available, size, &preferred);
         let request =
             AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: ids.clone() }] };
         let mut answer = client
@@ -328,12 +355,12 @@ impl DeviceManager {
             pod_uid: uid.to_string(),
             container: container.to_string(),
             resource: resource.to_string(),
-            device_ids: ids,
+            device_ids: ids.clone(),
             response: answer.remove(0),
         };
         lock(&self.inner.state).record(entry);
         self.save();
-        Ok(())
+        Ok(ids)
     }
 
     fn plugin(&self, resource: &str) -> Result<(DevicePluginClient<Channel>, DevicePluginOptions), DeviceError> {

@@ -66,8 +66,8 @@ pub struct Capacity {
 pub enum Need {
     /// It holds its devices already (admitted before, or restored from the checkpoint).
     Allocated(Vec<String>),
-    /// `size` devices from `available` (healthy and free, in order).
-    Pick { available: Vec<String>, size: usize },
+    /// `size` devices from `available` (healthy and free, in order), `reusable` ones first.
+    Pick { reusable: Vec<String>, available: Vec<String>, size: usize },
 }
 
 /// The whole state: devices per resource and the allocations.
@@ -156,8 +156,16 @@ impl Registry {
     }
 
     /// What `container` of pod `uid` needs to get `size` devices of `resource` (upstream
-    /// `devicesToAllocate`).
-    pub fn need(&self, uid: &str, container: &str, resource: &str, size: usize) -> Result<Need, AllocError> {
+    /// `devicesToAllocate`). `reusable`: devices of the pod's finished init containers, which
+    /// later containers of the pod may take (and take first).
+    pub fn need(
+        &self,
+        uid: &str,
+        container: &str,
+        resource: &str,
+        size: usize,
+        reusable: &BTreeSet<String>,
+    ) -> Result<Need, AllocError> {
         if let Some(e) = self.container_entries(uid, container).find(|e| e.resource == resource) {
             return Ok(Need::Allocated(e.device_ids.clone()));
         }
@@ -166,8 +174,13 @@ impl Registry {
         if r.healthy.is_empty() {
             return Err(unhealthy());
         }
-        let in_use: BTreeSet<&String> =
-            self.entries.iter().filter(|e| e.resource == resource).flat_map(|e| &e.device_ids).collect();
+        let in_use: BTreeSet<&String> = self
+            .entries
+            .iter()
+            .filter(|e| e.resource == resource)
+            .flat_map(|e| &e.device_ids)
+            .filter(|d| !reusable.contains(*d))
+            .collect();
         let available: Vec<String> = r.healthy.iter().filter(|d| !in_use.contains(d)).cloned().collect();
         if available.len() < size {
             return Err(AllocError::Unavailable {
@@ -176,7 +189,8 @@ impl Registry {
                 available: available.len(),
             });
         }
-        Ok(Need::Pick { available, size })
+        let reusable = available.iter().filter(|d| reusable.contains(*d)).cloned().collect();
+        Ok(Need::Pick { reusable, available, size })
     }
 
     /// Records an allocation (replacing the container's earlier one of the same resource).
@@ -202,11 +216,11 @@ impl Registry {
     }
 }
 
-/// The devices to give a container: the plugin's preferred ones first (those it may give),
-/// then the first available ones, `size` in all.
-pub fn choose(available: &[String], size: usize, preferred: &[String]) -> Vec<String> {
+/// The devices to give a container, `size` in all: the reusable ones first, then the plugin's
+/// preferred ones (those it may give), then the first available ones.
+pub fn choose(reusable: &[String], available: &[String], size: usize, preferred: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(size);
-    for id in preferred.iter().chain(available) {
+    for id in reusable.iter().chain(preferred).chain(available) {
         if out.len() == size {
             break;
         }
@@ -236,6 +250,27 @@ mod tests {
     }
 
     const GPU: &str = "example.com/gpu";
+
+    fn none() -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
+    #[test]
+    fn a_finished_init_containers_devices_are_reused_by_the_pods_next_containers() {
+        let mut r = Registry::default();
+        r.update(GPU, &[dev("a", HEALTHY), dev("b", HEALTHY)]);
+        r.record(entry("p1", "init", &["a"]));
+        // Without reuse, only b is free; with a reusable, both are, a first.
+        assert_eq!(
+            r.need("p1", "app", GPU, 2, &none()).unwrap_err().to_string(),
+            "requested number of devices unavailable for example.com/gpu. Requested: 2, Available: 1"
+        );
+        let reusable = BTreeSet::from(["a".to_string()]);
+        assert_eq!(
+            r.need("p1", "app", GPU, 2, &reusable),
+            Ok(Need::Pick { reusable: vec!["a".into()], available: vec!["a".into(), "b".into()], size: 2 })
+        );
+    }
 
     #[test]
     fn capacity_counts_every_device_and_allocatable_the_healthy_ones() {
@@ -269,7 +304,7 @@ mod tests {
         let mut r = Registry::restored(vec![entry("p1", "c", &["a"])], [GPU.to_string()], t0);
         assert_eq!(r.capacity(t0).resources[GPU], Amounts { capacity: 0, allocatable: 0 });
         // The restored allocation is kept: the container keeps its device.
-        assert_eq!(r.need("p1", "c", GPU, 1), Ok(Need::Allocated(vec!["a".into()])));
+        assert_eq!(r.need("p1", "c", GPU, 1, &none()), Ok(Need::Allocated(vec!["a".into()])));
     }
 
     #[test]
@@ -277,21 +312,27 @@ mod tests {
         let mut r = Registry::default();
         r.update(GPU, &[dev("a", HEALTHY), dev("b", HEALTHY), dev("c", "Unhealthy")]);
         r.record(entry("p1", "c", &["a"]));
-        assert_eq!(r.need("p2", "c", GPU, 1), Ok(Need::Pick { available: vec!["b".into()], size: 1 }));
-        let err = r.need("p2", "c", GPU, 2).unwrap_err();
+        assert_eq!(
+            r.need("p2", "c", GPU, 1, &none()),
+            Ok(Need::Pick { reusable: vec![], available: vec!["b".into()], size: 1 })
+        );
+        let err = r.need("p2", "c", GPU, 2, &none()).unwrap_err();
         assert_eq!(
             err.to_string(),
             "requested number of devices unavailable for example.com/gpu. Requested: 2, Available: 1"
         );
         assert!(r.release("p1"));
-        assert_eq!(r.need("p2", "c", GPU, 2), Ok(Need::Pick { available: vec!["a".into(), "b".into()], size: 2 }));
+        assert_eq!(
+            r.need("p2", "c", GPU, 2, &none()),
+            Ok(Need::Pick { reusable: vec![], available: vec!["a".into(), "b".into()], size: 2 })
+        );
     }
 
     #[test]
     fn a_resource_without_healthy_devices_cannot_allocate() {
         let mut r = Registry::default();
         r.update(GPU, &[dev("a", "Unhealthy")]);
-        assert_eq!(r.need("p", "c", GPU, 1), Err(AllocError::NoHealthy { resource: GPU.into() }));
+        assert_eq!(r.need("p", "c", GPU, 1, &none()), Err(AllocError::NoHealthy { resource: GPU.into() }));
         assert!(r.manages(GPU));
         assert!(!r.manages("example.com/fpga"));
     }
@@ -309,9 +350,11 @@ mod tests {
     #[test]
     fn choose_prefers_the_plugins_choice_among_available_devices() {
         let available: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(choose(&available, 2, &["c".into()]), vec!["c".to_string(), "a".to_string()]);
+        assert_eq!(choose(&[], &available, 2, &["c".into()]), vec!["c".to_string(), "a".to_string()]);
         // A preferred device that is not available is ignored.
-        assert_eq!(choose(&available, 1, &["z".into()]), vec!["a".to_string()]);
-        assert_eq!(choose(&available, 2, &[]), vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(choose(&[], &available, 1, &["z".into()]), vec!["a".to_string()]);
+        assert_eq!(choose(&[], &available, 2, &[]), vec!["a".to_string(), "b".to_string()]);
+        // Reusable devices come first.
+        assert_eq!(choose(&["b".into()], &available, 2, &["c".into()]), vec!["b".to_string(), "c".to_string()]);
     }
 }

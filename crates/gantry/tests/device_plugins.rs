@@ -10,6 +10,7 @@ mod common;
 use std::path::Path;
 
 use common::cluster::{self, Cluster};
+use common::node_api::NodeApi;
 use common::{Env, Gantry, container_output, eventually};
 use gantry_plugins::api::deviceplugin::DevicePluginOptions;
 use gantry_plugins::api::podresources::pod_resources_lister_client::PodResourcesListerClient;
@@ -217,7 +218,10 @@ async fn devices_are_reported_allocated_checkpointed_and_listed() {
 #[tokio::test]
 async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     let Some(Setup { env, cluster, nodes, pods }) = setup().await else { return };
-    let gantry = cluster::start_node(&env, &cluster);
+    // The node API on, for its /metrics.
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), &env.node).display());
+    let gantry = api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow"]).await;
     let node = env.node.clone();
 
     // Through plugins_registry with no version Gantry speaks: refused, with upstream's text.
@@ -277,6 +281,17 @@ async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     })
     .await;
     assert!(output.contains("app=dev-0,dev-1,dev-2"), "{output}");
+
+    // Registrations (refused ones too) and Allocate durations by resource, as upstream.
+    let identity = api.ca.client("metrics-reader", &[]);
+    let metrics = api.client(Some(&identity)).get(api.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for line in [
+        "kubelet_device_plugin_registration_total{resource_name=\"example.com/classic\"} 1",
+        "kubelet_device_plugin_alloc_duration_seconds_count{resource_name=\"example.com/classic\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(metrics.contains("kubelet_device_plugin_registration_total{resource_name=\"example.com/old\"}"));
 
     // The plugin goes away: its devices stay in capacity with nothing allocatable (upstream's
     // grace period before the resource is removed).

@@ -93,7 +93,7 @@ impl Node {
         {
             return Ok(());
         }
-        let (devices, device_tasks) = DeviceManager::new(&settings.root_dir);
+        let (devices, device_tasks) = DeviceManager::new(&settings.root_dir, self.metrics.clone());
         let shared = connect(settings, self.metrics.clone()).await?.with_devices(devices.clone());
         let mut sources = agent::sources(settings);
         let mut supervisor = Supervisor::default();

@@ -196,6 +196,7 @@ async fn dispatch(socket: &Path, info: &PluginInfo, handlers: &Handlers) -> Resu
     let endpoint = if info.endpoint.is_empty() { socket.to_path_buf() } else { PathBuf::from(&info.endpoint) };
     match info.r#type.as_str() {
         DEVICE_PLUGIN => {
+            handlers.devices.count_registration(&info.name);
             DeviceManager::validate(&info.name, &info.supported_versions).map_err(RegistrationError::Validation)?;
             handlers.devices.connect(&info.name, &endpoint).await.map_err(RegistrationError::Registration)
         }

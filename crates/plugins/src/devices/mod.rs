@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gantry_metrics::{Metrics, ResourceLabels};
 use gantry_vocab::spec;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::sync::{mpsc, watch};
@@ -123,6 +124,8 @@ struct Connected {
 
 struct Inner {
     dir: PathBuf,
+    /// The node's metrics (registrations, `Allocate` durations).
+    metrics: Arc<Metrics>,
     state: Mutex<Registry>,
     plugins: Mutex<BTreeMap<String, Plugin>>,
     next_id: std::sync::atomic::AtomicU64,
@@ -150,8 +153,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl DeviceManager {
-    /// The manager of `<root_dir>/device-plugins`, with the checkpoint's allocations restored.
-    pub fn new(root_dir: &Path) -> (Self, Tasks) {
+    /// The manager of `<root_dir>/device-plugins`, with the checkpoint's allocations restored,
+    /// recording into the node's `metrics`.
+    pub fn new(root_dir: &Path, metrics: Arc<Metrics>) -> (Self, Tasks) {
         let dir = root_dir.join(DIR);
         let restored = match checkpoint::load(&dir) {
             Ok(c) => c,
@@ -168,6 +172,7 @@ impl DeviceManager {
         let manager = DeviceManager {
             inner: Arc::new(Inner {
                 dir,
+                metrics,
                 state: Mutex::new(state),
                 plugins: Mutex::default(),
                 next_id: Default::default(),
@@ -237,6 +242,12 @@ impl DeviceManager {
         // The receiver lives as long as the node's supervisor runs the tasks.
         let _ = self.inner.connected.send(Connected { resource: resource.to_string(), id, client });
         Ok(())
+    }
+
+    /// Upstream counts every registration request, refused ones too.
+    pub fn count_registration(&self, resource: &str) {
+        let labels = ResourceLabels { resource_name: resource.to_string() };
+        self.inner.metrics.device_plugin_registrations.get_or_create(&labels).inc();
     }
 
     /// The plugin of `resource` went away (its socket was removed): its devices are no longer
@@ -341,12 +352,12 @@ impl DeviceManager {
         let ids = state::choose(&reusable, &available, size, &preferred);
         let request =
             AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: ids.clone() }] };
-        let mut answer = client
-            .allocate(request)
-            .await
-            .map_err(|s| DeviceError::Rpc(GrpcError(s)))?
-            .into_inner()
-            .container_responses;
+        let started = Instant::now();
+        let answer = client.allocate(request).await;
+        let labels = ResourceLabels { resource_name: resource.to_string() };
+        let histogram = self.inner.metrics.device_plugin_alloc_duration.get_or_create(&labels);
+        histogram.observe(started.elapsed().as_secs_f64());
+        let mut answer = answer.map_err(|s| DeviceError::Rpc(GrpcError(s)))?.into_inner().container_responses;
         if answer.len() != 1 {
             return Err(DeviceError::BadAnswer { resource: resource.to_string(), got: answer.len() });
         }
@@ -497,6 +508,7 @@ impl Registration for Registrar {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let r = request.into_inner();
         tracing::info!(resource = %r.resource_name, "got registration request from device plugin");
+        self.manager.count_registration(&r.resource_name);
         let check = if r.version != VERSION {
             Err(RegisterError::UnsupportedVersion { version: r.version.clone() })
         } else if !is_extended_resource_name(&r.resource_name) {

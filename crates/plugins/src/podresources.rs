@@ -5,6 +5,7 @@
 //! `none` policies. `Get` is served as its gate (`KubeletPodResourcesGet`) is on by default in
 //! v1.34.
 
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -25,6 +26,9 @@ pub const DIR: &str = "pod-resources";
 pub const SOCKET: &str = "kubelet.sock";
 /// The NUMA node of devices whose plugin reports no topology.
 const NO_TOPOLOGY: i64 = -1;
+/// Upstream's limit on the socket: 100 requests a second, bursts of 10.
+const QPS: u32 = 100;
+const BURST: u32 = 10;
 
 /// The pods the node runs (with their latest status), as the agent knows them.
 pub trait ActivePods: Send + Sync + 'static {
@@ -35,6 +39,7 @@ pub trait ActivePods: Send + Sync + 'static {
 struct Lister {
     pods: Arc<dyn ActivePods>,
     devices: DeviceManager,
+    limiter: governor::DefaultDirectRateLimiter,
 }
 
 fn is_active(pod: &Pod) -> bool {
@@ -43,6 +48,17 @@ fn is_active(pod: &Pod) -> bool {
 }
 
 impl Lister {
+    fn new(pods: Arc<dyn ActivePods>, devices: DeviceManager) -> Self {
+        let quota = governor::Quota::per_second(NonZeroU32::new(QPS).unwrap_or(NonZeroU32::MIN))
+            .allow_burst(NonZeroU32::new(BURST).unwrap_or(NonZeroU32::MIN));
+        Lister { pods, devices, limiter: governor::RateLimiter::direct(quota) }
+    }
+
+    /// Upstream's rate limit: a request over it fails with `ResourceExhausted`.
+    fn admit(&self) -> Result<(), Status> {
+        self.limiter.check().map_err(|_| Status::resource_exhausted("rejected by rate limit"))
+    }
+
     /// One pod's containers (regular ones and sidecars) with their devices.
     fn pod_resources(&self, pod: &Pod, allocations: &[(String, String, String, Vec<String>)]) -> PodResources {
         let uid = spec::uid(pod);
@@ -75,6 +91,7 @@ impl Lister {
 #[tonic::async_trait]
 impl PodResourcesLister for Lister {
     async fn list(&self, _: Request<ListPodResourcesRequest>) -> Result<Response<ListPodResourcesResponse>, Status> {
+        self.admit()?;
         let allocations = self.devices.allocations();
         let pod_resources =
             self.pods.pods().iter().filter(|p| is_active(p)).map(|p| self.pod_resources(p, &allocations)).collect();
@@ -85,6 +102,7 @@ impl PodResourcesLister for Lister {
         &self,
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        self.admit()?;
         // One entry per device, as upstream lists devices without topology.
         let devices = self
             .devices
@@ -102,6 +120,7 @@ impl PodResourcesLister for Lister {
     }
 
     async fn get(&self, request: Request<GetPodResourcesRequest>) -> Result<Response<GetPodResourcesResponse>, Status> {
+        self.admit()?;
         let r = request.into_inner();
         let pods = self.pods.pods();
         let pod = pods
@@ -124,8 +143,38 @@ pub async fn serve(root_dir: PathBuf, pods: Arc<dyn ActivePods>, devices: Device
         }
     };
     tracing::info!(socket = %socket.display(), "serving the pod resources API");
-    let service = PodResourcesListerServer::new(Lister { pods, devices });
+    let service = PodResourcesListerServer::new(Lister::new(pods, devices));
     if let Err(e) = tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await {
         tracing::error!(error = %e, "the pod resources API stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoPods;
+
+    impl ActivePods for NoPods {
+        fn pods(&self) -> Vec<Pod> {
+            Vec::new()
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_over_upstreams_rate_limit_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let (devices, _tasks) = DeviceManager::new(root.path(), Default::default());
+        let lister = Lister::new(Arc::new(NoPods), devices);
+        let mut refused = None;
+        for _ in 0..=BURST {
+            if let Err(status) = lister.list(Request::new(ListPodResourcesRequest {})).await {
+                refused = Some(status);
+                break;
+            }
+        }
+        let status = refused.expect("the burst is limited");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(status.message(), "rejected by rate limit");
     }
 }

@@ -263,8 +263,17 @@ async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     assert!(!classic.calls().contains(&PluginCall::GetInfo), "registered on kubelet.sock, not through the watcher");
     assert!(node_amounts(&nodes, &node, "example.com/old").await.is_none(), "the refused plugin has no resource");
 
+    // A finished pod's devices are free again.
+    let mut job = device_pod(&node, "job", "example.com/classic", 3, "true");
+    job.spec.as_mut().unwrap().restart_policy = Some("Never".into());
+    pods.create(&PostParams::default(), &job).await.unwrap();
+    eventually("the job pod succeeds", &gantry, || async {
+        (pods.get("job").await.ok()?.status?.phase? == "Succeeded").then_some(())
+    })
+    .await;
+
     // An init container's devices go on to the pod's app container (upstream's reuse): all
-    // three devices twice over would not fit otherwise.
+    // three devices twice over would not fit otherwise (nor would the job's three, still held).
     let mut reuse = device_pod(&node, "reuse", "example.com/classic", 3, "echo app=$EXAMPLE_DEVICES; sleep 3600");
     let mut init = reuse.spec.as_ref().unwrap().containers[0].clone();
     init.name = "init".into();
@@ -287,7 +296,7 @@ async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     let metrics = api.client(Some(&identity)).get(api.url("/metrics")).send().await.unwrap().text().await.unwrap();
     for line in [
         "kubelet_device_plugin_registration_total{resource_name=\"example.com/classic\"} 1",
-        "kubelet_device_plugin_alloc_duration_seconds_count{resource_name=\"example.com/classic\"} 2",
+        "kubelet_device_plugin_alloc_duration_seconds_count{resource_name=\"example.com/classic\"} 3",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }

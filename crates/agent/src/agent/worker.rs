@@ -502,6 +502,11 @@ impl Worker {
         {
             self.shared.metrics.pod_start_duration.observe(seen.elapsed().as_secs_f64());
         }
+        // A finished pod is no longer active: its devices are free for others (upstream's
+        // device manager counts only active pods).
+        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            self.shared.driver.release_devices(spec::uid(&self.pod));
+        }
         self.shared.statuses.set(&self.desired, status);
     }
 

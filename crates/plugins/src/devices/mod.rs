@@ -109,6 +109,15 @@ pub fn is_extended_resource_name(name: &str) -> bool {
         && !name.starts_with("requests.")
 }
 
+/// What one container of a pod being admitted asks for.
+struct Wanted {
+    container: String,
+    /// A regular init container: it finishes before the pod's next container starts.
+    finishes: bool,
+    /// Device plugin resources and how many of each.
+    requests: Vec<(String, usize)>,
+}
+
 struct Plugin {
     client: DevicePluginClient<Channel>,
     options: DevicePluginOptions,
@@ -283,10 +292,12 @@ impl DeviceManager {
         let inits =
             spec.into_iter().flat_map(|s| s.init_containers.iter().flatten()).map(|c| (c, !spec::is_sidecar(c)));
         let apps = spec.into_iter().flat_map(|s| &s.containers).map(|c| (c, false));
-        let wanted: Vec<(String, bool, Vec<(String, usize)>)> =
-            inits.chain(apps).map(|(c, finishes)| (c.name.clone(), finishes, self.requests(c))).collect();
+        let wanted: Vec<Wanted> = inits
+            .chain(apps)
+            .map(|(c, finishes)| Wanted { container: c.name.clone(), finishes, requests: self.requests(c) })
+            .collect();
         let mut reusable: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (container, finishes, requests) in wanted {
+        for Wanted { container, finishes, requests } in wanted {
             for (resource, size) in requests {
                 let reuse = reusable.entry(resource.clone()).or_default();
                 let ids = self.allocate(uid, &container, &resource, size, reuse).await.map_err(AdmitError)?;

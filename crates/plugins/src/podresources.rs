@@ -19,7 +19,7 @@ use crate::api::podresources::{
     GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, NumaNode,
     PodResources, TopologyInfo,
 };
-use crate::devices::DeviceManager;
+use crate::devices::{Allocation, DeviceManager};
 
 /// `<root-dir>/pod-resources`.
 pub const DIR: &str = "pod-resources";
@@ -60,7 +60,7 @@ impl Lister {
     }
 
     /// One pod's containers (regular ones and sidecars) with their devices.
-    fn pod_resources(&self, pod: &Pod, allocations: &[(String, String, String, Vec<String>)]) -> PodResources {
+    fn pod_resources(&self, pod: &Pod, allocations: &[Allocation]) -> PodResources {
         let uid = spec::uid(pod);
         let spec = pod.spec.as_ref();
         let sidecars =
@@ -74,10 +74,10 @@ impl Lister {
                     name: c.name.clone(),
                     devices: allocations
                         .iter()
-                        .filter(|(p, container, _, _)| p == uid && *container == c.name)
-                        .map(|(_, _, resource, ids)| ContainerDevices {
-                            resource_name: resource.clone(),
-                            device_ids: ids.clone(),
+                        .filter(|a| a.pod_uid == uid && a.container == c.name)
+                        .map(|a| ContainerDevices {
+                            resource_name: a.resource.clone(),
+                            device_ids: a.device_ids.clone(),
                             topology: Some(TopologyInfo { nodes: vec![NumaNode { id: NO_TOPOLOGY }] }),
                         })
                         .collect(),

@@ -109,6 +109,15 @@ pub fn is_extended_resource_name(name: &str) -> bool {
         && !name.starts_with("requests.")
 }
 
+/// The devices one container holds of one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub pod_uid: String,
+    pub container: String,
+    pub resource: String,
+    pub device_ids: Vec<String>,
+}
+
 /// What one container of a pod being admitted asks for.
 struct Wanted {
     container: String,
@@ -212,13 +221,18 @@ impl DeviceManager {
         lock(&self.inner.state).capacity(Instant::now())
     }
 
-    /// Every allocation: (pod UID, container, resource, device IDs).
-    pub fn allocations(&self) -> Vec<(String, String, String, Vec<String>)> {
+    /// Every allocation.
+    pub fn allocations(&self) -> Vec<Allocation> {
         let state = lock(&self.inner.state);
         state
             .entries()
             .iter()
-            .map(|e| (e.pod_uid.clone(), e.container.clone(), e.resource.clone(), e.device_ids.clone()))
+            .map(|e| Allocation {
+                pod_uid: e.pod_uid.clone(),
+                container: e.container.clone(),
+                resource: e.resource.clone(),
+                device_ids: e.device_ids.clone(),
+            })
             .collect()
     }
 

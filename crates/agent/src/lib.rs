@@ -20,6 +20,7 @@ pub mod api;
 mod clock;
 pub mod cluster;
 pub mod events;
+pub mod eviction;
 pub mod image;
 pub mod node;
 pub mod runtime;

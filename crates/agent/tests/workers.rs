@@ -865,13 +865,13 @@ async fn image_gc_passes_ten_seconds_after_start_then_every_five_minutes() {
 /// restarted; a pod that arrives while the node shuts down is rejected.
 #[tokio::test]
 async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejected() {
-    use gantry_agent::agent::ShutdownKill;
+    use gantry_agent::agent::{Kill, KillReason};
     let node = Node::start().await;
     node.fake.add_image("registry.test/app:v1");
     let shared = Shared::connect(&node.settings(), Arc::default()).await.expect("agent connects to the fake runtime");
     let (tx, rx) = mpsc::channel(16);
     let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
-    let kills = agent.shutdown_kills();
+    let kills = agent.kills();
     let _task = tokio::spawn(agent.run(rx));
     let pod = static_pod("web", &["app"]);
     let name = pod.metadata.name.clone().unwrap();
@@ -880,7 +880,9 @@ async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejec
 
     shared.shutting_down.send_replace(true);
     let (done, stopped) = tokio::sync::oneshot::channel();
-    kills.send(ShutdownKill { uid: uid(&pod).to_string(), grace: Duration::from_secs(5), done }).unwrap();
+    kills
+        .send(Kill { uid: uid(&pod).to_string(), grace: Duration::from_secs(5), why: KillReason::Shutdown, done })
+        .unwrap();
     let stopped = tokio::time::timeout(PATIENCE, stopped).await.expect("the pod stops within the test's patience");
     assert!(stopped.is_ok(), "the worker reports the pod stopped");
     let status = shared.statuses.get(uid(&pod)).unwrap().status.unwrap();
@@ -952,4 +954,194 @@ async fn an_image_younger_than_the_minimum_gc_age_is_kept_until_the_clock_passes
     assert_eq!(fake.calls_of("ImageFsInfo").len(), 3, "the third pass at 610 s");
     assert_eq!(fake.calls_of("RemoveImage").len(), 1, "600 s old: past the minimum age (500 s) and unused, it goes");
     assert!(fake.images().is_empty());
+}
+
+/// Stats a test sets: memory.available (of 4 GiB) and fixed per-pod memory usage.
+struct FakeStats {
+    available: Arc<Mutex<i128>>,
+    usage: gantry_pod::eviction::Usage,
+}
+
+impl gantry_agent::eviction::StatsSource for FakeStats {
+    async fn stats(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
+        use gantry_pod::eviction::{Observation, Signal};
+        let available = *self.available.lock().unwrap();
+        // Each read is new stats, as the node's summary is.
+        let time = k8s_openapi::jiff::Timestamp::now();
+        let memory = Observation { available, capacity: 4 << 30, time };
+        Ok(gantry_agent::eviction::Stats {
+            observations: [(Signal::MemoryAvailable, memory)].into(),
+            usage: self.usage.clone(),
+            dedicated_imagefs: false,
+        })
+    }
+}
+
+/// The eviction manager over the real agent and workers, on the agent's clock: under memory
+/// pressure it evicts one pod per 10 s pass, the pod using more than its request first, never
+/// the static pod, leaves the evicted pods `Failed`/`Evicted` with upstream's message and the
+/// `DisruptionTarget` condition, and the MemoryPressure condition clears the
+/// `evictionPressureTransitionPeriod` after the pressure went.
+#[tokio::test(start_paused = true)]
+async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a_static_pod() {
+    use gantry_agent::eviction::EvictionManager;
+    use gantry_agent::image::collector::ImageCollector;
+    use gantry_pod::eviction::{ContainerUsage, PodUsage};
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/app:v1");
+    let mut settings = node.settings();
+    settings.eviction.pressure_transition_period = Duration::from_secs(30);
+    let shared = Shared::connect(&settings, Arc::default()).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
+    let kills = agent.kills();
+    let containers = agent.container_reclaimer();
+    let _task = tokio::spawn(agent.run(rx));
+    // Two pods as the API server would send them (not static, so not critical), one static.
+    let api_pod = |name: &str, request: &str| {
+        let mut pod = static_pod(name, &["app"]);
+        pod.metadata.annotations.as_mut().unwrap().insert("kubernetes.io/config.source".into(), "api".into());
+        let resources = k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(
+                [("memory".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(request.into()))]
+                    .into(),
+            ),
+            ..Default::default()
+        };
+        pod.spec.as_mut().unwrap().containers[0].resources = Some(resources);
+        pod
+    };
+    let hog = api_pod("hog", "10Mi");
+    let modest = api_pod("modest", "1Gi");
+    let fixed = static_pod("fixed", &["app"]);
+    send(&tx, &[&hog, &modest, &fixed]).await;
+    for pod in [&hog, &modest, &fixed] {
+        wait_status(&shared, "pods running", |s| phase(s, pod).as_deref() == Some("Running")).await;
+    }
+    let using = |mib: u64| PodUsage {
+        containers: vec![ContainerUsage {
+            name: "app".into(),
+            memory_working_set: Some(mib << 20),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let usage = [
+        (uid(&hog).to_string(), using(500)),
+        (uid(&modest).to_string(), using(200)),
+        (uid(&fixed).to_string(), using(3000)),
+    ]
+    .into();
+    let available = Arc::new(Mutex::new(50i128 << 20));
+    let stats = FakeStats { available: available.clone(), usage };
+    let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
+    // No image collector runs: a reclaim request returns at once (memory reclaims none anyway).
+    let images = ImageCollector::new(cri, settings.images.clone(), None, NODE).reclaimer();
+    let reclaim = gantry_agent::eviction::Reclaim { containers, images };
+    let manager = EvictionManager::new(&settings, shared.clone(), stats, reclaim, kills).expect("thresholds");
+    let started = tokio::time::Instant::now();
+    let _manager = tokio::spawn(manager.run());
+
+    // The first pass: the pod furthest above its request goes, and only it.
+    wait_status(&shared, "hog evicted", |s| phase(s, &hog).as_deref() == Some("Failed")).await;
+    assert!(shared.pressure.borrow().memory, "MemoryPressure while memory.available < 100Mi");
+    let status = shared.statuses.get(uid(&hog)).unwrap().status.unwrap();
+    let message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. \
+                   Container app was using 500Mi, request is 10Mi, has larger consumption of memory. ";
+    assert_eq!((status.reason.as_deref(), status.message.as_deref()), (Some("Evicted"), Some(message)));
+    let target = status.conditions.unwrap_or_default().into_iter().find(|c| c.type_ == "DisruptionTarget");
+    assert_eq!(target.and_then(|c| c.reason).as_deref(), Some("TerminationByKubelet"));
+    node.fake.advance(Duration::from_secs(9)).await;
+    assert_eq!(phase(&shared, &modest).as_deref(), Some("Running"), "one pod per pass");
+
+    // The next pass, 10 s after the first: the other API pod; the static pod stays.
+    node.fake.advance(Duration::from_secs(2)).await;
+    wait_status(&shared, "modest evicted", |s| phase(s, &modest).as_deref() == Some("Failed")).await;
+    let evicted_at = started.elapsed();
+    assert!(evicted_at >= Duration::from_secs(10) && evicted_at < Duration::from_secs(12), "{evicted_at:?}");
+    node.fake.advance(Duration::from_secs(20)).await;
+    assert_eq!(phase(&shared, &fixed).as_deref(), Some("Running"), "a static pod is never evicted");
+
+    // Pressure goes: the condition holds for the transition period after it was last seen.
+    *available.lock().unwrap() = 2 << 30;
+    let relieved = started.elapsed();
+    node.fake.advance(Duration::from_secs(5)).await;
+    assert!(shared.pressure.borrow().memory, "held for evictionPressureTransitionPeriod");
+    let cleared = node.fake.advance_until(Duration::from_secs(40), |_| !shared.pressure.borrow().memory).await;
+    assert!(cleared, "MemoryPressure clears");
+    let after = started.elapsed() - relieved;
+    assert!(after >= Duration::from_secs(20) && after <= Duration::from_secs(31), "cleared {after:?} after relief");
+}
+
+/// nodefs stats a test controls: low while the image `registry.test/old:v1` is in the runtime
+/// (removing it is what reclaims the disk), or always low once `stuck` is set.
+struct DiskStats {
+    cri: gantry_cri::Cri,
+    stuck: Arc<Mutex<bool>>,
+}
+
+impl gantry_agent::eviction::StatsSource for DiskStats {
+    async fn stats(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
+        use gantry_pod::eviction::{Observation, Signal};
+        let images = self.cri.images.list_images(Default::default()).await?.images;
+        let old = images.iter().any(|i| i.repo_tags.iter().any(|t| t == "registry.test/old:v1"));
+        let low = old || *self.stuck.lock().unwrap();
+        let time = k8s_openapi::jiff::Timestamp::now();
+        let nodefs = Observation { available: if low { 5 << 30 } else { 50 << 30 }, capacity: 100 << 30, time };
+        Ok(gantry_agent::eviction::Stats {
+            observations: [(Signal::NodeFsAvailable, nodefs)].into(),
+            usage: Default::default(),
+            dedicated_imagefs: false,
+        })
+    }
+}
+
+/// Disk pressure reclaims first, as upstream: unused images go (through the running image
+/// collector) and, when that brings nodefs back above its threshold, no pod is evicted; when
+/// reclaiming cannot, the pod is evicted for `ephemeral-storage`.
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_removes_unused_images_before_it_evicts_a_pod() {
+    use gantry_agent::eviction::{EvictionManager, Reclaim};
+    use gantry_agent::image::collector::ImageCollector;
+    let node = Node::start().await;
+    let _clock = ManualClock::hold();
+    node.fake.add_image("registry.test/app:v1");
+    node.fake.add_image("registry.test/old:v1");
+    let mut settings = node.settings();
+    settings.eviction_hard = [("nodefs.available".to_string(), "10%".to_string())].into();
+    let shared = Shared::connect(&settings, Arc::default()).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
+    let (kills, containers) = (agent.kills(), agent.container_reclaimer());
+    let _task = tokio::spawn(agent.run(rx));
+    let mut web = static_pod("web", &["app"]);
+    web.metadata.annotations.as_mut().unwrap().insert("kubernetes.io/config.source".into(), "api".into());
+    send(&tx, &[&web]).await;
+    wait_status(&shared, "web running", |s| phase(s, &web).as_deref() == Some("Running")).await;
+
+    let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
+    let collector = ImageCollector::new(cri.clone(), settings.images.clone(), None, NODE);
+    let reclaim = Reclaim { containers, images: collector.reclaimer() };
+    let _collector = tokio::spawn(collector.run());
+    let stuck = Arc::new(Mutex::new(false));
+    let stats = DiskStats { cri, stuck: stuck.clone() };
+    let manager = EvictionManager::new(&settings, shared.clone(), stats, reclaim, kills).expect("thresholds");
+    let _manager = tokio::spawn(manager.run());
+
+    let removed = node.fake.advance_until(Duration::from_secs(5), |calls| !ops(calls, "RemoveImage").is_empty()).await;
+    assert!(removed, "the unused image goes first");
+    assert!(shared.pressure.borrow().disk, "DiskPressure");
+    node.fake.advance(Duration::from_secs(15)).await;
+    assert_eq!(phase(&shared, &web).as_deref(), Some("Running"), "reclaim was enough: no eviction");
+    let images = node.fake.images();
+    assert_eq!(images.len(), 1, "the image in use stays: {images:?}");
+
+    *stuck.lock().unwrap() = true;
+    node.fake.advance(Duration::from_secs(10)).await;
+    wait_status(&shared, "web evicted", |s| phase(s, &web).as_deref() == Some("Failed")).await;
+    let status = shared.statuses.get(uid(&web)).unwrap().status.unwrap();
+    // 10% is a float32 fraction, as upstream: 10% of 100 GiB is 10737418400 bytes, not 10Gi.
+    let message = "The node was low on resource: ephemeral-storage. Threshold quantity: 10737418400, available: 5Gi. ";
+    assert_eq!((status.reason.as_deref(), status.message.as_deref()), (Some("Evicted"), Some(message)));
 }

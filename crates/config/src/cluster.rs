@@ -376,6 +376,34 @@ pub fn check_reserved(map: &BTreeMap<String, String>) -> Result<(), SettingError
     Ok(())
 }
 
+/// Every key is an eviction signal upstream knows (`evictionSoftGracePeriod`).
+pub fn check_signals(map: &BTreeMap<String, String>) -> Result<(), SettingError> {
+    match map.keys().find(|s| !EVICTION_SIGNALS.contains(&s.as_str())) {
+        Some(signal) => Err(SettingError::UnsupportedEvictionSignal(signal.clone())),
+        None => Ok(()),
+    }
+}
+
+/// `evictionMinimumReclaim`: known signals with a non-negative quantity or a percentage
+/// from 0% to 100%.
+pub fn check_minimum_reclaim(map: &BTreeMap<String, String>) -> Result<(), SettingError> {
+    check_signals(map)?;
+    for (signal, v) in map {
+        if v.ends_with('%') {
+            let p = quantity::parse_percentage(v)?;
+            if p < 0.0 {
+                return Err(SettingError::NegativeEvictionPercentage { signal: signal.clone(), value: v.clone() });
+            }
+            if p > 1.0 {
+                return Err(SettingError::EvictionPercentageOver100 { signal: signal.clone(), value: v.clone() });
+            }
+        } else if quantity::parse_milli(v)? < 0 {
+            return Err(SettingError::NonPositiveEvictionThreshold { signal: signal.clone(), value: v.clone() });
+        }
+    }
+    Ok(())
+}
+
 /// Hard eviction thresholds (`evictionHard`): known signals with a positive
 /// quantity or a percentage (upstream `parseThresholdStatement`).
 pub fn check_eviction(map: &BTreeMap<String, String>) -> Result<(), SettingError> {

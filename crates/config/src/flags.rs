@@ -154,6 +154,26 @@ pub struct Flags {
     #[arg(long, value_name = "SIGNAL<QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
     pub eviction_hard: Vec<String>,
 
+    /// Soft eviction thresholds, e.g. memory.available<1.5Gi; repeatable; each needs a grace period. (evictionSoft)
+    #[arg(long, value_name = "SIGNAL<QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub eviction_soft: Vec<String>,
+
+    /// How long each soft threshold must be met before it evicts, e.g. memory.available=1m30s; repeatable. (evictionSoftGracePeriod)
+    #[arg(long, value_name = "SIGNAL=DURATION,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub eviction_soft_grace_period: Vec<String>,
+
+    /// The longest grace (seconds) a pod evicted for a soft threshold gets. (evictionMaxPodGracePeriod) [default: 0]
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true, value_parser = go_int32)]
+    pub eviction_max_pod_grace_period: Option<i32>,
+
+    /// How far past a threshold an eviction must bring a signal, e.g. imagefs.available=2Gi; repeatable. (evictionMinimumReclaim)
+    #[arg(long, value_name = "SIGNAL=QUANTITY,...", action = ArgAction::Append, allow_hyphen_values = true)]
+    pub eviction_minimum_reclaim: Vec<String>,
+
+    /// How long a pressure condition stays after the pressure went, e.g. 5m. (evictionPressureTransitionPeriod) [default: 5m0s]
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub eviction_pressure_transition_period: Option<GoDuration>,
+
     /// Port of the node API (HTTPS: exec, attach, port-forward, logs, stats), also reported in the node status. (port) [default: 10250]
     #[arg(long, value_name = "PORT", allow_negative_numbers = true, value_parser = go_int32)]
     pub port: Option<i32>,
@@ -451,11 +471,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "cpu-manager-reconcile-period",
     "event-burst",
     "event-qps",
-    "eviction-max-pod-grace-period",
-    "eviction-minimum-reclaim",
-    "eviction-pressure-transition-period",
-    "eviction-soft",
-    "eviction-soft-grace-period",
     "experimental-mounter-path",
     "hairpin-mode",
     "image-credential-provider-bin-dir",

@@ -16,6 +16,7 @@
 mod cluster;
 mod duration;
 mod error;
+mod eviction;
 mod file;
 mod flags;
 mod gates;
@@ -39,6 +40,7 @@ pub use cluster::{
 
 pub use duration::{DurationError, GoDuration, format_std};
 pub use error::{ConfigError, Input, Problem};
+pub use eviction::{EvictionSettings, parse_grace as parse_eviction_grace};
 pub use file::{API_VERSION, IMPLEMENTED_FIELDS, KIND};
 pub use flags::{
     CompatFlags, DOCKERSHIM_FLAGS, FlagValueError, Flags, UPSTREAM_BOOL_FLAGS, UPSTREAM_VALUE_FLAGS, parse_header_list,
@@ -172,6 +174,8 @@ pub struct Settings {
     pub server: ServerSettings,
     /// Graceful node shutdown.
     pub shutdown: ShutdownSettings,
+    /// Node-pressure eviction (beyond `eviction_hard`).
+    pub eviction: EvictionSettings,
 }
 
 /// The default `evictionHard` map.
@@ -225,6 +229,7 @@ impl Default for Settings {
             logs: LogSettings::default(),
             server: ServerSettings::default(),
             shutdown: ShutdownSettings::default(),
+            eviction: EvictionSettings::default(),
         }
     }
 }
@@ -366,6 +371,7 @@ impl fmt::Debug for Settings {
             .field("logs", &self.logs)
             .field("pods", &self.pods)
             .field("server", &self.server)
+            .field("eviction", &self.eviction)
             .finish()
     }
 }
@@ -590,6 +596,7 @@ fn apply_file(
     s.logs.apply_file(c, &invalid)?;
     s.server.apply_file(c, &invalid)?;
     s.shutdown.apply_file(c, &s.feature_gates, &invalid)?;
+    s.eviction.apply_file(c, &invalid)?;
     apply_file_cluster(s, c, &invalid)
 }
 
@@ -934,6 +941,7 @@ fn apply_flags_cluster(
         cluster::check_eviction(&map).map_err(|e| invalid("--eviction-hard", e.into()))?;
         s.eviction_hard = map;
     }
+    s.eviction.apply_flags(f, &invalid)?;
     if let Some(p) = f.port {
         s.port = check_port(p).map_err(|e| invalid("--port", e.into()))?;
     }

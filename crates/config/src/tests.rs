@@ -701,3 +701,27 @@ fn change_detection_strategy() {
     let e = err(&[], Some(&body("Poll"))).to_string();
     assert!(e.contains("configMapAndSecretChangeDetectionStrategy") && e.contains("Get, Cache, Watch"), "{e}");
 }
+
+#[test]
+fn eviction_flags_override_the_file_and_name_themselves_in_errors() {
+    let body = "evictionSoft: {memory.available: 2Gi}\nevictionSoftGracePeriod: {memory.available: 1m}\n";
+    let s = ok(
+        &[
+            "--eviction-soft=memory.available<1Gi,nodefs.available<15%",
+            "--eviction-soft-grace-period=memory.available=30s,nodefs.available=2m",
+            "--eviction-minimum-reclaim=nodefs.available=1Gi",
+            "--eviction-max-pod-grace-period=20",
+            "--eviction-pressure-transition-period=30s",
+        ],
+        Some(body),
+    );
+    assert_eq!(s.eviction.soft["memory.available"], "1Gi");
+    assert_eq!(s.eviction.soft_grace_period["nodefs.available"], "2m");
+    assert_eq!(s.eviction.minimum_reclaim["nodefs.available"], "1Gi");
+    assert_eq!(s.eviction.max_pod_grace_period, 20);
+    assert_eq!(s.eviction.pressure_transition_period, std::time::Duration::from_secs(30));
+    let e = err(&["--eviction-soft=memory.available<1Gi"], None);
+    assert!(matches!(&e, ConfigError::InvalidValue { field, .. } if field == "--eviction-soft-grace-period"), "{e}");
+    let e = err(&["--eviction-max-pod-grace-period=-1"], None);
+    assert!(e.to_string().contains("--eviction-max-pod-grace-period"), "{e}");
+}

@@ -57,16 +57,11 @@ impl Harness {
         let cri = gantry_cri::connect(&settings.container_runtime_endpoint, None, settings.runtime_request_timeout)
             .await
             .expect("CRI connects");
-        node::start(
-            settings,
-            cri,
-            Startup::RequireServer,
-            &Default::default(),
-            tokio::sync::watch::channel(false).1,
-            None,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("node side starts: {e}"))
+        let (shutting_down, pressure) =
+            (tokio::sync::watch::channel(false).1, tokio::sync::watch::channel(Default::default()).1);
+        node::start(settings, cri, Startup::RequireServer, &Default::default(), shutting_down, pressure, None)
+            .await
+            .unwrap_or_else(|e| panic!("node side starts: {e}"))
     }
 
     async fn admin(&self) -> kube::Client {

@@ -7,6 +7,8 @@
 //! other beyond what their crates export. Nothing is spawned detached: every long-running
 //! task is the supervisor's (see its rule).
 
+mod eviction_stats;
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -16,7 +18,8 @@ use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, KeyError, Pu
 use gantry_agent::cluster::objects::ObjectSource;
 use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::Recorder;
-use gantry_agent::image::collector::ImageCollector;
+use gantry_agent::eviction::{EvictionManager, Reclaim};
+use gantry_agent::image::collector::{ImageCollector, ImageReclaimer};
 use gantry_agent::node::{self as node_side, Startup};
 use gantry_agent::shutdown::ShutdownManager;
 use gantry_agent::source::SourceKind;
@@ -54,6 +57,8 @@ pub enum NodeError {
     ServingCert(#[source] KeyError),
     #[error(transparent)]
     Task(#[from] TaskFault),
+    #[error("invalid eviction thresholds: {0}")]
+    Eviction(#[from] gantry_pod::eviction::ThresholdError),
 }
 
 /// A node agent, before and while it runs.
@@ -129,14 +134,19 @@ impl Node {
                 "no pod source is configured (--kubeconfig, --pod-manifest-path or --manifest-url); running no pods"
             );
         }
+        // The node API's state: its routes, and the stats the eviction manager reads.
+        let state = server_state(settings, &shared, cluster.as_ref().map(|c| c.client.clone()));
         if settings.server.enabled {
-            let client = cluster.as_ref().map(|c| c.client.clone());
-            let serving = serve(settings, &shared, client, serving_cert).await?;
+            let serving = serve(settings, state.clone(), serving_cert).await?;
             spawn_all(&mut supervisor, serving.tasks);
         }
-        spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
+        let images = spawn_housekeeping(&mut supervisor, settings, &shared, cluster.as_ref());
         let agent = Agent::new(shared.clone(), sources.kinds.clone(), &settings.node_name);
-        if let Some(manager) = ShutdownManager::new(settings, shared.clone(), agent.shutdown_kills()) {
+        let stats = eviction_stats::SummaryStats { state };
+        let reclaim = Reclaim { containers: agent.container_reclaimer(), images };
+        let eviction = EvictionManager::new(settings, shared.clone(), stats, reclaim, agent.kills())?;
+        supervisor.spawn("eviction-manager", eviction.run());
+        if let Some(manager) = ShutdownManager::new(settings, shared.clone(), agent.kills()) {
             supervisor.spawn("node-shutdown", manager.run());
         }
         if let Some(c) = cluster {
@@ -231,16 +241,18 @@ fn spawn_all(supervisor: &mut Supervisor, tasks: Vec<NamedTask>) {
     }
 }
 
-async fn serve(
-    settings: &Settings,
-    shared: &Shared,
-    client: Option<kube::Client>,
-    serving_cert: Option<Arc<CurrentCert>>,
-) -> Result<server::Serving, NodeError> {
+fn server_state(settings: &Settings, shared: &Shared, client: Option<kube::Client>) -> server::ServerState {
     let cri = shared.driver.cri().clone();
     let host_ip = shared.host_ip.as_deref().and_then(|ip| ip.parse().ok());
     let pods = Arc::new(AgentPods(shared.statuses.clone()));
-    let state = server::ServerState::new(settings, cri, pods, host_ip, client, shared.metrics.clone());
+    server::ServerState::new(settings, cri, pods, host_ip, client, shared.metrics.clone())
+}
+
+async fn serve(
+    settings: &Settings,
+    state: server::ServerState,
+    serving_cert: Option<Arc<CurrentCert>>,
+) -> Result<server::Serving, NodeError> {
     let resolver = serving_cert.map(|c| c as Arc<dyn server::tls::ResolvesServerCert>);
     Ok(server::bind_all(settings, state, resolver).await?)
 }
@@ -282,17 +294,25 @@ fn spawn_plugins(
     supervisor.spawn("pod-resources", podresources::serve(settings.root_dir.clone(), pods, devices));
 }
 
-/// The status file, image garbage collection and log rotation.
-fn spawn_housekeeping(supervisor: &mut Supervisor, settings: &Settings, shared: &Shared, cluster: Option<&Cluster>) {
+/// The status file, image garbage collection and log rotation; the image collector's
+/// reclaimer is for the eviction manager.
+fn spawn_housekeeping(
+    supervisor: &mut Supervisor,
+    settings: &Settings,
+    shared: &Shared,
+    cluster: Option<&Cluster>,
+) -> ImageReclaimer {
     let statuses = shared.statuses.clone();
     let root_dir = settings.root_dir.clone();
     supervisor.spawn("status-file", async move { statuses.write_file_forever(root_dir).await });
     let gc_events = cluster.map(|c| c.events.clone());
     let cri = shared.driver.cri().clone();
     let collector = ImageCollector::new(cri.clone(), settings.images.clone(), gc_events, &settings.node_name);
+    let images = collector.reclaimer();
     supervisor.spawn("image-gc", collector.run());
     let rotation = gantry_logs::rotation::run(cri.runtime, settings.node_name.clone(), settings.logs.clone());
     supervisor.spawn("log-rotation", rotation);
+    images
 }
 
 /// Cluster mode: the node side (registration, status, lease) and the API pod source.
@@ -318,10 +338,18 @@ async fn join_cluster(
     // With static pods, an API server that is not up yet (perhaps one of them) must not stop them.
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let shutting_down = shared.shutting_down.subscribe();
+    let pressure = shared.pressure.subscribe();
     let devices = shared.driver.devices().cloned();
-    let node =
-        node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics, shutting_down, devices)
-            .await?;
+    let node = node_side::start(
+        settings,
+        shared.driver.cri().clone(),
+        startup,
+        &shared.metrics,
+        shutting_down,
+        pressure,
+        devices,
+    )
+    .await?;
     supervisor.adopt("node-status", node.task);
     supervisor.adopt("event-writer", node.event_writer);
     if let Some(rotation) = node.clients.rotation.clone() {

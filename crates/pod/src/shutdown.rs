@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use gantry_vocab::spec;
@@ -129,31 +129,13 @@ pub fn stopped_status(mut status: PodStatus, generation: Option<i64>, now: Time)
     }
     status.reason = Some(REASON.into());
     status.message = Some(MESSAGE.into());
-    let conditions = status.conditions.get_or_insert_with(Vec::new);
-    let condition = PodCondition {
-        type_: "DisruptionTarget".into(),
-        status: "True".into(),
-        reason: Some("TerminationByKubelet".into()),
-        message: Some(MESSAGE.into()),
-        observed_generation: generation,
-        last_transition_time: Some(now),
-        last_probe_time: None,
-    };
-    match conditions.iter_mut().find(|c| c.type_ == condition.type_) {
-        // As upstream's UpdatePodCondition: the transition time moves only with the status.
-        Some(c) if c.status == condition.status => {
-            let since = c.last_transition_time.take();
-            *c = PodCondition { last_transition_time: since, ..condition };
-        }
-        Some(c) => *c = condition,
-        None => conditions.push(condition),
-    }
+    crate::eviction::set_disruption_target(&mut status, generation, MESSAGE, now);
     status
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use k8s_openapi::jiff::Timestamp;
 

@@ -122,6 +122,9 @@ pub struct Shared {
     /// True while the node shuts down (graceful node shutdown): new pods are not admitted,
     /// and the Node is not ready.
     pub shutting_down: tokio::sync::watch::Sender<bool>,
+    /// The pressure conditions as the eviction manager last judged them (the Node's
+    /// MemoryPressure, DiskPressure and PIDPressure; admission under pressure).
+    pub pressure: tokio::sync::watch::Sender<gantry_pod::eviction::Pressure>,
 }
 
 impl Shared {
@@ -169,6 +172,7 @@ impl Shared {
             metrics,
             allocations,
             shutting_down: tokio::sync::watch::Sender::new(false),
+            pressure: tokio::sync::watch::Sender::new(Default::default()),
         }))
     }
 
@@ -254,24 +258,54 @@ pub struct Agent {
     finished: std::collections::HashSet<String>,
     /// The static pods, for the mirror pod manager.
     statics: tokio::sync::watch::Sender<Vec<Pod>>,
-    /// Pods to stop for the node's shutdown.
-    shutdown_tx: mpsc::UnboundedSender<ShutdownKill>,
-    shutdown_rx: mpsc::UnboundedReceiver<ShutdownKill>,
+    /// Pods to stop for the node's shutdown or an eviction.
+    kills_tx: mpsc::UnboundedSender<Kill>,
+    kills_rx: mpsc::UnboundedReceiver<Kill>,
+    /// Requests for a garbage collection pass now (the eviction manager's reclaim).
+    gc_tx: mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
+    gc_rx: mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// A pod to stop for the node's shutdown, within `grace`; `done` is dropped once it is stopped
-/// and its status says so (at once when the agent does not run it).
-pub struct ShutdownKill {
+/// Asks the agent to remove the dead containers and sandboxes its garbage collection would
+/// remove, now (upstream's `DeleteAllUnusedContainers`, before a disk eviction).
+#[derive(Clone)]
+pub struct ContainerReclaimer(mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>);
+
+impl ContainerReclaimer {
+    /// Returns once the pass is over (at once when the agent does not run).
+    pub async fn delete_dead(&self) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if self.0.send(done).is_ok() {
+            let _ = wait.await;
+        }
+    }
+}
+
+/// A pod to stop and leave `Failed` (the node's shutdown, an eviction), within `grace`; `done`
+/// is dropped once it is stopped and its status says so (at once when the agent does not run it).
+pub struct Kill {
     pub uid: String,
     pub grace: Duration,
+    pub why: KillReason,
     pub done: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Why a pod is stopped and left `Failed`, which decides its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KillReason {
+    /// Graceful node shutdown: reason `Terminated`, `DisruptionTarget`.
+    Shutdown,
+    /// The eviction manager: reason `Evicted` with its message, and `DisruptionTarget` for
+    /// pressure evictions.
+    Evicted { message: String, disruption_target: bool },
 }
 
 impl Agent {
     pub fn new(shared: Arc<Shared>, configured: Vec<SourceKind>, node: &str) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let holds = tokio::sync::watch::Sender::new(HoldInput::default());
-        let (shutdown_tx, shutdown_rx) = mpsc::unbounded_channel();
+        let (kills_tx, kills_rx) = mpsc::unbounded_channel();
+        let (gc_tx, gc_rx) = mpsc::unbounded_channel();
         Agent {
             shared,
             merger: Merger::default(),
@@ -290,14 +324,21 @@ impl Agent {
             last_gc: Instant::now(),
             finished: Default::default(),
             statics: tokio::sync::watch::Sender::new(Vec::new()),
-            shutdown_tx,
-            shutdown_rx,
+            kills_tx,
+            kills_rx,
+            gc_tx,
+            gc_rx,
         }
     }
 
-    /// Where the node shutdown manager sends the pods to stop.
-    pub fn shutdown_kills(&self) -> mpsc::UnboundedSender<ShutdownKill> {
-        self.shutdown_tx.clone()
+    /// Where the eviction manager asks for dead containers to go.
+    pub fn container_reclaimer(&self) -> ContainerReclaimer {
+        ContainerReclaimer(self.gc_tx.clone())
+    }
+
+    /// Where the node shutdown manager and the eviction manager send the pods to stop.
+    pub fn kills(&self) -> mpsc::UnboundedSender<Kill> {
+        self.kills_tx.clone()
     }
 
     /// The static pods that have (or should have) a mirror pod, as they change: held static
@@ -332,7 +373,14 @@ impl Agent {
                 }
                 Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
-                Some(kill) = self.shutdown_rx.recv() => self.stop_for_shutdown(kill),
+                Some(kill) = self.kills_rx.recv() => self.stop_and_fail(kill),
+                Some(done) = self.gc_rx.recv() => {
+                    match self.shared.observer.all().await {
+                        Ok(snapshot) => self.collect_garbage(&snapshot.pods).await,
+                        Err(e) => tracing::warn!(error = %e, "cannot list pods in the runtime"),
+                    }
+                    let _ = done.send(());
+                }
                 _ = relist.tick() => self.housekeeping().await,
             }
         }
@@ -418,11 +466,11 @@ impl Agent {
         }
     }
 
-    /// Hands a pod to its worker to stop for the node shutdown. A pod without a running worker
+    /// Hands a pod to its worker to stop and leave failed. A pod without a running worker
     /// (unknown, or already being removed) needs nothing: dropping `done` says so.
-    fn stop_for_shutdown(&mut self, kill: ShutdownKill) {
+    fn stop_and_fail(&mut self, kill: Kill) {
         if let Some(h) = self.workers.get(&kill.uid).filter(|h| !h.terminating) {
-            let _ = h.tx.send(worker::Msg::Shutdown { grace: kill.grace, done: kill.done });
+            let _ = h.tx.send(worker::Msg::Stop { grace: kill.grace, why: kill.why, done: kill.done });
         }
     }
 

@@ -32,8 +32,9 @@ pub enum Msg {
     Wake,
     /// The pod is no longer wanted: stop it gracefully and remove it.
     Terminate,
-    /// The node shuts down: stop the pod within `grace`, leave it `Failed`, then signal `done`.
-    Shutdown { grace: Duration, done: oneshot::Sender<()> },
+    /// The node shuts down or the pod is evicted: stop it within `grace`, leave it `Failed`
+    /// for `why`, then signal `done`.
+    Stop { grace: Duration, why: super::KillReason, done: oneshot::Sender<()> },
 }
 
 /// Upper bound on how long a pod goes without being looked at.
@@ -151,8 +152,8 @@ impl Worker {
                     }
                     Some(Msg::Wake) => {}
                     Some(Msg::Terminate) => return Box::pin(self.terminate()).await,
-                    Some(Msg::Shutdown { grace, done }) => {
-                        return Box::pin(self.stop_for_shutdown(grace, done, rx)).await;
+                    Some(Msg::Stop { grace, why, done }) => {
+                        return Box::pin(self.stop_and_fail(grace, why, done, rx)).await;
                     }
                     // The agent is gone (shutting down, or the TLS bootstrap phase handing its
                     // pods over): the pod keeps running, and the next agent adopts it.
@@ -172,6 +173,10 @@ impl Worker {
         let observed = self.shared.observer.pod(spec::uid(&self.pod)).await;
         if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
             return Ok(());
+        }
+        let pressure = *self.shared.pressure.borrow();
+        if let Some(message) = gantry_pod::eviction::refuse_admission(pressure, &self.pod) {
+            return Err((gantry_pod::eviction::REASON, message));
         }
         self.shared.driver.admit(&self.pod)?;
         self.shared.driver.admit_devices(&self.pod).await
@@ -193,7 +198,7 @@ impl Worker {
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.pod = pod,
-                Some(Msg::Wake | Msg::Shutdown { .. }) => {}
+                Some(Msg::Wake | Msg::Stop { .. }) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }
@@ -510,25 +515,27 @@ impl Worker {
         self.shared.statuses.set(&self.desired, status);
     }
 
-    /// Graceful node shutdown: stops the pod's containers (preStop hooks included) within
-    /// `grace` (at least upstream's 2 s minimum), reports it `Failed` for the shutdown, signals
-    /// `done`, and then keeps it stopped: nothing restarts it, and only a terminate removes it.
-    async fn stop_for_shutdown(
+    /// Graceful node shutdown or an eviction: stops the pod's containers (preStop hooks
+    /// included) within `grace` (at least upstream's 2 s minimum), reports it `Failed` for
+    /// `why`, signals `done`, and then keeps it stopped: nothing restarts it, and only a
+    /// terminate removes it.
+    async fn stop_and_fail(
         mut self,
         grace: Duration,
+        why: super::KillReason,
         done: oneshot::Sender<()>,
         mut rx: mpsc::UnboundedReceiver<Msg>,
     ) {
         let grace = grace.max(Duration::from_secs(spec::MIN_GRACE_SECONDS as u64));
         let uid = spec::uid(&self.pod).to_string();
         let name = spec::full_name(&self.pod);
-        tracing::info!(pod = %name, pod_uid = %uid, grace_seconds = grace.as_secs(), "stopping pod for the node shutdown");
+        tracing::info!(pod = %name, pod_uid = %uid, grace_seconds = grace.as_secs(), reason = ?why, "stopping pod");
         match self.shared.observer.pod(&uid).await {
             Ok(observed) => {
                 self.killing_events(observed.running().map(|c| c.name.as_str()));
                 match self.shared.driver.kill_pod(&self.pod, &observed, grace).await {
                     Ok(failed_hooks) => failed_hooks.iter().for_each(|name| self.failed_pre_stop(name)),
-                    Err(e) => tracing::warn!(pod = %name, error = %e, "cannot stop pod for the node shutdown"),
+                    Err(e) => tracing::warn!(pod = %name, error = %e, "cannot stop pod"),
                 }
             }
             Err(e) => tracing::warn!(pod = %name, error = %e, "cannot read pod state from the runtime"),
@@ -537,12 +544,18 @@ impl Worker {
         self.probers.sync(&self.pod, &observed, &self.shared);
         let status = self.current_status(&observed, &self.probers.health(), now());
         let now = gantry_pod::status::time(now());
-        self.report(shutdown::stopped_status(status, self.pod.metadata.generation, now));
+        let generation = self.pod.metadata.generation;
+        self.report(match &why {
+            super::KillReason::Shutdown => shutdown::stopped_status(status, generation, now),
+            super::KillReason::Evicted { message, disruption_target } => {
+                gantry_pod::eviction::evicted_status(status, generation, message, *disruption_target, now)
+            }
+        });
         let _ = done.send(());
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.desired = pod,
-                Some(Msg::Wake | Msg::Shutdown { .. }) => {}
+                Some(Msg::Wake | Msg::Stop { .. }) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use gantry_cri::{Cri, CriError, api};
+use tokio::sync::{mpsc, oneshot};
 
 use super::gc::{FsUsage, ImageInfo, ImageRecords, Policy};
 use crate::clock;
@@ -38,11 +39,36 @@ pub struct ImageCollector {
     events: Option<EventRecorder>,
     node: String,
     records: ImageRecords,
+    requests: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
+    requests_tx: mpsc::UnboundedSender<oneshot::Sender<()>>,
+}
+
+/// Asks the image collector to remove every unused image now.
+#[derive(Clone)]
+pub struct ImageReclaimer(mpsc::UnboundedSender<oneshot::Sender<()>>);
+
+impl ImageReclaimer {
+    /// Returns once the collector removed what it could (at once if it does not run).
+    pub async fn delete_unused(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.0.send(done).is_ok() {
+            let _ = wait.await;
+        }
+    }
 }
 
 impl ImageCollector {
     pub fn new(cri: Cri, settings: ImageSettings, events: Option<EventRecorder>, node: &str) -> Self {
-        ImageCollector { cri, settings, events, node: node.to_string(), records: ImageRecords::default() }
+        let (requests_tx, requests) = mpsc::unbounded_channel();
+        ImageCollector {
+            cri,
+            settings,
+            events,
+            node: node.to_string(),
+            records: ImageRecords::default(),
+            requests,
+            requests_tx,
+        }
     }
 
     /// Runs forever. Images present at startup count as detected long ago, as upstream.
@@ -51,9 +77,18 @@ impl ImageCollector {
             Ok((images, in_use, _)) => self.records.observe(&images, &in_use, clock::now(), true),
             Err(e) => tracing::warn!(node = %self.node, error = %e, "image garbage collection: cannot list images"),
         }
-        tokio::time::sleep(FIRST_PASS_DELAY).await;
         let mut failed_before = false;
+        let mut next = tokio::time::Instant::now() + FIRST_PASS_DELAY;
         loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                // The eviction manager's requests are answered between passes, at once.
+                Some(done) = self.requests.recv() => {
+                    self.delete_unused().await;
+                    let _ = done.send(());
+                    continue;
+                }
+            }
             match self.pass().await {
                 Ok(()) => failed_before = false,
                 Err(e) => {
@@ -65,18 +100,43 @@ impl ImageCollector {
                     failed_before = true;
                 }
             }
-            tokio::time::sleep(PERIOD).await;
+            next = tokio::time::Instant::now() + PERIOD;
+        }
+    }
+
+    /// Where the eviction manager asks for every unused image to go (upstream's
+    /// `DeleteUnusedImages`); the answer comes once the pass is over.
+    pub fn reclaimer(&self) -> ImageReclaimer {
+        ImageReclaimer(self.requests_tx.clone())
+    }
+
+    /// Removes every image the policy lets go, whatever the disk usage (ages, pins, use and
+    /// the sandbox image still protect images).
+    async fn delete_unused(&mut self) {
+        let everything = Policy { high_threshold_percent: 0, low_threshold_percent: 0, ..self.policy() };
+        if let Err(e) = self.remove_planned(&everything).await {
+            tracing::info!(node = %self.node, error = %e, "Eviction manager: unexpected error when attempting to reduce resource pressure");
         }
     }
 
     /// One pass: refresh the records, remove what the policy chooses.
     pub async fn pass(&mut self) -> Result<(), GcError> {
+        let plan = self.remove_planned(&self.policy()).await?;
+        if let Some(message) = plan.shortfall_message() {
+            self.event("FreeDiskSpaceFailed", message.clone());
+            return Err(GcError::Shortfall(message));
+        }
+        Ok(())
+    }
+
+    /// Refreshes the records and removes what `policy` chooses.
+    async fn remove_planned(&mut self, policy: &Policy) -> Result<super::gc::Plan, GcError> {
         let (images, in_use, sandbox_image) = self.inputs().await?;
         // The agent's clock: image ages follow a test's paused tokio clock.
         let now = clock::now();
         self.records.observe(&images, &in_use, now, false);
         let fs = self.image_fs_usage().await?;
-        let plan = self.records.plan(&images, &in_use, &sandbox_image, fs, &self.policy(), now);
+        let plan = self.records.plan(&images, &in_use, &sandbox_image, fs, policy, now);
         if plan.bytes_to_free > 0 {
             tracing::info!(
                 node = %self.node, usage_percent = fs.usage_percent(),
@@ -93,11 +153,7 @@ impl ImageCollector {
                 Err(e) => tracing::warn!(node = %self.node, image = %id, error = %e, "failed to remove image"),
             }
         }
-        if let Some(message) = plan.shortfall_message() {
-            self.event("FreeDiskSpaceFailed", message.clone());
-            return Err(GcError::Shortfall(message));
-        }
-        Ok(())
+        Ok(plan)
     }
 
     fn policy(&self) -> Policy {

@@ -21,8 +21,7 @@ use tokio::sync::{Notify, watch};
 
 use super::addresses::{AddressDetector, AddressError};
 use super::lease::{LEASE_NAMESPACE, renewed_lease};
-use super::machine::{self, MachineFacts};
-use super::pressure::{self, PressureTracker};
+use super::machine::MachineFacts;
 use super::runtime_state::RuntimeState;
 use super::status::{self, EventType, NodeEvent, NodeInputs, Pressure};
 use crate::api::ApiError;
@@ -100,7 +99,8 @@ pub struct NodeController {
     addresses: watch::Sender<Vec<NodeAddress>>,
     runtime: Mutex<RuntimeState>,
     runtime_changed: Notify,
-    pressure: Mutex<PressureTracker>,
+    /// The pressure conditions from the eviction manager.
+    pressure: watch::Receiver<Pressure>,
     detector: tokio::sync::Mutex<AddressDetector>,
     request_timeout: Duration,
     /// True while the node shuts down (graceful node shutdown).
@@ -168,6 +168,7 @@ impl NodeController {
         cri: Cri,
         events: EventRecorder,
         shutting_down: watch::Receiver<bool>,
+        pressure: watch::Receiver<Pressure>,
     ) -> Self {
         let facts = MachineFacts::read(&settings.root_dir);
         let lease_duration = Duration::from_secs(u64::from(settings.node_lease_duration_seconds));
@@ -184,7 +185,7 @@ impl NodeController {
             addresses: watch::channel(Vec::new()).0,
             runtime: Mutex::new(RuntimeState::default()),
             runtime_changed: Notify::new(),
-            pressure: Mutex::new(PressureTracker::default()),
+            pressure,
             detector: tokio::sync::Mutex::new(AddressDetector::default()),
             request_timeout,
             shutting_down,
@@ -292,9 +293,7 @@ impl NodeController {
         };
         let now = Timestamp::now();
         let runtime_errors = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).errors(now);
-        let usage = machine::read_usage(&self.settings.root_dir);
-        let observed = pressure::observe(&self.settings, &self.facts, &usage);
-        let pressure = self.pressure.lock().unwrap_or_else(|e| e.into_inner()).update(observed, now);
+        let pressure = *self.pressure.borrow();
         let s = &self.settings;
         let addresses = self.detector.lock().await.detect(&s.node_ips, &s.node_name, &s.hostname).await;
         if let Ok(found) = &addresses {
@@ -436,6 +435,7 @@ impl NodeController {
         let period = self.settings.node_status_update_frequency;
         let mut shutting_down = self.shutting_down.clone();
         let mut devices = self.devices.as_ref().map(DeviceManager::changes);
+        let mut pressure = self.pressure.clone();
         loop {
             let wait = match self.sync_status(&mut state).await {
                 Ok(()) => {
@@ -457,6 +457,8 @@ impl NodeController {
                 // Upstream syncs the node status as soon as a shutdown starts.
                 Ok(()) = shutting_down.changed() => {}
                 () = changed(&mut devices) => {}
+                // A pressure condition shows as soon as the eviction manager sees it.
+                Ok(()) = pressure.changed() => {}
             }
         }
     }

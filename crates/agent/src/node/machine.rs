@@ -1,7 +1,7 @@
 //! What the node reports about the machine: identity (machine-id, boot id,
-//! system UUID), kernel and OS, CPU/memory/storage capacity, and current
-//! free memory and disk for the pressure conditions. Read from the same
-//! files cAdvisor reads for the Go kubelet.
+//! system UUID), kernel and OS, CPU/memory/storage capacity. Read from the
+//! same files cAdvisor reads for the Go kubelet. (Free memory and disk for the
+//! pressure conditions are the eviction manager's.)
 
 use std::path::Path;
 
@@ -66,17 +66,6 @@ fn read_hugepages(dir: &Path) -> Vec<(u64, u64)> {
     sizes
 }
 
-/// Current free resources, read on every status pass.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// `MemAvailable` in bytes.
-    pub memory_available_bytes: Option<u64>,
-    /// Bytes available to unprivileged users on the root dir's file system.
-    pub nodefs_available_bytes: Option<u64>,
-    pub nodefs_inodes_free: Option<u64>,
-    pub nodefs_inodes: Option<u64>,
-}
-
 impl MachineFacts {
     /// Reads the machine; anything unreadable is left empty (and logged).
     pub fn read(root_dir: &Path) -> MachineFacts {
@@ -88,7 +77,7 @@ impl MachineFacts {
             .unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let (memory_bytes, _) = parse_meminfo(&meminfo);
-        let fs = statvfs_near(root_dir);
+        let capacity = fs_capacity(root_dir);
         let facts = MachineFacts {
             machine_id,
             system_uuid: first_readable(&SYSTEM_UUID_FILES, |p| std::fs::read_to_string(p).ok()),
@@ -102,7 +91,7 @@ impl MachineFacts {
             architecture: go_arch(std::env::consts::ARCH).to_string(),
             num_cpus: count_cpus(),
             memory_bytes: memory_bytes.unwrap_or(0),
-            ephemeral_storage_bytes: fs.map_or(0, |f| f.capacity),
+            ephemeral_storage_bytes: capacity.unwrap_or(0),
             hugepages: read_hugepages(Path::new("/sys/kernel/mm/hugepages")),
         };
         if facts.machine_id.is_empty() || facts.boot_id.is_empty() || facts.memory_bytes == 0 {
@@ -112,47 +101,14 @@ impl MachineFacts {
     }
 }
 
-/// Reads free memory and the root dir's free space and inodes.
-pub fn read_usage(root_dir: &Path) -> Usage {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let (_, available) = parse_meminfo(&meminfo);
-    let fs = statvfs_near(root_dir);
-    Usage {
-        memory_available_bytes: available,
-        nodefs_available_bytes: fs.map(|f| f.available),
-        nodefs_inodes_free: fs.map(|f| f.inodes_free),
-        nodefs_inodes: fs.map(|f| f.inodes),
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct FsStats {
-    capacity: u64,
-    available: u64,
-    inodes: u64,
-    inodes_free: u64,
-}
-
-/// statvfs of `dir`, or of its closest existing ancestor (the root dir may
-/// not exist yet).
-fn statvfs_near(dir: &Path) -> Option<FsStats> {
+/// The capacity of `dir`'s file system, or of its closest existing ancestor's (the root dir
+/// may not exist yet).
+fn fs_capacity(dir: &Path) -> Option<u64> {
     let mut path = Some(dir);
     while let Some(p) = path {
         if let Ok(st) = nix::sys::statvfs::statvfs(p) {
             #[allow(clippy::unnecessary_cast)] // the field types differ between targets
-            let (frsize, blocks, available, files, files_free) = (
-                st.fragment_size() as u64,
-                st.blocks() as u64,
-                st.blocks_available() as u64,
-                st.files() as u64,
-                st.files_available() as u64,
-            );
-            return Some(FsStats {
-                capacity: blocks.saturating_mul(frsize),
-                available: available.saturating_mul(frsize),
-                inodes: files,
-                inodes_free: files_free,
-            });
+            return Some((st.blocks() as u64).saturating_mul(st.fragment_size() as u64));
         }
         path = p.parent();
     }
@@ -287,7 +243,5 @@ mod tests {
         assert!(facts.memory_bytes > 0);
         assert!(facts.ephemeral_storage_bytes > 0);
         assert!(!facts.boot_id.is_empty());
-        let usage = read_usage(dir.path());
-        assert!(usage.memory_available_bytes.is_some() && usage.nodefs_available_bytes.is_some());
     }
 }

@@ -4,8 +4,9 @@
 //! * [`status`] is the pure core: labels, taints, capacity/allocatable,
 //!   nodeInfo (incl. KEP-4004 `kubeProxyVersion`), addresses, conditions,
 //!   what changed, and the patches to send. No I/O; time is an input.
-//! * [`machine`], [`addresses`], [`pressure`], [`runtime_state`] gather
-//!   the inputs (machine facts, interfaces/DNS, free resources, CRI status).
+//! * [`machine`], [`addresses`], [`runtime_state`] gather the inputs
+//!   (machine facts, interfaces/DNS, CRI status); the pressure conditions
+//!   come from the eviction manager.
 //! * [`controller::NodeController`] does the API calls: registration, the
 //!   status loop (every `nodeStatusUpdateFrequency`, PATCH only when changed
 //!   or every `nodeStatusReportFrequency`), the lease loop (every
@@ -21,7 +22,6 @@ pub mod addresses;
 pub mod controller;
 pub mod lease;
 pub mod machine;
-pub mod pressure;
 pub mod runtime_state;
 pub mod status;
 
@@ -100,6 +100,7 @@ pub async fn start(
     startup: Startup,
     metrics: &std::sync::Arc<gantry_metrics::Metrics>,
     shutting_down: watch::Receiver<bool>,
+    pressure: watch::Receiver<status::Pressure>,
     devices: Option<gantry_plugins::devices::DeviceManager>,
 ) -> Result<NodeAgent, NodeError> {
     if let Some(paths) = bootstrap_paths(settings) {
@@ -120,7 +121,8 @@ pub async fn start(
     }
     // Pod and node events share one recorder: one writer task, one correlator.
     let (events, event_writer) = crate::events::Recorder::to_api(clients.client.clone(), node);
-    let mut controller = NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down);
+    let mut controller =
+        NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
     if let Some(devices) = devices {
         controller = controller.with_devices(devices);
     }

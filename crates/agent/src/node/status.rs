@@ -60,13 +60,8 @@ fn status_is_now(node: &str, reason: &str) -> NodeEvent {
     }
 }
 
-/// Resource pressure as the eviction thresholds see it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pressure {
-    pub memory: bool,
-    pub disk: bool,
-    pub pid: bool,
-}
+/// Resource pressure as the eviction manager judges it.
+pub use gantry_pod::eviction::Pressure;
 
 /// Everything the status depends on besides the previous Node.
 #[derive(Clone, Debug)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::agent::{Shared, ShutdownKill};
+use crate::agent::{Kill, KillReason, Shared};
 use crate::events::{EventType, NodeEvent};
 use gantry_config::{Gate, Settings};
 use gantry_pod::shutdown::{self, Group, Stage};
@@ -49,7 +49,7 @@ pub enum ShutdownError {
 pub struct ShutdownManager {
     groups: Vec<Group>,
     shared: Arc<Shared>,
-    kills: mpsc::UnboundedSender<ShutdownKill>,
+    kills: mpsc::UnboundedSender<Kill>,
 }
 
 impl ShutdownManager {
@@ -57,7 +57,7 @@ impl ShutdownManager {
     pub fn new(
         settings: &Settings,
         shared: Arc<Shared>,
-        kills: mpsc::UnboundedSender<ShutdownKill>,
+        kills: mpsc::UnboundedSender<Kill>,
     ) -> Option<ShutdownManager> {
         if !settings.feature_gates.enabled(Gate::GracefulNodeShutdown) {
             tracing::info!("Node graceful shutdown feature is disabled, node shutdown will be immediate");
@@ -200,7 +200,7 @@ impl ShutdownManager {
             tracing::info!(pod = %kill.name, pod_uid = %kill.uid, grace_period = kill.grace_seconds, "Shutdown manager killing pod with gracePeriod");
             let (done, rx) = oneshot::channel();
             let grace = Duration::from_secs(kill.grace_seconds.max(0) as u64);
-            let _ = self.kills.send(ShutdownKill { uid: kill.uid.clone(), grace, done });
+            let _ = self.kills.send(Kill { uid: kill.uid.clone(), grace, why: KillReason::Shutdown, done });
             stopping.push(rx);
         }
         let (grace_period, priority) = (stage.window.as_secs(), stage.priority);

@@ -11,7 +11,8 @@ use super::summary::{self, Sources};
 use super::{Summary, resource_metrics};
 use crate::ServerState;
 
-async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summary, gantry_cri::CriError> {
+/// The summary for `state`'s node (also what the eviction manager reads each pass).
+pub async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summary, gantry_cri::CriError> {
     let cri = state.cri();
     let sources = Sources {
         node_name: state.node_name(),

@@ -179,6 +179,13 @@ impl Shared {
         }))
     }
 
+    /// The same, with pods getting their devices from `devices` (device plugins).
+    pub fn with_devices(self: Arc<Self>, devices: gantry_plugins::devices::DeviceManager) -> Arc<Self> {
+        let mut shared = Arc::into_inner(self).expect("with_devices is called before workers start");
+        shared.driver = shared.driver.with_devices(devices);
+        Arc::new(shared)
+    }
+
     /// The same, reporting to the API server through `client` (cluster mode).
     /// `objects`: the ConfigMaps, Secrets, Services and tokens pods use.
     pub fn with_api(
@@ -504,6 +511,8 @@ impl Agent {
         if sources_ready {
             // Pods removed while the agent was down leave no allocation behind.
             self.shared.allocations.retain(|uid| self.workers.contains_key(uid) || self.desired.contains_key(uid));
+            let active = self.workers.keys().chain(self.desired.keys()).cloned().collect();
+            self.shared.driver.retain_devices(&active);
         }
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use gantry_cri::api;
+use gantry_plugins::devices::RunOptions;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::downward;
@@ -157,6 +158,8 @@ pub struct ContainerContext<'a> {
     /// MemoryQoS (the gate, on cgroup v2): `memoryThrottlingFactor` for the container's
     /// `memory.min`/`memory.high` in `unified` (relative to `node_allocatable`'s memory).
     pub memory_qos: Option<f64>,
+    /// What the device plugins give the container (envs, mounts, devices, annotations).
+    pub devices: RunOptions,
 }
 
 /// Why a container's CRI config cannot be built (upstream's `CreateContainerConfigError`).
@@ -176,7 +179,7 @@ pub fn container_config(
     ctx: ContainerContext,
 ) -> Result<api::ContainerConfig, ContainerConfigError> {
     let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
-    let annotations = HashMap::from([
+    let mut annotations = HashMap::from([
         (labels::CONTAINER_HASH.to_string(), spec::container_hash(c)),
         (labels::RESTART_COUNT.to_string(), ctx.attempt.to_string()),
         (labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string()),
@@ -202,14 +205,27 @@ pub fn container_config(
         let entries = resources::memory_qos(c, ctx.node_allocatable.1, factor);
         resources.unified.extend(entries.into_iter().map(|(k, v)| (k.to_string(), v)));
     }
+    // As upstream: the devices' envs and mounts come first, the container's own after them.
+    let RunOptions { envs: device_envs, mounts: device_mounts, devices, annotations: device_annotations, cdi_devices } =
+        ctx.devices;
+    for (key, value) in device_annotations {
+        annotations.entry(key).or_insert(value);
+    }
+    let envs = device_envs
+        .into_iter()
+        .chain(resolved.envs.into_iter().map(|(key, value)| api::KeyValue { key, value }))
+        .collect();
+    let mounts = device_mounts.into_iter().chain(ctx.mounts).collect();
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
         image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
         command: resolved.command,
         args: resolved.args,
         working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs: resolved.envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect(),
-        mounts: ctx.mounts,
+        envs,
+        mounts,
+        devices,
+        cdi_devices,
         labels: labels::container(ctx.node, name, namespace, uid, &c.name),
         annotations,
         log_path: container_log_path(&c.name, ctx.attempt),
@@ -287,6 +303,70 @@ mod tests {
         assert_eq!(cfg.hostname, "web-node1");
     }
 
+    fn context(devices: RunOptions) -> ContainerContext<'static> {
+        ContainerContext {
+            node: "node1",
+            attempt: 3,
+            pod_ip: None,
+            host_ip: None,
+            mounts: vec![api::Mount { container_path: "/data".into(), ..Default::default() }],
+            env_objects: EnvObjects::default(),
+            node_allocatable: (0, 1 << 30),
+            memory_capacity: 1 << 30,
+            image_user: ImageUser { uid: Some(0), username: String::new() },
+            node_security: NodeSecurity {
+                seccomp_default: false,
+                allow_privileged: true,
+                seccomp_root: Path::new("/s"),
+            },
+            target_id: None,
+            oom_group: false,
+            devices,
+        }
+    }
+
+    #[test]
+    fn device_plugin_options_come_before_the_containers_own() {
+        let p = pod();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let devices = RunOptions {
+            envs: vec![api::KeyValue { key: "GPU".into(), value: "gpu-0".into() }],
+            mounts: vec![api::Mount {
+                container_path: "/dev/gpu0".into(),
+                host_path: "/h/gpu0".into(),
+                ..Default::default()
+            }],
+            devices: vec![api::Device {
+                container_path: "/dev/x".into(),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            }],
+            annotations: [
+                ("vendor/gpu".to_string(), "gpu-0".to_string()),
+                (labels::CONTAINER_HASH.to_string(), "not the kubelet's".to_string()),
+            ]
+            .into(),
+            cdi_devices: vec![api::CdiDevice { name: "vendor.com/gpu=0".into() }],
+        };
+        let cfg = container_config(&p, c, context(devices)).unwrap();
+        let env: Vec<&str> = cfg.envs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(env, ["GPU", "A", "POD"]);
+        let mounts: Vec<&str> = cfg.mounts.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(mounts, ["/dev/gpu0", "/data"]);
+        assert_eq!(cfg.devices[0].container_path, "/dev/x");
+        assert_eq!(cfg.cdi_devices[0].name, "vendor.com/gpu=0");
+        assert_eq!(cfg.annotations["vendor/gpu"], "gpu-0");
+        assert_eq!(
+            cfg.annotations[labels::CONTAINER_HASH],
+            spec::container_hash(c),
+            "the kubelet's own annotations win"
+        );
+        // Without devices, nothing is added.
+        let cfg = container_config(&p, c, context(RunOptions::default())).unwrap();
+        assert!(cfg.devices.is_empty() && cfg.cdi_devices.is_empty());
+        assert_eq!(cfg.mounts.len(), 1);
+    }
+
     #[test]
     fn container_config_resolves_env_and_log_path() {
         let p = pod();
@@ -309,6 +389,7 @@ mod tests {
             target_id: None,
             oom_group: true,
             memory_qos,
+            devices: RunOptions::default(),
         };
         // MemoryQoS: a 64Mi request is protected and throttled 90% of the way to the node's
         // allocatable 1Gi (no limit), page-aligned.

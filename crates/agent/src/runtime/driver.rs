@@ -23,6 +23,7 @@ use crate::events::{EventType, Recorder};
 use crate::image::puller::ImagePuller;
 use gantry_config::CgroupDriver;
 use gantry_config::PodSettings;
+use gantry_plugins::devices::{AdmitError, DeviceManager};
 use gantry_pod::ObservedPod;
 use gantry_pod::resize::Amounts;
 use gantry_pod::resources::CgroupValues;
@@ -77,6 +78,8 @@ pub struct Driver {
     allocatable: Amounts,
     /// The machine's memory, which OOM scores are relative to.
     memory_capacity: i128,
+    /// Device plugins: admission allocates devices, container starts get them.
+    devices: Option<DeviceManager>,
 }
 
 impl Driver {
@@ -99,7 +102,17 @@ impl Driver {
             events: Recorder::default(),
             allocatable: Amounts::default(),
             memory_capacity: 0,
+            devices: None,
         }
+    }
+
+    /// Pods get their devices from `devices` (device plugins).
+    pub fn with_devices(self, devices: DeviceManager) -> Self {
+        Driver { devices: Some(devices), ..self }
+    }
+
+    pub fn devices(&self) -> Option<&DeviceManager> {
+        self.devices.as_ref()
     }
 
     /// The node's allocatable (capacity − reservations − hard eviction thresholds, the figure
@@ -353,6 +366,30 @@ impl Driver {
             .map_err(|e| (gantry_pod::sysctl::FORBIDDEN_REASON, e.to_string()))
     }
 
+    /// Allocates the pod's devices (device plugins), or says why the pod cannot be admitted
+    /// (upstream's `UnexpectedAdmissionError`). A pod that fails here keeps no device.
+    pub async fn admit_devices(&self, pod: &Pod) -> Result<(), (&'static str, String)> {
+        let Some(devices) = &self.devices else { return Ok(()) };
+        devices.admit(pod).await.map_err(|e| {
+            devices.release(spec::uid(pod));
+            (AdmitError::REASON, e.to_string())
+        })
+    }
+
+    /// Frees the devices of a pod that is gone.
+    pub fn release_devices(&self, uid: &str) {
+        if let Some(devices) = &self.devices {
+            devices.release(uid);
+        }
+    }
+
+    /// Frees the devices of every pod not in `active` (removed while the agent was down).
+    pub fn retain_devices(&self, active: &std::collections::BTreeSet<String>) {
+        if let Some(devices) = &self.devices {
+            devices.retain(active);
+        }
+    }
+
     /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
     /// DNS events (once per sandbox, not on every container start).
     async fn sandbox_context(&self, pod: &Pod, record: bool) -> Result<SandboxContext, StartError> {
@@ -509,6 +546,13 @@ impl Driver {
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
         let image_user = self.image_user(c).await?;
+        let devices = match &self.devices {
+            Some(d) => d
+                .run_options(pod, &c.name)
+                .await
+                .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?,
+            None => Default::default(),
+        };
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
         let ctx = ContainerContext {
             node: &self.node,
@@ -524,6 +568,7 @@ impl Driver {
             target_id,
             oom_group: self.oom_group,
             memory_qos: self.memory_qos.then_some(self.pods.memory_throttling_factor),
+            devices,
         };
         let container_config = config::container_config(pod, c, ctx)
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;

@@ -321,6 +321,7 @@ mod tests {
             },
             target_id: None,
             oom_group: false,
+            memory_qos: None,
             devices,
         }
     }

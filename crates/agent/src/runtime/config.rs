@@ -373,24 +373,10 @@ mod tests {
         let p = pod();
         let c = &p.spec.as_ref().unwrap().containers[0];
         let ctx = |memory_qos: Option<f64>| ContainerContext {
-            node: "node1",
-            attempt: 3,
-            pod_ip: None,
-            host_ip: None,
             mounts: vec![],
-            env_objects: EnvObjects::default(),
-            node_allocatable: (0, 1 << 30),
-            memory_capacity: 1 << 30,
-            image_user: ImageUser { uid: Some(0), username: String::new() },
-            node_security: NodeSecurity {
-                seccomp_default: false,
-                allow_privileged: true,
-                seccomp_root: Path::new("/s"),
-            },
-            target_id: None,
             oom_group: true,
             memory_qos,
-            devices: RunOptions::default(),
+            ..context(RunOptions::default())
         };
         // MemoryQoS: a 64Mi request is protected and throttled 90% of the way to the node's
         // allocatable 1Gi (no limit), page-aligned.

@@ -354,19 +354,7 @@ fn container_usage(
             psi: None,
         })
     });
-    cs.memory = own.memory.or_else(|| {
-        let m = cri?.memory.as_ref()?;
-        Some(MemoryStats {
-            time: time.into(),
-            available_bytes: val(&m.available_bytes),
-            usage_bytes: val(&m.usage_bytes),
-            working_set_bytes: val(&m.working_set_bytes),
-            rss_bytes: val(&m.rss_bytes),
-            page_faults: val(&m.page_faults),
-            major_page_faults: val(&m.major_page_faults),
-            psi: None,
-        })
-    });
+    cs.memory = own.memory.or_else(|| Some(memory_from_cri(cri?.memory.as_ref()?, time)));
     cs.swap = own.swap.or_else(|| {
         let swap = cri.and_then(|s| s.swap.as_ref());
         Some(SwapStats {
@@ -588,6 +576,21 @@ fn sandbox_pid(info: &HashMap<String, String>) -> Option<u32> {
     v.get("pid")?.as_u64().filter(|p| *p > 0).map(|p| p as u32)
 }
 
+/// The runtime's memory figures, for a cgroup Gantry cannot read itself (no PSI from CRI).
+fn memory_from_cri(m: &api::MemoryUsage, time: &str) -> MemoryStats {
+    let val = |v: &Option<api::UInt64Value>| v.as_ref().map(|v| v.value);
+    MemoryStats {
+        time: time.into(),
+        available_bytes: val(&m.available_bytes),
+        usage_bytes: val(&m.usage_bytes),
+        working_set_bytes: val(&m.working_set_bytes),
+        rss_bytes: val(&m.rss_bytes),
+        page_faults: val(&m.page_faults),
+        major_page_faults: val(&m.major_page_faults),
+        psi: None,
+    }
+}
+
 fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStats {
     let val = |v: &Option<api::UInt64Value>| v.as_ref().map(|v| v.value);
     let iface = |i: &api::NetworkInterfaceUsage| InterfaceStats {
@@ -599,16 +602,7 @@ fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStat
     };
     SandboxStats {
         cpu_total: linux.cpu.as_ref().and_then(|c| val(&c.usage_core_nano_seconds)),
-        memory: linux.memory.as_ref().map(|m| MemoryStats {
-            time: time.into(),
-            available_bytes: val(&m.available_bytes),
-            usage_bytes: val(&m.usage_bytes),
-            working_set_bytes: val(&m.working_set_bytes),
-            rss_bytes: val(&m.rss_bytes),
-            page_faults: val(&m.page_faults),
-            major_page_faults: val(&m.major_page_faults),
-            psi: None,
-        }),
+        memory: linux.memory.as_ref().map(|m| memory_from_cri(m, time)),
         network: linux.network.as_ref().and_then(|n| {
             Some(NetworkStats {
                 time: time.into(),

@@ -11,6 +11,7 @@
 //! - `cluster`: the API server's side of pods (bound pods, mirrors, status, objects pods refer to);
 //! - `image`: pulls, pull secrets, image GC;
 //! - `runtime`: pod spec → CRI calls (the driver), volumes, probes' actions, hooks;
+//! - `system_containers`: the agent and the node's processes in `kubeletCgroups`/`systemCgroups`;
 //! - `node`: Node registration, status, Lease;
 //! - `agent`: the agent loop and one worker per pod;
 //! - `shutdown`: graceful node shutdown (logind inhibitor lock, pods stopped by priority).
@@ -27,3 +28,4 @@ pub mod runtime;
 pub mod shutdown;
 pub mod source;
 pub mod status_store;
+pub mod system_containers;

@@ -390,16 +390,22 @@ pub fn check_minimum_reclaim(map: &BTreeMap<String, String>) -> Result<(), Setti
     check_signals(map)?;
     for (signal, v) in map {
         if v.ends_with('%') {
-            let p = quantity::parse_percentage(v)?;
-            if p < 0.0 {
-                return Err(SettingError::NegativeEvictionPercentage { signal: signal.clone(), value: v.clone() });
-            }
-            if p > 1.0 {
-                return Err(SettingError::EvictionPercentageOver100 { signal: signal.clone(), value: v.clone() });
-            }
+            check_percentage(signal, v)?;
         } else if quantity::parse_milli(v)? < 0 {
             return Err(SettingError::NonPositiveEvictionThreshold { signal: signal.clone(), value: v.clone() });
         }
+    }
+    Ok(())
+}
+
+/// A percentage threshold lies within 0% and 100%.
+fn check_percentage(signal: &str, v: &str) -> Result<(), SettingError> {
+    let p = quantity::parse_percentage(v)?;
+    if p < 0.0 {
+        return Err(SettingError::NegativeEvictionPercentage { signal: signal.into(), value: v.into() });
+    }
+    if p > 1.0 {
+        return Err(SettingError::EvictionPercentageOver100 { signal: signal.into(), value: v.into() });
     }
     Ok(())
 }
@@ -412,13 +418,7 @@ pub fn check_eviction(map: &BTreeMap<String, String>) -> Result<(), SettingError
             return Err(SettingError::UnsupportedEvictionSignal(signal.clone()));
         }
         if v.ends_with('%') {
-            let p = quantity::parse_percentage(v)?;
-            if p < 0.0 {
-                return Err(SettingError::NegativeEvictionPercentage { signal: signal.clone(), value: v.clone() });
-            }
-            if p > 1.0 {
-                return Err(SettingError::EvictionPercentageOver100 { signal: signal.clone(), value: v.clone() });
-            }
+            check_percentage(signal, v)?;
             continue;
         }
         let q = quantity::parse_milli(v)?;

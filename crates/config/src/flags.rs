@@ -222,6 +222,26 @@ pub struct Flags {
     #[arg(long, value_name = "CGROUP")]
     pub cgroup_root: Option<String>,
 
+    /// The existing cgroup kube-reserved is enforced on. (kubeReservedCgroup)
+    #[arg(long, value_name = "CGROUP")]
+    pub kube_reserved_cgroup: Option<String>,
+
+    /// The existing cgroup system-reserved is enforced on. (systemReservedCgroup)
+    #[arg(long, value_name = "CGROUP")]
+    pub system_reserved_cgroup: Option<String>,
+
+    /// The cgroup (cgroupfs path) the agent moves itself into. (kubeletCgroups)
+    #[arg(long, value_name = "CGROUP")]
+    pub kubelet_cgroups: Option<String>,
+
+    /// The container runtime's cgroup, for the summary's runtime system container.
+    #[arg(long, value_name = "CGROUP")]
+    pub runtime_cgroups: Option<String>,
+
+    /// The cgroup the node's non-kernel processes in the root cgroup are moved into; needs --cgroup-root. (systemCgroups)
+    #[arg(long, value_name = "CGROUP")]
+    pub system_cgroups: Option<String>,
+
     /// The most processes a pod may have (pids.max of its cgroup); -1: no limit. (podPidsLimit) [default: -1]
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub pod_max_pids: Option<i64>,
@@ -478,8 +498,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "iptables-drop-bit",
     "iptables-masquerade-bit",
     "kube-api-content-type",
-    "kube-reserved-cgroup",
-    "kubelet-cgroups",
     "lock-file",
     "log-flush-frequency",
     "log-json-info-buffer-size",
@@ -499,10 +517,7 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "registry-qps",
     "reserved-cpus",
     "reserved-memory",
-    "runtime-cgroups",
     "streaming-connection-idle-timeout",
-    "system-cgroups",
-    "system-reserved-cgroup",
     "topology-manager-policy",
     "topology-manager-policy-options",
     "topology-manager-scope",

@@ -25,15 +25,19 @@ pub enum Gate {
     GracefulNodeShutdownBasedOnPodPriority,
     /// KEP-4205: pressure stall information in `/stats/summary`. Default: true (beta in 1.34).
     KubeletPSI,
+    /// KEP-2570: cgroup v2 `memory.min`/`memory.high` from requests and limits. Default: false
+    /// (alpha).
+    MemoryQoS,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 5] = [
+    pub const ALL: [Gate; 6] = [
         Gate::LegacyNodeRunOnceMode,
         Gate::DisableNodeKubeProxyVersion,
         Gate::GracefulNodeShutdown,
         Gate::GracefulNodeShutdownBasedOnPodPriority,
         Gate::KubeletPSI,
+        Gate::MemoryQoS,
     ];
 
     /// The gate's name as written in `--feature-gates` and `featureGates`.
@@ -44,12 +48,13 @@ impl Gate {
             Gate::GracefulNodeShutdown => "GracefulNodeShutdown",
             Gate::GracefulNodeShutdownBasedOnPodPriority => "GracefulNodeShutdownBasedOnPodPriority",
             Gate::KubeletPSI => "KubeletPSI",
+            Gate::MemoryQoS => "MemoryQoS",
         }
     }
 
     pub const fn default_enabled(self) -> bool {
         match self {
-            Gate::LegacyNodeRunOnceMode => false,
+            Gate::LegacyNodeRunOnceMode | Gate::MemoryQoS => false,
             Gate::DisableNodeKubeProxyVersion
             | Gate::GracefulNodeShutdown
             | Gate::GracefulNodeShutdownBasedOnPodPriority
@@ -145,7 +150,6 @@ pub const UPSTREAM_ONLY_GATES: &[&str] = &[
     "MatchLabelKeysInPodAffinity",
     "MatchLabelKeysInPodTopologySpread",
     "MemoryManager",
-    "MemoryQoS",
     "MutableCSINodeAllocatableCount",
     "NodeDeclaredFeatures",
     "NodeInclusionPolicyInPodTopologySpread",
@@ -329,7 +333,7 @@ mod tests {
         assert!(g.enabled(Gate::DisableNodeKubeProxyVersion));
         assert_eq!(
             g.to_string(),
-            "DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false"
+            "DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false,MemoryQoS=false"
         );
         assert!(g.enabled(Gate::GracefulNodeShutdown) && g.enabled(Gate::GracefulNodeShutdownBasedOnPodPriority));
     }
@@ -345,7 +349,7 @@ mod tests {
         assert_eq!(g.without_effect(), vec!["KubeletTracing"]);
         assert_eq!(
             g.to_string(),
-            "DisableNodeKubeProxyVersion=false,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,KubeletTracing=true,LegacyNodeRunOnceMode=true"
+            "DisableNodeKubeProxyVersion=false,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,KubeletTracing=true,LegacyNodeRunOnceMode=true,MemoryQoS=false"
         );
     }
 

@@ -78,7 +78,7 @@ pub const RUNONCE_DEPRECATION: &str = "RunOnce mode is deprecated (KEP-4580) and
 /// `Debug` and `Display` mask the values of `static_pod_url_header` (and
 /// any password in `static_pod_url`), so logging a `Settings` does not leak
 /// credentials.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 pub struct Settings {
     /// `--hostname-override`, else the machine hostname; trimmed, lowercased.
     pub node_name: String,
@@ -157,6 +157,15 @@ pub struct Settings {
     /// `--enforce-node-allocatable` / `enforceNodeAllocatable`: whether the `kubepods` cgroup
     /// gets the node's allocatable as its limits (`pods`, the default; `none` turns it off).
     pub enforce_pods_allocatable: bool,
+    /// `kube-reserved[-compressible]` in `enforceNodeAllocatable`: `kubeReservedCgroup` gets
+    /// `kubeReserved` as its limits.
+    pub enforce_kube_reserved: ReservedLimits,
+    /// `system-reserved[-compressible]`: `systemReservedCgroup` gets `systemReserved`.
+    pub enforce_system_reserved: ReservedLimits,
+    /// `--kube-reserved-cgroup` / `kubeReservedCgroup`: an existing cgroup.
+    pub kube_reserved_cgroup: String,
+    /// `--system-reserved-cgroup` / `systemReservedCgroup`: an existing cgroup.
+    pub system_reserved_cgroup: String,
     /// `--eviction-hard` / `evictionHard`: signal → threshold (`100Mi`,
     /// `10%`); upstream's Linux defaults unless given.
     pub eviction_hard: BTreeMap<String, String>,
@@ -221,6 +230,10 @@ impl Default for Settings {
             kube_reserved: BTreeMap::new(),
             system_reserved: BTreeMap::new(),
             enforce_pods_allocatable: true,
+            enforce_kube_reserved: ReservedLimits::Off,
+            enforce_system_reserved: ReservedLimits::Off,
+            kube_reserved_cgroup: String::new(),
+            system_reserved_cgroup: String::new(),
             eviction_hard: default_eviction_hard(),
             port: DEFAULT_PORT,
             pods_per_core: 0,
@@ -477,6 +490,7 @@ pub fn resolve(flags: Flags, file: Option<(PathBuf, &str)>, machine_hostname: &s
         );
     }
 
+    s.pods.memory_qos = s.feature_gates.enabled(Gate::MemoryQoS);
     if s.run_once && !s.feature_gates.enabled(Gate::LegacyNodeRunOnceMode) {
         return Err(ConfigError::RunOnceDeprecated {
             set_by: run_once_source.unwrap_or_else(|| "runOnce".to_string()),
@@ -688,7 +702,13 @@ fn apply_file_cluster(
         }
     }
     if let Some(list) = &c.enforce_node_allocatable {
-        s.enforce_pods_allocatable = enforce_pods("enforceNodeAllocatable", list, &invalid)?;
+        set_enforcement(s, enforce_pods("enforceNodeAllocatable", list, &invalid)?);
+    }
+    if let Some(c) = &c.kube_reserved_cgroup {
+        s.kube_reserved_cgroup = c.clone();
+    }
+    if let Some(c) = &c.system_reserved_cgroup {
+        s.system_reserved_cgroup = c.clone();
     }
     if let Some(map) = &c.eviction_hard {
         cluster::check_eviction(map).map_err(|e| invalid("evictionHard", e.into()))?;
@@ -856,7 +876,58 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     s.pods.apply_flags(f, &invalid)?;
     s.logs.apply_flags(f, &invalid)?;
     s.server.apply_flags(f, &invalid)?;
-    apply_flags_cluster(s, f, &invalid)
+    apply_flags_cluster(s, f, &invalid)?;
+    check_reserved_cgroups(s, &invalid)
+}
+
+/// Upstream's validation: enforcing a reservation needs the cgroup it goes to.
+fn check_reserved_cgroups(s: &Settings, invalid: &dyn Fn(&str, Problem) -> ConfigError) -> Result<(), ConfigError> {
+    for (enforced, cgroup, field, flag, key) in [
+        (
+            s.enforce_system_reserved,
+            &s.system_reserved_cgroup,
+            "systemReservedCgroup",
+            "--system-reserved-cgroup",
+            "system-reserved",
+        ),
+        (
+            s.enforce_kube_reserved,
+            &s.kube_reserved_cgroup,
+            "kubeReservedCgroup",
+            "--kube-reserved-cgroup",
+            "kube-reserved",
+        ),
+    ] {
+        if enforced != ReservedLimits::Off && cgroup.is_empty() {
+            return Err(invalid(
+                field,
+                Problem::Rule(format!(
+                    "invalid configuration: {field} ({flag}) must be specified when {key:?} contained in enforceNodeAllocatable (--enforce-node-allocatable)"
+                )),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Which limits of a reservation `enforceNodeAllocatable` enforces on its cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReservedLimits {
+    #[default]
+    Off,
+    /// `kube-reserved`/`system-reserved`: CPU, memory and PIDs.
+    All,
+    /// `…-compressible`: CPU only.
+    CpuOnly,
+}
+
+/// What `enforceNodeAllocatable` lists: pods, kube-reserved, system-reserved.
+struct Enforcement(bool, ReservedLimits, ReservedLimits);
+
+fn set_enforcement(s: &mut Settings, Enforcement(pods, kube, system): Enforcement) {
+    s.enforce_pods_allocatable = pods;
+    s.enforce_kube_reserved = kube;
+    s.enforce_system_reserved = system;
 }
 
 fn apply_flags_cluster(
@@ -918,7 +989,13 @@ fn apply_flags_cluster(
     }
     if let Some(list) = &f.enforce_node_allocatable {
         let values: Vec<String> = list.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
-        s.enforce_pods_allocatable = enforce_pods("--enforce-node-allocatable", &values, &invalid)?;
+        set_enforcement(s, enforce_pods("--enforce-node-allocatable", &values, &invalid)?);
+    }
+    if let Some(c) = &f.kube_reserved_cgroup {
+        s.kube_reserved_cgroup = c.clone();
+    }
+    if let Some(c) = &f.system_reserved_cgroup {
+        s.system_reserved_cgroup = c.clone();
     }
     for (flag, values, target) in [
         ("--kube-reserved", &f.kube_reserved, &mut s.kube_reserved),
@@ -1037,18 +1114,28 @@ fn enforce_pods(
     field: &str,
     values: &[String],
     invalid: &dyn Fn(&str, Problem) -> ConfigError,
-) -> Result<bool, ConfigError> {
+) -> Result<Enforcement, ConfigError> {
     if values.iter().any(|v| v == "none") && values.len() > 1 {
         return Err(invalid(field, "may not contain additional enforcements when 'none' is specified".into()));
     }
+    let mut out = Enforcement(false, ReservedLimits::Off, ReservedLimits::Off);
     for v in values {
         match v.as_str() {
-            "pods" | "none" => {}
-            "system-reserved" | "kube-reserved" | "system-reserved-compressible" | "kube-reserved-compressible" => {
-                return Err(invalid(
-                    field,
-                    format!("{v:?} is not supported by Gantry yet: use \"pods\" or \"none\"").into(),
-                ));
+            "none" => {}
+            "pods" => out.0 = true,
+            "kube-reserved" => out.1 = ReservedLimits::All,
+            "system-reserved" => out.2 = ReservedLimits::All,
+            // Upstream: the compressible variant cannot be combined with the full one.
+            "kube-reserved-compressible" | "system-reserved-compressible" => {
+                let full = v.trim_end_matches("-compressible");
+                if values.iter().any(|x| x == full) {
+                    return Err(invalid(field, format!("{full:?} and {v:?} cannot be specified together").into()));
+                }
+                if full == "kube-reserved" {
+                    out.1 = ReservedLimits::CpuOnly;
+                } else {
+                    out.2 = ReservedLimits::CpuOnly;
+                }
             }
             other => {
                 return Err(invalid(
@@ -1061,7 +1148,7 @@ fn enforce_pods(
             }
         }
     }
-    Ok(values.iter().any(|v| v == "pods"))
+    Ok(out)
 }
 
 #[cfg(test)]

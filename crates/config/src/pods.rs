@@ -20,7 +20,7 @@ pub enum CgroupDriver {
     Systemd,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PodSettings {
     /// `cgroupsPerQOS` / `--cgroups-per-qos`, default true.
     pub cgroups_per_qos: bool,
@@ -42,6 +42,20 @@ pub struct PodSettings {
     pub cluster_domain: String,
     /// `resolvConf` / `--resolv-conf`, default /etc/resolv.conf; empty = no host DNS.
     pub resolv_conf: String,
+    /// `kubeletCgroups` / `--kubelet-cgroups`: the cgroup (cgroupfs path) the agent moves itself
+    /// into and reports as the `kubelet` system container; empty: wherever it was started.
+    pub kubelet_cgroups: String,
+    /// `--runtime-cgroups`: the runtime's cgroup, reported as the `runtime` system container;
+    /// empty: the cgroup of the process serving the CRI socket.
+    pub runtime_cgroups: String,
+    /// `systemCgroups` / `--system-cgroups`: the cgroup the node's non-kernel processes still in
+    /// the root cgroup are moved into, reported as the `misc` system container.
+    pub system_cgroups: String,
+    /// The `MemoryQoS` gate (acted on only on cgroup v2).
+    pub memory_qos: bool,
+    /// `memoryThrottlingFactor` (default 0.9): how far between request and limit a container's
+    /// `memory.high` sits under MemoryQoS.
+    pub memory_throttling_factor: f64,
     /// `allowedUnsafeSysctls` / `--allowed-unsafe-sysctls`: names or `prefix*` patterns.
     pub allowed_unsafe_sysctls: Vec<String>,
     /// `seccompDefault` / `--seccomp-default`: RuntimeDefault for containers that set none.
@@ -59,6 +73,11 @@ impl Default for PodSettings {
             pod_pids_limit: -1,
             fail_cgroup_v1: false,
             single_process_oom_kill: None,
+            memory_qos: false,
+            memory_throttling_factor: 0.9,
+            kubelet_cgroups: String::new(),
+            runtime_cgroups: String::new(),
+            system_cgroups: String::new(),
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             resolv_conf: DEFAULT_RESOLV_CONF.to_string(),
@@ -176,6 +195,23 @@ impl PodSettings {
         if c.single_process_oom_kill.is_some() {
             self.single_process_oom_kill = c.single_process_oom_kill;
         }
+        if let Some(f) = c.memory_throttling_factor {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(invalid(
+                    "memoryThrottlingFactor",
+                    Problem::Rule(format!(
+                        "invalid configuration: memoryThrottlingFactor {f} must be greater than 0 and less than or equal to 1.0"
+                    )),
+                ));
+            }
+            self.memory_throttling_factor = f;
+        }
+        if let Some(c) = &c.kubelet_cgroups {
+            self.kubelet_cgroups = c.clone();
+        }
+        if let Some(c) = &c.system_cgroups {
+            self.system_cgroups = c.clone();
+        }
         if let Some(ips) = &c.cluster_dns {
             self.cluster_dns = dns_ips("clusterDNS", ips, invalid)?;
         }
@@ -207,6 +243,15 @@ impl PodSettings {
         if let Some(n) = f.pod_max_pids {
             self.pod_pids_limit = pids_limit("--pod-max-pids", n, invalid)?;
         }
+        for (value, target) in [
+            (&f.kubelet_cgroups, &mut self.kubelet_cgroups),
+            (&f.runtime_cgroups, &mut self.runtime_cgroups),
+            (&f.system_cgroups, &mut self.system_cgroups),
+        ] {
+            if let Some(v) = value {
+                target.clone_from(v);
+            }
+        }
         if !f.cluster_dns.is_empty() {
             let values: Vec<&str> = f.cluster_dns.iter().flat_map(|v| v.split(',')).filter(|v| !v.is_empty()).collect();
             self.cluster_dns = dns_ips("--cluster-dns", &values, invalid)?;
@@ -231,8 +276,21 @@ impl PodSettings {
         self.check(invalid)
     }
 
-    /// Upstream: the systemd driver needs slice-shaped names, so a cgroupRoot must be one.
+    /// Upstream: the systemd driver needs slice-shaped names, so a cgroupRoot must be one;
+    /// systemCgroups needs a cgroupRoot and cannot be the root itself.
     fn check(&self, invalid: Invalid) -> Result<(), ConfigError> {
+        if !self.system_cgroups.is_empty() && self.cgroup_root.is_empty() {
+            return Err(invalid(
+                "systemCgroups",
+                Problem::Rule(
+                    "invalid configuration: systemCgroups (--system-cgroups) was specified and cgroupRoot (--cgroup-root) was not specified"
+                        .into(),
+                ),
+            ));
+        }
+        if self.system_cgroups == "/" {
+            return Err(invalid("systemCgroups", Problem::Rule("system container cannot be root (\"/\")".into())));
+        }
         if self.cgroup_driver == CgroupDriver::Systemd
             && !self.cgroup_root.is_empty()
             && self.cgroup_root != "/"

@@ -409,7 +409,7 @@ fn summary_masks_header_values() {
     assert!(summary.contains("syncFrequency=1m0s"), "{summary}");
     assert!(summary.contains("nodeName=machine-1"), "{summary}");
     assert!(
-        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false"),
+        summary.contains("featureGates=DisableNodeKubeProxyVersion=true,GracefulNodeShutdown=true,GracefulNodeShutdownBasedOnPodPriority=true,KubeletPSI=true,LegacyNodeRunOnceMode=false,MemoryQoS=false"),
         "{summary}"
     );
     assert!(!summary.contains('\n'), "one line: {summary}");
@@ -668,7 +668,24 @@ fn enforce_node_allocatable() {
     let e = err(&["--enforce-node-allocatable=pods,none"], None).to_string();
     assert!(e.contains("--enforce-node-allocatable") && e.contains("'none'"), "{e}");
     let e = err(&["--enforce-node-allocatable=pods,system-reserved"], None).to_string();
-    assert!(e.contains("system-reserved") && e.contains("not supported"), "{e}");
+    assert!(
+        e.contains("invalid configuration: systemReservedCgroup (--system-reserved-cgroup) must be specified when \"system-reserved\" contained in enforceNodeAllocatable (--enforce-node-allocatable)"),
+        "{e}"
+    );
+    let e = err(&[], Some("enforceNodeAllocatable: [kube-reserved]\n")).to_string();
+    assert!(e.contains("kubeReservedCgroup (--kube-reserved-cgroup) must be specified"), "{e}");
+    let s = ok(
+        &["--enforce-node-allocatable=pods,kube-reserved,system-reserved-compressible", "--kube-reserved-cgroup=/kube"],
+        Some("systemReservedCgroup: /system.slice\n"),
+    );
+    assert!(s.enforce_pods_allocatable);
+    assert_eq!((s.enforce_kube_reserved, s.enforce_system_reserved), (ReservedLimits::All, ReservedLimits::CpuOnly));
+    assert_eq!((s.kube_reserved_cgroup.as_str(), s.system_reserved_cgroup.as_str()), ("/kube", "/system.slice"));
+    let e = err(
+        &["--enforce-node-allocatable=kube-reserved,kube-reserved-compressible", "--kube-reserved-cgroup=/k"],
+        None,
+    );
+    assert!(e.to_string().contains("cannot be specified together"), "{e}");
     let e = err(&["--enforce-node-allocatable=everything"], None).to_string();
     assert!(e.contains("invalid option \"everything\""), "{e}");
 }
@@ -700,6 +717,47 @@ fn change_detection_strategy() {
     assert_eq!(ok(&[], Some(&body("Watch"))).change_detection, ChangeDetection::Watch);
     let e = err(&[], Some(&body("Poll"))).to_string();
     assert!(e.contains("configMapAndSecretChangeDetectionStrategy") && e.contains("Get, Cache, Watch"), "{e}");
+}
+
+#[test]
+fn system_container_cgroups() {
+    let s = ok(&["--runtime-cgroups=/system.slice/containerd.service"], Some("kubeletCgroups: /kubelet\n"));
+    assert_eq!(
+        (s.pods.kubelet_cgroups.as_str(), s.pods.runtime_cgroups.as_str()),
+        ("/kubelet", "/system.slice/containerd.service")
+    );
+    assert_eq!(
+        ok(&["--kubelet-cgroups=/k"], Some("kubeletCgroups: /kubelet\n")).pods.kubelet_cgroups,
+        "/k",
+        "the flag wins"
+    );
+    let s = ok(&["--system-cgroups=/system", "--cgroup-root=/"], None);
+    assert_eq!(s.pods.system_cgroups, "/system");
+    // Upstream's validation: systemCgroups needs a cgroupRoot, and is never the root itself.
+    let e = err(&[], Some("systemCgroups: /system\n")).to_string();
+    assert!(
+        e.contains("invalid configuration: systemCgroups (--system-cgroups) was specified and cgroupRoot (--cgroup-root) was not specified"),
+        "{e}"
+    );
+    let e = err(&["--system-cgroups=/", "--cgroup-root=/"], None).to_string();
+    assert!(e.contains("system container cannot be root (\"/\")"), "{e}");
+}
+
+#[test]
+fn memory_qos_gate_and_throttling_factor() {
+    let s = ok(&[], None);
+    assert!(!s.pods.memory_qos, "alpha: off by default");
+    assert_eq!(s.pods.memory_throttling_factor, 0.9);
+    let s = ok(&["--feature-gates=MemoryQoS=true"], Some("memoryThrottlingFactor: 0.8\n"));
+    assert!(s.pods.memory_qos);
+    assert_eq!(s.pods.memory_throttling_factor, 0.8);
+    let e = err(&[], Some("memoryThrottlingFactor: 1.5\n")).to_string();
+    assert!(
+        e.contains(
+            "invalid configuration: memoryThrottlingFactor 1.5 must be greater than 0 and less than or equal to 1.0"
+        ),
+        "{e}"
+    );
 }
 
 #[test]

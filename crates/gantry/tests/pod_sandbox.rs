@@ -72,8 +72,23 @@ async fn memory_limit_reaches_the_container_and_the_pod_cgroup() {
     let status = pods.get("limited").await.unwrap().status.unwrap();
     assert_eq!(status.qos_class.as_deref(), Some("Burstable"));
 
+    // The QoS levels (upstream's setCPUCgroupConfig): Burstable gets the shares of its pods'
+    // requests, as pods come and go; BestEffort the minimum.
+    let level_shares = |level: &str| {
+        let text = std::fs::read_to_string(kubepods("cpu").join(level).join("cpu.shares")).unwrap_or_default();
+        text.trim().to_string()
+    };
+    assert_eq!(level_shares("besteffort"), "2");
+    assert_eq!(level_shares("burstable"), "102", "the one Burstable pod's 100m");
+    let second = "    resources:\n      requests: {cpu: 200m}\n";
+    pods.create(&PostParams::default(), &pod(&env.node, "second", "sleep 3600", "", second)).await.unwrap();
+    eventually("Burstable shares for 300m", &gantry, || async { (level_shares("burstable") == "307").then_some(()) })
+        .await;
+
     pods.delete("limited", &DeleteParams::default()).await.unwrap();
     eventually("the pod cgroup removed", &gantry, || async { (!pod_cgroup.exists()).then_some(()) }).await;
+    eventually("Burstable shares for 200m", &gantry, || async { (level_shares("burstable") == "204").then_some(()) })
+        .await;
     cluster.cleanup(&env.node).await;
 }
 

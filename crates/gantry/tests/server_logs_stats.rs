@@ -288,8 +288,23 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
         "  volumes:\n  - name: data\n    emptyDir: {}\n",
     ) + "    readinessProbe:\n      exec:\n        command: [\"cat\", \"/tmp/ready\"]\n      periodSeconds: 1\n"
         + "    volumeMounts:\n    - name: data\n      mountPath: /data\n";
-    let Some((_env, api, gantry, alice)) = start(&[("hog.yaml", hog)], "", &[]).await else { return };
+    let Some(env) = Env::start().await else { return };
+    env.write_manifest("hog.yaml", &hog);
+    let api = NodeApi::new(&env.ctd.dir());
+    // The agent moves itself into kubeletCgroups; --runtime-cgroups names the runtime's
+    // cgroup (here kubepods, whose 40 MiB hog tells it apart from containerd's own cgroup).
+    let kubelet_cgroup = format!("{}/gantry-kubelet", env.ctd.cgroup_root());
+    let kubelet_flag = format!("--kubelet-cgroups={kubelet_cgroup}");
+    let runtime_flag = format!("--runtime-cgroups={}/kubepods", env.ctd.cgroup_root());
+    let gantry = api.start_agent(&env, &["--authorization-mode=AlwaysAllow", &kubelet_flag, &runtime_flag]).await;
+    let alice = api.ca.client("alice", &["dev"]);
     eventually("pod hog running", &gantry, || async { gantry.pod_in_phase(&static_name("hog"), "Running") }).await;
+    eventually("the agent in its kubeletCgroups (memory hierarchy)", &gantry, || async {
+        let own = std::fs::read_to_string(format!("/proc/{}/cgroup", gantry.pid())).ok()?;
+        let memory = own.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")))?;
+        memory.ends_with(&format!(":{kubelet_cgroup}")).then_some(())
+    })
+    .await;
 
     let min = HOG_MIB * 1024 * 1024;
     let summary = eventually("the hog's memory in /stats/summary", &gantry, || async {
@@ -318,6 +333,11 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
     assert!(c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0);
     assert!(c["rootfs"]["capacityBytes"].as_u64().unwrap() > 0);
     assert!(c["logs"]["usedBytes"].is_u64());
+    // Swap and IO of the container itself, from its own cgroup (v1: the swap part of memsw,
+    // no pressure), as upstream's CRI stats provider fills them.
+    assert!(c["swap"]["swapUsageBytes"].is_u64(), "{c}");
+    assert!(c["io"]["time"].is_string(), "{c}");
+    assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() >= min, "{c}");
     assert!(pod["memory"]["workingSetBytes"].as_u64().unwrap() >= min);
     assert_eq!(pod["network"]["name"], "eth0", "the sandbox's network namespace: {pod}");
     // containerd 1.6 has no sandbox stats: the pod cgroup's own files (pause, sh, sleep).
@@ -346,6 +366,8 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
         assert!(!c["startTime"].as_str().unwrap().is_empty(), "{c}");
     }
     assert!(system("pods")["memory"]["workingSetBytes"].as_u64().unwrap() >= min, "the hog is in kubepods");
+    assert!(system("runtime")["memory"]["workingSetBytes"].as_u64().unwrap() >= min, "--runtime-cgroups is read");
+    assert!(node["systemContainers"].as_array().unwrap().iter().all(|c| c["name"] != "misc"), "no systemCgroups");
     let rlimit = &node["rlimit"];
     assert!(rlimit["maxpid"].as_i64().unwrap() > 0 && rlimit["curproc"].as_i64().unwrap() > 1, "{rlimit}");
     assert!(node["swap"]["swapUsageBytes"].is_u64() && node["swap"]["swapAvailableBytes"].is_u64(), "{node}");

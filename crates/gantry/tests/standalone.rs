@@ -323,3 +323,57 @@ async fn separate_image_endpoint_is_validated() {
         common::tail(&log, 10)
     );
 }
+
+/// `enforceNodeAllocatable: [pods, kube-reserved]` sets kubeReserved as the limits of the
+/// existing kubeReservedCgroup, as upstream's `enforceExistingCgroup`; a missing
+/// systemReservedCgroup stops the agent with upstream's message.
+#[tokio::test]
+async fn reserved_cgroups_get_their_reservations_as_limits() {
+    let Some(env) = Env::start().await else { return };
+    if !std::path::Path::new("/sys/fs/cgroup/memory").is_dir() {
+        return; // The host suite covers cgroup v1; the VM suite covers v2.
+    }
+    let cgroup = format!("{}/kube-reserved", env.ctd.cgroup_root());
+    let dir = |controller: &str| std::path::Path::new("/sys/fs/cgroup").join(controller).join(&cgroup[1..]);
+    for controller in ["cpu", "memory", "pids"] {
+        std::fs::create_dir_all(dir(controller)).unwrap();
+    }
+    let flags = [
+        "--enforce-node-allocatable=pods,kube-reserved".to_string(),
+        format!("--kube-reserved-cgroup={cgroup}"),
+        "--kube-reserved=cpu=200m,memory=128Mi,pid=500".to_string(),
+    ];
+    let gantry = env.kubelet(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let read = |controller: &str, file: &str| {
+        std::fs::read_to_string(dir(controller).join(file)).map(|v| v.trim().to_string()).unwrap_or_default()
+    };
+    eventually("kubeReserved on its cgroup", &gantry, || async {
+        (read("memory", "memory.limit_in_bytes") == (128u64 << 20).to_string()).then_some(())
+    })
+    .await;
+    assert_eq!(read("cpu", "cpu.shares"), "204", "200m");
+    assert_eq!(read("pids", "pids.max"), "500");
+    assert!(gantry.log().contains(&format!("Updated limits on kube reserved cgroup {cgroup}")), "{}", gantry.log());
+    drop(gantry);
+
+    let missing = format!("{}/no-such-cgroup", env.ctd.cgroup_root());
+    let flags = [
+        "--enforce-node-allocatable=pods,system-reserved".to_string(),
+        format!("--system-reserved-cgroup={missing}"),
+        "--system-reserved=memory=64Mi".to_string(),
+    ];
+    let mut gantry = env.kubelet(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let deadline = std::time::Instant::now() + common::DEADLINE;
+    let status = loop {
+        if let Some(status) = gantry.try_exit() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the agent did not stop on a missing systemReservedCgroup");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    let expected = format!(
+        "Failed to enforce System Reserved Cgroup Limits on {missing:?}: cgroup {missing:?} has some missing paths"
+    );
+    assert!(gantry.log().contains(&expected), "{}", common::tail(&gantry.log(), 20));
+}

@@ -152,6 +152,8 @@ fn cgroupfs_driver_pod_and_qos_cgroups_carry_the_limits() {
     let seen = cgroups(run, "cgroupfs/cgroups-running");
     let weight = seen.get(&("/kubepods/besteffort".into(), "cpu.weight".into()));
     assert_eq!(weight.map(String::as_str), Some("1"), "the besteffort level has the minimum weight");
+    let weight = seen.get(&("/kubepods/burstable".into(), "cpu.weight".into()));
+    assert_eq!(weight.map(String::as_str), Some("4"), "the burstable level: its one pod's 100m (102 shares)");
 }
 
 /// `kubepods` carries the node's allocatable: 2 CPUs − 500m systemReserved → 1536 shares →
@@ -202,6 +204,9 @@ fn systemd_driver_slices_carry_the_limits() {
     let Some(run) = completed() else { return };
     let paths = pod_cgroups(run, "systemd", slice_path);
     assert_pod_limits(run, "systemd", &paths);
+    let seen = cgroups(run, "systemd/cgroups-running");
+    let weight = seen.get(&("/kubepods.slice/kubepods-burstable.slice".into(), "cpu.weight".into()));
+    assert_eq!(weight.map(String::as_str), Some("4"), "the burstable slice: its one pod's 100m (102 shares)");
     // systemd itself holds the values: they survive a daemon-reload and show in its units.
     let slices = run.read("systemd/slices-running");
     let guaranteed = slices
@@ -230,6 +235,10 @@ fn driver_mismatch_names_both_settings() {
     let log = run.read("mismatch/gantry.log");
     let line = log.lines().find(|l| l.contains("SystemdCgroup")).unwrap_or_else(|| panic!("no mismatch error\n{log}"));
     assert!(line.contains("cgroupDriver") && line.contains("cgroupfs"), "{line}");
+    // The other way round: containerd on cgroupfs takes the systemd parent as a path.
+    let log = run.read("mismatch-systemd/gantry.log");
+    let line = log.lines().find(|l| l.contains("SystemdCgroup")).unwrap_or_else(|| panic!("no mismatch error\n{log}"));
+    assert!(line.contains("cgroupDriver is \"systemd\"") && line.contains("SystemdCgroup = false"), "{line}");
 }
 
 /// A series' value in Prometheus text.
@@ -297,6 +306,20 @@ fn assert_stats(run: &VmRun, case: &str, pod_cgroup: &str) {
     // PSI, which the guest's kernel offers, for the node and from the pod cgroup's files.
     assert!(node["io"]["psi"]["some"]["total"].is_u64(), "{case}: {node}");
     assert!(pod["memory"]["psi"]["full"]["avg10"].is_f64(), "{case}: {pod}");
+    // And the container's own, from its cgroup below the pod's (named by the runtime: the ID
+    // on cgroupfs, a cri-containerd-<ID>.scope on systemd), with its swap and IO.
+    for resource in ["cpu", "memory", "io"] {
+        assert!(container[resource]["psi"]["some"]["total"].is_u64(), "{case}: container {resource} psi: {container}");
+    }
+    assert!(container["swap"]["swapUsageBytes"].is_u64(), "{case}: {container}");
+    let children = run.read(&format!("{case}/container-cgroups"));
+    let own: Vec<&str> = children.lines().filter_map(|l| l.strip_prefix(&format!("{pod_cgroup} "))).collect();
+    let is_id = |s: &str| s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit());
+    let named = |c: &str| match case {
+        "systemd" => c.strip_prefix("cri-containerd-").and_then(|c| c.strip_suffix(".scope")).is_some_and(is_id),
+        _ => is_id(c),
+    };
+    assert!(own.len() == 2 && own.iter().all(|c| named(c)), "{case}: pause and main below {pod_cgroup}: {children}");
     assert!(node["rlimit"]["maxpid"].as_i64().unwrap() > 0, "{case}: {node}");
 
     let metrics = run.read(&format!("{case}/metrics-resource.txt"));
@@ -307,6 +330,58 @@ fn assert_stats(run: &VmRun, case: &str, pod_cgroup: &str) {
     let c_cpu = metric(&metrics, &format!("container_cpu_usage_seconds_total{c_labels}")).unwrap_or_default();
     assert!(c_cpu > 0.0, "{case}: {metrics}");
     assert!(metric(&metrics, "node_memory_working_set_bytes").unwrap_or_default() > pod_ws, "{case}");
+}
+
+/// The system containers on cgroupfs: the agent moved itself into kubeletCgroups, a process
+/// left in the root cgroup went to systemCgroups, and the summary reads both and the runtime's
+/// --runtime-cgroups.
+#[test]
+fn system_containers_kubelet_system_and_runtime_cgroups() {
+    let Some(run) = completed() else { return };
+    assert_eq!(run.read("cgroupfs/gantry-cgroup").trim(), "0::/gantry-kubelet", "{}", run.read("cgroupfs/gantry.log"));
+    assert_eq!(run.read("cgroupfs/stray-cgroup").trim(), "0::/gantry-system", "{}", run.read("cgroupfs/gantry.log"));
+    let summary: serde_json::Value = serde_json::from_str(&run.read("cgroupfs/summary.json")).unwrap();
+    let names: Vec<&str> =
+        summary["node"]["systemContainers"].as_array().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    for name in ["kubelet", "runtime", "misc", "pods"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+}
+
+/// enforceNodeAllocatable [pods, kube-reserved, system-reserved] on systemd: kube.slice gets
+/// kubeReserved's 256Mi as MemoryMax, system.slice systemReserved's 500m as CPUWeight 20.
+#[test]
+fn systemd_driver_reserved_slices_carry_the_reservations() {
+    let Some(run) = completed() else { return };
+    let reserved = run.read("systemd/reserved");
+    let line = |unit: &str| reserved.lines().find(|l| l.starts_with(unit)).unwrap_or_default().to_string();
+    let mib256 = (256u64 << 20).to_string();
+    assert_eq!(line("kube.slice"), format!("kube.slice MemoryMax={mib256} {mib256}"), "{reserved}");
+    assert_eq!(line("system.slice"), "system.slice CPUWeight=20 20", "{reserved}");
+}
+
+/// MemoryQoS (on in the cgroupfs case only): the burstable pod's container gets memory.min
+/// from its 32Mi request and memory.high 90% of the way to its 64Mi limit (page-aligned), its
+/// pod cgroup and the burstable level its request, kubepods the guaranteed and burstable pods'
+/// requests; with the gate off (systemd case) nothing is protected or throttled.
+#[test]
+fn memory_qos_sets_memory_min_and_high() {
+    let Some(run) = completed() else { return };
+    let mi: u64 = 1 << 20;
+    let high = ((32 * mi) as f64 + (32 * mi) as f64 * 0.9) as u64 / 4096 * 4096;
+    let b = container_view(run, "cgroupfs", "burstable");
+    assert_eq!(
+        (b["memory.min"].as_str(), b["memory.high"].clone()),
+        ((32 * mi).to_string().as_str(), high.to_string())
+    );
+    let seen = cgroups(run, "cgroupfs/cgroups-running");
+    let min = |cgroup: String| seen.get(&(cgroup, "memory.min".to_string())).cloned().unwrap_or_default();
+    let uid = &uids(run, "cgroupfs")["burstable"];
+    assert_eq!(min(format!("/kubepods/burstable/pod{uid}")), (32 * mi).to_string());
+    assert_eq!(min("/kubepods/burstable".into()), (32 * mi).to_string(), "the burstable pods' requests");
+    assert_eq!(min("/kubepods".into()), (96 * mi).to_string(), "guaranteed 64Mi + burstable 32Mi");
+    let off = container_view(run, "systemd", "burstable");
+    assert_eq!((off["memory.min"].as_str(), off["memory.high"].as_str()), ("0", "max"), "the gate is off by default");
 }
 
 #[test]

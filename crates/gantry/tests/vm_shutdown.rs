@@ -201,6 +201,25 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
             "{name}"
         );
     }
+    // Upstream's state file under the root directory (copied once more when the shutdown
+    // stopped the guest's script, after Gantry had released its lock: with the end), and the
+    // shutdown start metric (copied while the shutdown ran).
+    let state: serde_json::Value = serde_json::from_str(&run.read("graceful_node_shutdown_state"))
+        .unwrap_or_else(|e| panic!("graceful_node_shutdown_state: {e}\n{}", report()));
+    let start: k8s_openapi::jiff::Timestamp = state["startTime"].as_str().unwrap().parse().unwrap();
+    let end: k8s_openapi::jiff::Timestamp = state["endTime"].as_str().unwrap().parse().unwrap();
+    assert!(start.as_second() > 1_700_000_000, "{state}");
+    let took = end.duration_since(start).as_secs_f64();
+    assert!(took > 3.0 && took <= 45.0 + SLACK, "the pods' stop took {took} s, within shutdownGracePeriod: {state}");
+    let metrics = run.read("shutdown-metrics");
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default();
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    let metric_start = value("kubelet_graceful_shutdown_start_time_seconds");
+    assert!((metric_start - start.as_nanosecond() as f64 / 1e9).abs() < 0.001, "{metrics} vs {state}");
+    assert!(value("kubelet_graceful_shutdown_end_time_seconds") >= 0.0, "{metrics}");
+
     let ready = ready(&Api::<Node>::all(admin.clone()).get(NODE).await.unwrap()).unwrap();
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_deref(), ready.message.as_deref()),

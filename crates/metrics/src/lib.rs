@@ -4,6 +4,7 @@
 //! two nodes in one process count separately; the HTTP handlers encode on demand.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -35,6 +36,11 @@ pub struct ProbeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub code: String,
     pub method: String,
@@ -58,7 +64,18 @@ pub struct Metrics {
     pub runtime_operation_duration: Family<OperationLabels, Histogram>,
     pub rest_client_requests: Family<RequestLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
+    /// The last graceful node shutdown's start and end (seconds since the epoch; 0: none).
+    pub graceful_shutdown_start_time: Gauge<f64, AtomicU64>,
+    pub graceful_shutdown_end_time: Gauge<f64, AtomicU64>,
+    /// Device plugin registrations by resource.
+    pub device_plugin_registrations: Family<ResourceLabels, Counter>,
+    /// How long device plugins take to answer `Allocate`, by resource.
+    pub device_plugin_alloc_duration: Family<ResourceLabels, Histogram>,
 }
+
+/// Prometheus' default buckets (Go's `prometheus.DefBuckets`), which upstream's device plugin
+/// allocation histogram uses.
+const DEFAULT_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -114,6 +131,31 @@ impl Metrics {
             "[ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
             rest_client_requests.clone(),
         );
+        let graceful_shutdown_start_time = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "kubelet_graceful_shutdown_start_time_seconds",
+            "[ALPHA] Last graceful shutdown start time since unix epoch in seconds",
+            graceful_shutdown_start_time.clone(),
+        );
+        let graceful_shutdown_end_time = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "kubelet_graceful_shutdown_end_time_seconds",
+            "[ALPHA] Last graceful shutdown end time since unix epoch in seconds",
+            graceful_shutdown_end_time.clone(),
+        );
+        let device_plugin_registrations = Family::<ResourceLabels, Counter>::default();
+        registry.register(
+            "kubelet_device_plugin_registration",
+            "[ALPHA] Cumulative number of device plugin registrations. Broken down by resource name.",
+            device_plugin_registrations.clone(),
+        );
+        let device_plugin_alloc_duration =
+            Family::<ResourceLabels, Histogram>::new_with_constructor(|| Histogram::new(DEFAULT_BUCKETS));
+        registry.register(
+            "kubelet_device_plugin_alloc_duration_seconds",
+            "[ALPHA] Duration in seconds to serve a device plugin Allocation request. Broken down by resource name.",
+            device_plugin_alloc_duration.clone(),
+        );
         let mut probe_registry = Registry::default();
         let probes = Family::<ProbeLabels, Counter>::default();
         probe_registry.register(
@@ -132,6 +174,10 @@ impl Metrics {
             runtime_operation_duration,
             rest_client_requests,
             probes,
+            graceful_shutdown_start_time,
+            graceful_shutdown_end_time,
+            device_plugin_registrations,
+            device_plugin_alloc_duration,
         }
     }
 
@@ -245,6 +291,25 @@ mod tests {
         assert!(
             probes.contains("prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"app\",pod=\"web\",namespace=\"default\",pod_uid=\"u1\"} 1"),
             "{probes}"
+        );
+    }
+
+    #[test]
+    fn device_plugin_metrics_as_upstream() {
+        let m = Metrics::new();
+        let gpu = ResourceLabels { resource_name: "example.com/gpu".into() };
+        m.device_plugin_registrations.get_or_create(&gpu).inc();
+        m.device_plugin_alloc_duration.get_or_create(&gpu).observe(0.02);
+        let text = m.encode();
+        assert!(
+            text.contains("kubelet_device_plugin_registration_total{resource_name=\"example.com/gpu\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kubelet_device_plugin_alloc_duration_seconds_bucket{le=\"0.025\",resource_name=\"example.com/gpu\"} 1"
+            ),
+            "{text}"
         );
     }
 

@@ -26,6 +26,8 @@ use gantry_agent::source::SourceKind;
 use gantry_agent::status_store::StatusStore;
 use gantry_config::Settings;
 use gantry_metrics::Metrics;
+use gantry_plugins::devices::DeviceManager;
+use gantry_plugins::{podresources, watcher};
 use gantry_server as server;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
@@ -96,10 +98,12 @@ impl Node {
         {
             return Ok(());
         }
-        let shared = connect(settings, self.metrics.clone()).await?;
+        let (devices, device_tasks) = DeviceManager::new(&settings.root_dir, self.metrics.clone());
+        let shared = connect(settings, self.metrics.clone()).await?.with_devices(devices.clone());
         let mut sources = agent::sources(settings);
         let mut supervisor = Supervisor::default();
         spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
+        spawn_plugins(&mut supervisor, settings, &shared, devices, device_tasks);
         let serving_cert = serving_certificate(settings)?;
         let cluster = match settings.kubeconfig {
             Some(_) => {
@@ -274,8 +278,24 @@ fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, 
     Ok(Some(Arc::new(cert)))
 }
 
-/// The status file, image garbage collection and log rotation; the image collector's
-/// reclaimer is for the eviction manager.
+/// Node plugins: the device manager (its registration socket and the plugins' streams), the
+/// plugin watcher, and the pod-resources API.
+fn spawn_plugins(
+    supervisor: &mut Supervisor,
+    settings: &Settings,
+    shared: &Shared,
+    devices: DeviceManager,
+    device_tasks: gantry_plugins::devices::Tasks,
+) {
+    supervisor.spawn("device-manager", device_tasks.run());
+    let handlers = watcher::Handlers { devices: devices.clone() };
+    supervisor.spawn("plugin-watcher", watcher::run(settings.root_dir.clone(), handlers));
+    let pods = Arc::new(AgentPods(shared.statuses.clone()));
+    supervisor.spawn("pod-resources", podresources::serve(settings.root_dir.clone(), pods, devices));
+}
+
+/// The status file, image garbage collection, log rotation and the system containers; the
+/// image collector's reclaimer is for the eviction manager.
 fn spawn_housekeeping(
     supervisor: &mut Supervisor,
     settings: &Settings,
@@ -292,6 +312,9 @@ fn spawn_housekeeping(
     supervisor.spawn("image-gc", collector.run());
     let rotation = gantry_logs::rotation::run(cri.runtime, settings.node_name.clone(), settings.logs.clone());
     supervisor.spawn("log-rotation", rotation);
+    if gantry_agent::system_containers::configured(&settings.pods) {
+        supervisor.spawn("system-containers", gantry_agent::system_containers::run(settings.pods.clone()));
+    }
     images
 }
 
@@ -319,9 +342,17 @@ async fn join_cluster(
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let shutting_down = shared.shutting_down.subscribe();
     let pressure = shared.pressure.subscribe();
-    let node =
-        node_side::start(settings, shared.driver.cri().clone(), startup, &shared.metrics, shutting_down, pressure)
-            .await?;
+    let devices = shared.driver.devices().cloned();
+    let node = node_side::start(
+        settings,
+        shared.driver.cri().clone(),
+        startup,
+        &shared.metrics,
+        shutting_down,
+        pressure,
+        devices,
+    )
+    .await?;
     supervisor.adopt("node-status", node.task);
     supervisor.adopt("event-writer", node.event_writer);
     if let Some(rotation) = node.clients.rotation.clone() {
@@ -367,6 +398,12 @@ impl Cluster {
 struct AgentPods(Arc<StatusStore>);
 
 impl server::PodList for AgentPods {
+    fn pods(&self) -> Vec<Pod> {
+        self.0.all()
+    }
+}
+
+impl podresources::ActivePods for AgentPods {
     fn pods(&self) -> Vec<Pod> {
         self.0.all()
     }

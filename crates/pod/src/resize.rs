@@ -298,6 +298,7 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 256 << 20,
             pids_limit: 0,
+            memory_min: 0,
         };
         // CPU up, memory down: raise CPU first, lower memory last.
         let new = CgroupValues { cpu_shares: 409, cpu_quota: 40_000, memory_limit: 128 << 20, ..old };

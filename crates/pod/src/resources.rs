@@ -24,6 +24,8 @@ pub struct CgroupValues {
     pub memory_limit: i64,
     /// `pids.max`; only pod cgroups get one (`podPidsLimit`).
     pub pids_limit: i64,
+    /// cgroup v2 `memory.min` (MemoryQoS): pod and QoS cgroups only.
+    pub memory_min: i64,
 }
 
 /// Upstream `MilliCPUToShares`.
@@ -59,7 +61,7 @@ pub fn container(c: &Container) -> CgroupValues {
         cpu_quota: quota(cpu.limit.unwrap_or(0), CPU_PERIOD_US),
         cpu_period: CPU_PERIOD_US,
         memory_limit: memory(c).limit.unwrap_or(0) as i64,
-        pids_limit: 0,
+        ..Default::default()
     }
 }
 
@@ -92,7 +94,7 @@ pub fn sandbox(pod: &Pod) -> CgroupValues {
         cpu_quota: quota(pod_total(pod, |c| cpu(c).limit), CPU_PERIOD_US),
         cpu_period: CPU_PERIOD_US,
         memory_limit: pod_total(pod, |c| memory(c).limit) as i64,
-        pids_limit: 0,
+        ..Default::default()
     }
 }
 
@@ -108,7 +110,7 @@ pub fn pod(pod: &Pod) -> CgroupValues {
     let memory_limited = all().all(|c| memory(c).limit.is_some());
     match qos::class(pod) {
         QosClass::Guaranteed => {
-            CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit, pids_limit: 0 }
+            CgroupValues { cpu_shares, cpu_quota, cpu_period: CPU_PERIOD_US, memory_limit, ..Default::default() }
         }
         QosClass::Burstable => CgroupValues {
             cpu_shares,
@@ -116,9 +118,72 @@ pub fn pod(pod: &Pod) -> CgroupValues {
             cpu_period: if cpu_limited { CPU_PERIOD_US } else { 0 },
             memory_limit: if memory_limited { memory_limit } else { 0 },
             pids_limit: 0,
+            memory_min: 0,
         },
         QosClass::BestEffort => CgroupValues { cpu_shares: MIN_SHARES, ..Default::default() },
     }
+}
+
+/// The page size memory.high is rounded down to.
+const PAGE_SIZE: i128 = 4096;
+
+/// A container's cgroup v2 memory protection under MemoryQoS (upstream's
+/// `generateLinuxContainerResources`): `memory.min` = the request; `memory.high` = request +
+/// (limit, else the node's allocatable memory, − request) × `memoryThrottlingFactor`, rounded
+/// down to a page, unless request and limit are equal (no throttling for them) or it would not
+/// be above the request. Returns the `unified` entries.
+pub fn memory_qos(c: &Container, allocatable_memory: i128, throttling_factor: f64) -> Vec<(&'static str, String)> {
+    let m = memory(c);
+    let request = m.request.unwrap_or(0);
+    let limit = m.limit.unwrap_or(0);
+    let mut out = Vec::new();
+    if request != 0 {
+        out.push(("memory.min", request.to_string()));
+    }
+    if request != limit {
+        let ceiling = if limit != 0 { limit } else { allocatable_memory };
+        let high = if ceiling > 0 {
+            let raw = request as f64 + (ceiling - request) as f64 * throttling_factor;
+            (raw / PAGE_SIZE as f64).floor() as i128 * PAGE_SIZE
+        } else {
+            0
+        };
+        if high != 0 && high > request {
+            out.push(("memory.high", high.to_string()));
+        }
+    }
+    out
+}
+
+/// The pod's memory request in bytes (its cgroup's `memory.min` under MemoryQoS).
+pub fn pod_memory_request(pod: &Pod) -> i64 {
+    pod_total(pod, |c| memory(c).request) as i64
+}
+
+/// `memory.min` of the QoS levels under MemoryQoS (upstream's `setMemoryQoS`): the Burstable
+/// level protects its pods' requests, `kubepods` (the Guaranteed level) the Guaranteed and the
+/// Burstable pods' together. Returns (burstable, kubepods).
+pub fn qos_memory_min<'a>(active: impl IntoIterator<Item = &'a Pod>) -> (i64, i64) {
+    let (mut burstable, mut guaranteed) = (0, 0);
+    for pod in active {
+        match qos::class(pod) {
+            QosClass::Burstable => burstable += pod_memory_request(pod),
+            QosClass::Guaranteed => guaranteed += pod_memory_request(pod),
+            QosClass::BestEffort => {}
+        }
+    }
+    (burstable, guaranteed + burstable)
+}
+
+/// The Burstable QoS cgroup's CPU shares (upstream's `setCPUCgroupConfig`): the shares of the
+/// sum of the active Burstable pods' CPU requests, the minimum (2) when they request none.
+pub fn burstable_shares<'a>(active: impl IntoIterator<Item = &'a Pod>) -> i64 {
+    let requested = active
+        .into_iter()
+        .filter(|p| qos::class(p) == QosClass::Burstable)
+        .map(|p| pod_total(p, |c| cpu(c).request))
+        .sum();
+    shares(requested)
 }
 
 /// The size of a memory-backed volume (a `medium: Memory` emptyDir, and the tmpfs under
@@ -198,7 +263,8 @@ mod tests {
                 cpu_quota: 50_000,
                 cpu_period: 100_000,
                 memory_limit: 128 << 20,
-                pids_limit: 0
+                pids_limit: 0,
+                memory_min: 0
             }
         );
         let limit_only = container(&res(&[], &[("cpu", "1")]));
@@ -207,6 +273,48 @@ mod tests {
             container(&res(&[], &[])),
             CgroupValues { cpu_shares: 2, cpu_period: 100_000, ..Default::default() }
         );
+    }
+
+    #[test]
+    fn memory_qos_of_a_container() {
+        let mi = 1i128 << 20;
+        let entries = |c: &Container, allocatable: i128| memory_qos(c, allocatable, 0.9);
+        // Request 64Mi, limit 128Mi: high = 64Mi + 64Mi × 0.9, page-aligned.
+        let c = res(&[("memory", "64Mi")], &[("memory", "128Mi")]);
+        let high = ((64 * mi) as f64 + (64 * mi) as f64 * 0.9) as i128 / 4096 * 4096;
+        assert_eq!(entries(&c, 0), [("memory.min", (64 * mi).to_string()), ("memory.high", high.to_string())]);
+        // Request = limit (Guaranteed-like): protection only.
+        let c = res(&[("memory", "64Mi")], &[("memory", "64Mi")]);
+        assert_eq!(entries(&c, 0), [("memory.min", (64 * mi).to_string())]);
+        // No limit: throttled below the node's allocatable memory.
+        let c = res(&[("memory", "64Mi")], &[]);
+        let high = ((64 * mi) as f64 + (960 * mi) as f64 * 0.9) as i128 / 4096 * 4096;
+        assert_eq!(entries(&c, 1024 * mi), [("memory.min", (64 * mi).to_string()), ("memory.high", high.to_string())]);
+        // Nothing requested, no limit, no allocatable known: nothing.
+        assert!(entries(&res(&[], &[]), 0).is_empty());
+        // A limit only (request defaults to it): protection only.
+        assert_eq!(entries(&res(&[], &[("memory", "32Mi")]), 0), [("memory.min", (32 * mi).to_string())]);
+    }
+
+    #[test]
+    fn qos_levels_memory_min() {
+        let mi = 1i64 << 20;
+        let burstable = pod_of(vec![], vec![res(&[("memory", "64Mi")], &[])]);
+        let guaranteed = pod_of(vec![], vec![res(&[], &[("cpu", "1"), ("memory", "32Mi")])]);
+        let best_effort = pod_of(vec![], vec![res(&[], &[])]);
+        assert_eq!(qos_memory_min([&burstable, &guaranteed, &best_effort]), (64 * mi, 96 * mi));
+        assert_eq!(pod_memory_request(&guaranteed), 32 * mi);
+    }
+
+    #[test]
+    fn burstable_level_shares_sum_the_burstable_pods_requests() {
+        let burstable = |cpu: &str| pod_of(vec![], vec![res(&[("cpu", cpu)], &[])]);
+        let guaranteed = pod_of(vec![], vec![res(&[], &[("cpu", "1"), ("memory", "64Mi")])]);
+        let best_effort = pod_of(vec![], vec![res(&[], &[])]);
+        assert_eq!(burstable_shares([&burstable("100m"), &burstable("200m")]), 307, "300m");
+        assert_eq!(burstable_shares([&burstable("100m"), &guaranteed, &best_effort]), 102, "Burstable pods only");
+        assert_eq!(burstable_shares([&guaranteed]), 2, "none: the minimum");
+        assert_eq!(burstable_shares([]), 2);
     }
 
     #[test]

@@ -61,7 +61,7 @@ struct Inner {
     root_dir: PathBuf,
     pod_logs_dir: PathBuf,
     /// How pod cgroups are named (None without `cgroupsPerQOS`), for the stats.
-    pod_cgroups: Option<gantry_config::PodSettings>,
+    cgroups: gantry_config::PodSettings,
     /// The runtime's unix socket, whose server is the `runtime` system container.
     runtime_socket: Option<PathBuf>,
     /// The `KubeletPSI` gate: pressure stall information in the summary.
@@ -95,7 +95,7 @@ impl ServerState {
                 pods,
                 root_dir: settings.root_dir.clone(),
                 pod_logs_dir: settings.pod_logs_dir.clone(),
-                pod_cgroups: settings.pods.cgroups_per_qos.then(|| settings.pods.clone()),
+                cgroups: settings.pods.clone(),
                 runtime_socket: settings.container_runtime_endpoint.strip_prefix("unix://").map(PathBuf::from),
                 psi: settings.feature_gates.enabled(gantry_config::Gate::KubeletPSI),
                 host_ip,
@@ -130,8 +130,14 @@ impl ServerState {
         &self.inner.pod_logs_dir
     }
 
+    /// How pod cgroups are named; None without `cgroupsPerQOS` (pods have none of their own).
     pub fn pod_cgroups(&self) -> Option<&gantry_config::PodSettings> {
-        self.inner.pod_cgroups.as_ref()
+        self.inner.cgroups.cgroups_per_qos.then_some(&self.inner.cgroups)
+    }
+
+    /// The cgroup settings, with the system containers' names (`kubeletCgroups`, …).
+    pub fn cgroups(&self) -> &gantry_config::PodSettings {
+        &self.inner.cgroups
     }
 
     pub fn runtime_socket(&self) -> Option<&std::path::Path> {

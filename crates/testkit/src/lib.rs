@@ -6,6 +6,8 @@
 //!   torn down (pods, shims, mounts, bridge) on drop;
 //! - [`FakeCri`]: a scriptable in-process CRI runtime for fast agent tests (no containerd,
 //!   no root), with [`ManualClock`] for tests on tokio's paused clock;
+//! - [`TestDevicePlugin`]: a small device plugin (real gRPC on a unix socket, devices that are
+//!   files, one can be marked unhealthy, every call recorded);
 //! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
 //!   Gantry against;
 //! - [`vm`]: a throwaway systemd VM on cgroup v2 (`scripts/vm`), for tests that need a
@@ -26,6 +28,7 @@ pub mod cni;
 pub mod config;
 pub mod containerd;
 pub mod cri;
+pub mod device_plugin;
 pub mod error;
 pub mod fake_cri;
 pub mod images;
@@ -35,6 +38,7 @@ pub mod raw;
 pub mod vm;
 
 pub use containerd::{Containerd, ContainerdOptions};
+pub use device_plugin::{PluginCall, TestDevicePlugin};
 pub use error::{Result, TestkitError};
 pub use fake_cri::{FakeCri, ManualClock};
 pub use images::{BUSYBOX_IMAGE, PAUSE_IMAGE};

@@ -62,6 +62,8 @@ pub enum AgentError {
     Systemd(#[from] crate::runtime::systemd::SystemdError),
     #[error(transparent)]
     CgroupDriver(#[from] crate::runtime::cgroups::DriverMismatch),
+    #[error(transparent)]
+    Reserved(#[from] crate::runtime::cgroups::ReservedError),
 }
 
 /// The `kubepods` limits for this machine (node allocatable enforcement).
@@ -158,6 +160,7 @@ impl Shared {
         .with_pod_settings(settings.pods.clone(), kubepods_limits(settings, capacity))
         .await?;
         driver.check_runtime_cgroup_driver().await?;
+        driver.enforce_reserved(settings).await?;
         let events = crate::events::Recorder::default();
         let allocations = allocation::Allocations::load(&settings.root_dir, allocatable);
         Ok(Arc::new(Shared {
@@ -174,6 +177,13 @@ impl Shared {
             shutting_down: tokio::sync::watch::Sender::new(false),
             pressure: tokio::sync::watch::Sender::new(Default::default()),
         }))
+    }
+
+    /// The same, with pods getting their devices from `devices` (device plugins).
+    pub fn with_devices(self: Arc<Self>, devices: gantry_plugins::devices::DeviceManager) -> Arc<Self> {
+        let mut shared = Arc::into_inner(self).expect("with_devices is called before workers start");
+        shared.driver = shared.driver.with_devices(devices);
+        Arc::new(shared)
     }
 
     /// The same, reporting to the API server through `client` (cluster mode).
@@ -249,6 +259,8 @@ pub struct Agent {
     last_gc: Instant,
     /// Pods being deleted through the API whose termination already ran.
     finished: std::collections::HashSet<String>,
+    /// What the QoS cgroups were last given (None: to be set).
+    qos: Option<crate::runtime::cgroups::QosWanted>,
     /// The static pods, for the mirror pod manager.
     statics: tokio::sync::watch::Sender<Vec<Pod>>,
     /// Pods to stop for the node's shutdown or an eviction.
@@ -316,6 +328,7 @@ impl Agent {
             fingerprints: HashMap::new(),
             last_gc: Instant::now(),
             finished: Default::default(),
+            qos: None,
             statics: tokio::sync::watch::Sender::new(Vec::new()),
             kills_tx,
             kills_rx,
@@ -352,7 +365,10 @@ impl Agent {
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                Some(update) = updates.recv() => self.apply(update),
+                Some(update) = updates.recv() => {
+                    self.apply(update);
+                    self.update_qos_cgroups().await;
+                }
                 Some(uid) = self.done_rx.recv() => {
                     self.workers.remove(&uid);
                     if self.shared.allocations.remove(&uid) {
@@ -363,6 +379,7 @@ impl Agent {
                         self.publish_statics();
                     }
                     self.reconcile();
+                    self.update_qos_cgroups().await;
                 }
                 Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
@@ -494,14 +511,42 @@ impl Agent {
         if sources_ready {
             // Pods removed while the agent was down leave no allocation behind.
             self.shared.allocations.retain(|uid| self.workers.contains_key(uid) || self.desired.contains_key(uid));
+            let active = self.workers.keys().chain(self.desired.keys()).cloned().collect();
+            self.shared.driver.retain_devices(&active);
         }
         if self.last_gc.elapsed() >= GC_PERIOD {
             self.last_gc = Instant::now();
+            // Upstream sets the QoS levels again every minute, whatever changed them.
+            self.qos = None;
+            self.update_qos_cgroups().await;
             self.collect_garbage(&snapshot.pods).await;
             if sources_ready {
                 let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
                 self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
             }
+        }
+    }
+
+    /// The Burstable QoS level's CPU shares follow the active Burstable pods' CPU requests
+    /// (upstream's `UpdateQOSCgroups`), set when they change: a new pod counts before its
+    /// worker creates its cgroup, a removed one stops counting.
+    async fn update_qos_cgroups(&mut self) {
+        let terminal = |p: &Pod| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            matches!(phase, Some("Succeeded" | "Failed"))
+        };
+        let active: Vec<&Pod> = self
+            .desired
+            .iter()
+            .filter(|(uid, p)| !self.finished.contains(*uid) && !terminal(p))
+            .map(|(_, p)| p.as_ref())
+            .collect();
+        let want = crate::runtime::cgroups::QosWanted {
+            burstable_shares: gantry_pod::resources::burstable_shares(active.iter().copied()),
+            memory_min: gantry_pod::resources::qos_memory_min(active.iter().copied()),
+        };
+        if self.qos != Some(want) && self.shared.driver.update_qos_cgroups(want).await {
+            self.qos = Some(want);
         }
     }
 

@@ -178,7 +178,8 @@ impl Worker {
         if let Some(message) = gantry_pod::eviction::refuse_admission(pressure, &self.pod) {
             return Err((gantry_pod::eviction::REASON, message));
         }
-        self.shared.driver.admit(&self.pod)
+        self.shared.driver.admit(&self.pod)?;
+        self.shared.driver.admit_devices(&self.pod).await
     }
 
     /// A rejected pod never starts: it fails with the reason, and waits to be removed.
@@ -506,6 +507,11 @@ impl Worker {
         {
             self.shared.metrics.pod_start_duration.observe(seen.elapsed().as_secs_f64());
         }
+        // A finished pod is no longer active: its devices are free for others (upstream's
+        // device manager counts only active pods).
+        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            self.shared.driver.release_devices(spec::uid(&self.pod));
+        }
         self.shared.statuses.set(&self.desired, status);
     }
 
@@ -572,6 +578,7 @@ impl Worker {
             }
         }
         self.shared.statuses.remove(&uid);
+        self.shared.driver.release_devices(&uid);
         tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = %uid, "pod stopped and removed");
         if let Some(api) = &self.shared.api
             && gantry_vocab::keys::is_api_pod(&self.pod)

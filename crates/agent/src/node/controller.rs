@@ -28,6 +28,7 @@ use crate::api::ApiError;
 use crate::events::Recorder as EventRecorder;
 use crate::image::node_images::{MAX_IMAGES, node_images};
 use gantry_config::Settings;
+use gantry_plugins::devices::DeviceManager;
 
 /// Backoff of registration, lease and failed status reports.
 pub const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -104,6 +105,8 @@ pub struct NodeController {
     request_timeout: Duration,
     /// True while the node shuts down (graceful node shutdown).
     shutting_down: watch::Receiver<bool>,
+    /// The device plugins' resources, when device plugins are served.
+    devices: Option<DeviceManager>,
 }
 
 /// What one status pass observed (the owned half of [`NodeInputs`]).
@@ -113,6 +116,7 @@ struct Observed {
     pressure: Pressure,
     addresses: Result<Vec<NodeAddress>, AddressError>,
     images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
+    devices: gantry_plugins::devices::Capacity,
     now: Timestamp,
 }
 
@@ -135,6 +139,14 @@ fn code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
+    }
+}
+
+/// Completes when `rx` sees a change; never without one (or once its sender is gone).
+async fn changed(rx: &mut Option<watch::Receiver<u64>>) {
+    let Some(rx) = rx else { return std::future::pending().await };
+    if rx.changed().await.is_err() {
+        std::future::pending().await
     }
 }
 
@@ -177,7 +189,14 @@ impl NodeController {
             detector: tokio::sync::Mutex::new(AddressDetector::default()),
             request_timeout,
             shutting_down,
+            devices: None,
         }
+    }
+
+    /// The Node reports the device plugins' resources of `devices`, and its status is synced
+    /// as soon as they change.
+    pub fn with_devices(self, devices: DeviceManager) -> Self {
+        NodeController { devices: Some(devices), ..self }
     }
 
     /// The Node's UID as last seen (`None` until known).
@@ -293,7 +312,8 @@ impl NodeController {
                 None
             }
         };
-        Observed { runtime_version, runtime_errors, pressure, addresses, images, now }
+        let devices = self.devices.as_ref().map(DeviceManager::capacity).unwrap_or_default();
+        Observed { runtime_version, runtime_errors, pressure, addresses, images, devices, now }
     }
 
     fn inputs<'a>(&'a self, o: &'a Observed) -> NodeInputs<'a> {
@@ -307,6 +327,7 @@ impl NodeController {
             pressure: o.pressure,
             addresses: o.addresses.clone(),
             images: o.images.clone(),
+            devices: o.devices.clone(),
             now: o.now,
         }
     }
@@ -413,6 +434,7 @@ impl NodeController {
         let mut backoff = BACKOFF_START;
         let period = self.settings.node_status_update_frequency;
         let mut shutting_down = self.shutting_down.clone();
+        let mut devices = self.devices.as_ref().map(DeviceManager::changes);
         let mut pressure = self.pressure.clone();
         loop {
             let wait = match self.sync_status(&mut state).await {
@@ -434,6 +456,7 @@ impl NodeController {
                 () = self.runtime_changed.notified() => {}
                 // Upstream syncs the node status as soon as a shutdown starts.
                 Ok(()) = shutting_down.changed() => {}
+                () = changed(&mut devices) => {}
                 // A pressure condition shows as soon as the eviction manager sees it.
                 Ok(()) = pressure.changed() => {}
             }

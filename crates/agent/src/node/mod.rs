@@ -101,6 +101,7 @@ pub async fn start(
     metrics: &std::sync::Arc<gantry_metrics::Metrics>,
     shutting_down: watch::Receiver<bool>,
     pressure: watch::Receiver<status::Pressure>,
+    devices: Option<gantry_plugins::devices::DeviceManager>,
 ) -> Result<NodeAgent, NodeError> {
     if let Some(paths) = bootstrap_paths(settings) {
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
@@ -120,8 +121,11 @@ pub async fn start(
     }
     // Pod and node events share one recorder: one writer task, one correlator.
     let (events, event_writer) = crate::events::Recorder::to_api(clients.client.clone(), node);
-    let controller =
+    let mut controller =
         NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
+    if let Some(devices) = devices {
+        controller = controller.with_devices(devices);
+    }
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();
     let addresses = controller.addresses();

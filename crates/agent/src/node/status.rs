@@ -82,6 +82,8 @@ pub struct NodeInputs<'a> {
     pub addresses: Result<Vec<NodeAddress>, super::addresses::AddressError>,
     /// `status.images`; `None` when the images could not be listed (the previous ones are kept).
     pub images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
+    /// The device plugins' resources (extended resources).
+    pub devices: gantry_plugins::devices::Capacity,
     pub now: Timestamp,
 }
 
@@ -435,6 +437,7 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
         hugepages.into_iter().map(|(name, bytes)| (name, Quantity(quantity::format_binary_bytes(bytes)))).collect();
     status.capacity.get_or_insert_with(BTreeMap::new).extend(cap.to_map().into_iter().chain(hugepages.clone()));
     status.allocatable.get_or_insert_with(BTreeMap::new).extend(alloc.to_map().into_iter().chain(hugepages));
+    set_device_resources(&mut status, &inputs.devices);
 
     let previous_boot = previous.node_info.as_ref().map(|i| i.boot_id.as_str()).unwrap_or_default();
     if !previous_boot.is_empty() && previous_boot != inputs.facts.boot_id {
@@ -460,6 +463,27 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
     }
     set_ready(conditions, &capacity_now, &errors, node, inputs.now, &mut events);
     (status, events)
+}
+
+/// The device plugins' resources (upstream's `MachineInfo` setter): capacity counts every
+/// device, allocatable the healthy ones; a resource whose plugin is gone for good stays at 0
+/// rather than disappearing, so that it is still told from a cluster-level extended resource.
+fn set_device_resources(status: &mut NodeStatus, devices: &gantry_plugins::devices::Capacity) {
+    let count = |n: i64| Quantity(n.to_string());
+    let capacity = status.capacity.get_or_insert_with(BTreeMap::new);
+    for (name, a) in &devices.resources {
+        capacity.insert(name.clone(), count(a.capacity));
+    }
+    for name in &devices.removed {
+        capacity.insert(name.clone(), count(0));
+    }
+    let allocatable = status.allocatable.get_or_insert_with(BTreeMap::new);
+    for (name, a) in &devices.resources {
+        allocatable.insert(name.clone(), count(a.allocatable));
+    }
+    for name in &devices.removed {
+        allocatable.insert(name.clone(), count(0));
+    }
 }
 
 /// The Node to create on registration (upstream `initialNode`), and the
@@ -582,11 +606,19 @@ pub fn should_report(
 /// replaced as a whole when they changed (their merge key is wrong upstream,
 /// so upstream sends `$patch: replace` too).
 pub fn status_patch(old: &NodeStatus, new: &NodeStatus) -> Value {
-    let owned_resources = |m: &Option<BTreeMap<String, Quantity>>| -> Value {
+    // The agent's own resources, and extended resources that changed (the device plugins'):
+    // one someone else set is left as it is.
+    let owned_resources = |old: &Option<BTreeMap<String, Quantity>>, new: &Option<BTreeMap<String, Quantity>>| {
         let mut out = serde_json::Map::new();
         for r in OWNED_RESOURCES {
-            if let Some(q) = m.as_ref().and_then(|m| m.get(r)) {
+            if let Some(q) = new.as_ref().and_then(|m| m.get(r)) {
                 out.insert(r.to_string(), Value::String(q.0.clone()));
+            }
+        }
+        for (r, q) in new.iter().flatten() {
+            let changed = old.as_ref().and_then(|m| m.get(r)) != Some(q);
+            if changed && gantry_plugins::devices::is_extended_resource_name(r) {
+                out.insert(r.clone(), Value::String(q.0.clone()));
             }
         }
         Value::Object(out)
@@ -599,8 +631,8 @@ pub fn status_patch(old: &NodeStatus, new: &NodeStatus) -> Value {
         .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
         .collect();
     let mut status = serde_json::Map::new();
-    status.insert("capacity".into(), owned_resources(&new.capacity));
-    status.insert("allocatable".into(), owned_resources(&new.allocatable));
+    status.insert("capacity".into(), owned_resources(&old.capacity, &new.capacity));
+    status.insert("allocatable".into(), owned_resources(&old.allocatable, &new.allocatable));
     status.insert("conditions".into(), Value::Array(conditions));
     if let Some(info) = &new.node_info {
         status.insert("nodeInfo".into(), serde_json::to_value(info).unwrap_or(Value::Null));

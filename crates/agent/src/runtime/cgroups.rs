@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use gantry_config::{CgroupDriver, PodSettings};
+use std::collections::BTreeMap;
+
+use gantry_config::{CgroupDriver, PodSettings, ReservedLimits};
 use gantry_pod::qos::{self, QosClass};
 use gantry_pod::resources::{self, CgroupValues};
+use gantry_vocab::quantity;
 use gantry_vocab::spec;
 
 /// The cgroups a pod needs, outermost first.
@@ -72,6 +75,95 @@ pub fn qos_paths(settings: &PodSettings) -> Vec<String> {
         .collect()
 }
 
+/// What the QoS levels should get for the active pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QosWanted {
+    /// The Burstable level's CPU shares (upstream's `setCPUCgroupConfig`).
+    pub burstable_shares: i64,
+    /// `memory.min` of the Burstable level and of `kubepods` under MemoryQoS
+    /// (upstream's `setMemoryQoS`).
+    pub memory_min: (i64, i64),
+}
+
+/// The QoS levels' values: the Burstable level gets `burstable_shares`, the BestEffort level
+/// the minimum shares; with `memory_min` (MemoryQoS), the Burstable level and `kubepods` get
+/// their `memory.min` (a zero one is left alone, as upstream).
+pub fn qos_levels(
+    settings: &PodSettings,
+    burstable_shares: i64,
+    memory_min: Option<(i64, i64)>,
+) -> Vec<(String, CgroupValues)> {
+    let (burstable_min, kubepods_min) = memory_min.unwrap_or_default();
+    let mut levels = vec![
+        (
+            settings.cgroup_name(&["kubepods", "burstable"]),
+            CgroupValues { cpu_shares: burstable_shares, memory_min: burstable_min, ..Default::default() },
+        ),
+        (
+            settings.cgroup_name(&["kubepods", "besteffort"]),
+            CgroupValues { cpu_shares: resources::shares(0), ..Default::default() },
+        ),
+    ];
+    if kubepods_min > 0 {
+        levels.push((
+            settings.cgroup_name(&["kubepods"]),
+            CgroupValues { memory_min: kubepods_min, ..Default::default() },
+        ));
+    }
+    levels
+}
+
+/// A reserved cgroup's limits as upstream's `getCgroupConfig` computes them from the
+/// reservation: CPU shares, and unless only compressible resources are enforced, the memory
+/// limit and PIDs. None for an empty reservation (upstream: "not configured properly").
+pub fn reserved_values(reserved: &BTreeMap<String, String>, limits: ReservedLimits) -> Option<CgroupValues> {
+    if reserved.is_empty() || limits == ReservedLimits::Off {
+        return None;
+    }
+    // The quantities were validated with the configuration.
+    let units = |name: &str| reserved.get(name).and_then(|q| quantity::parse_units(q).ok()).map_or(0, |v| v as i64);
+    let mut values = CgroupValues::default();
+    if let Some(cpu) = reserved.get("cpu").and_then(|q| quantity::parse_milli(q).ok()) {
+        values.cpu_shares = resources::shares(cpu);
+    }
+    if limits == ReservedLimits::All {
+        values.memory_limit = units("memory");
+        values.pids_limit = units("pid");
+    }
+    Some(values)
+}
+
+/// Why a reserved cgroup's limits could not be enforced (a start-up error, as upstream).
+#[derive(Debug, thiserror::Error)]
+#[error("Failed to enforce {which} Cgroup Limits on {cgroup:?}: {problem}")]
+pub struct ReservedError {
+    /// `Kube Reserved` or `System Reserved`.
+    pub which: &'static str,
+    pub cgroup: String,
+    #[source]
+    pub problem: ReservedProblem,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReservedProblem {
+    #[error("{0:?} cgroup is not configured properly")]
+    NotConfigured(String),
+    #[error("cgroup {cgroup:?} has some missing paths: {paths}")]
+    Missing { cgroup: String, paths: String },
+    #[error(transparent)]
+    Update(#[from] io::Error),
+}
+
+/// The directories an existing cgroup has on the hierarchy (each v1 controller's on v1) that
+/// are missing, as upstream's `Validate` lists them.
+pub fn missing_paths(mount: &Path, hierarchy: Hierarchy, path: &str) -> Vec<PathBuf> {
+    let roots = match hierarchy {
+        Hierarchy::V2 => vec![mount.to_path_buf()],
+        Hierarchy::V1 => ["cpu", "memory", "pids"].iter().map(|c| mount.join(c)).filter(|d| d.is_dir()).collect(),
+    };
+    roots.into_iter().map(|r| r.join(path.trim_start_matches('/'))).filter(|d| !d.is_dir()).collect()
+}
+
 /// The pod UID a child cgroup of a QoS level belongs to: `pod<uid>` (cgroupfs) or
 /// `kubepods-burstable-pod<uid with underscores>.slice` (systemd).
 fn pod_uid(driver: CgroupDriver, child: &str) -> Option<String> {
@@ -117,6 +209,15 @@ pub fn mismatch_in_sandbox_error(ours: CgroupDriver, message: &str) -> Option<Dr
     let systemd_wants_slice = message.contains("expected cgroupsPath to be of format") && message.contains("systemd");
     (ours == CgroupDriver::Cgroupfs && systemd_wants_slice)
         .then_some(DriverMismatch { ours, runtime: CgroupDriver::Systemd })
+}
+
+/// The mismatch the other way round, which the sandbox's creation does not reveal: containerd
+/// 1.6 passes a `.slice` parent to runc in systemd's `slice:prefix:id` form, and runc under its
+/// cgroupfs driver takes that as a relative path below its own cgroup, so the sandbox's process
+/// (`/proc/<pid>/cgroup`) ends up outside the pod's slice `parent`.
+pub fn mismatch_in_sandbox_cgroup(ours: CgroupDriver, parent: &str, proc_cgroup: &str) -> Option<DriverMismatch> {
+    let inside = proc_cgroup.lines().any(|l| l.splitn(3, ':').nth(2).is_some_and(|path| path.starts_with(parent)));
+    (ours == CgroupDriver::Systemd && !inside).then_some(DriverMismatch { ours, runtime: CgroupDriver::Cgroupfs })
 }
 
 /// The cgroup file system.
@@ -305,6 +406,9 @@ impl CgroupFs for CgroupV2 {
         if v.memory_limit > 0 {
             write(&dir, "memory.max", v.memory_limit)?;
         }
+        if v.memory_min > 0 {
+            write(&dir, "memory.min", v.memory_min)?;
+        }
         if v.pids_limit != 0 {
             write(&dir, "pids.max", pids_max(v.pids_limit))?;
         }
@@ -325,6 +429,29 @@ pub use gantry_config::{CGROUP_MOUNT as MOUNT, Hierarchy, cgroup_hierarchy as hi
 
 /// Upstream's warning (and event message) on a cgroup v1 node.
 pub const V1_DEPRECATED: &str = "cgroup v1 detected. cgroup v1 support has been transitioned into maintenance mode, please plan for the migration towards cgroup v2. More information at https://git.k8s.io/enhancements/keps/sig-node/4569-cgroup-v1-maintenance-mode";
+
+/// Moves process `pid` into the cgroup `path` (a cgroupfs path, which must exist) in every
+/// hierarchy.
+pub fn attach(mount: &Path, hierarchy: Hierarchy, path: &str, pid: u32) -> io::Result<()> {
+    let roots = match hierarchy {
+        Hierarchy::V2 => vec![mount.to_path_buf()],
+        Hierarchy::V1 => CgroupV1::new(mount).hierarchies(),
+    };
+    for root in roots {
+        write(&root.join(path.trim_start_matches('/')), "cgroup.procs", pid)?;
+    }
+    Ok(())
+}
+
+/// The processes directly in the root cgroup (on v1, the memory hierarchy's root).
+pub fn root_processes(mount: &Path, hierarchy: Hierarchy) -> io::Result<Vec<u32>> {
+    let root = match hierarchy {
+        Hierarchy::V2 => mount.to_path_buf(),
+        Hierarchy::V1 => mount.join("memory"),
+    };
+    let text = std::fs::read_to_string(root.join("cgroup.procs"))?;
+    Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}
 
 /// The node's cgroup file system for the cgroupfs driver, on either hierarchy.
 pub fn detect() -> Option<Box<dyn CgroupFs>> {
@@ -439,6 +566,52 @@ mod tests {
     }
 
     #[test]
+    fn reserved_cgroup_values() {
+        let reserved: BTreeMap<String, String> =
+            [("cpu", "500m"), ("memory", "256Mi"), ("pid", "1000")].map(|(k, v)| (k.into(), v.into())).into();
+        let all = reserved_values(&reserved, ReservedLimits::All).unwrap();
+        assert_eq!((all.cpu_shares, all.memory_limit, all.pids_limit), (512, 256 << 20, 1000));
+        let cpu = reserved_values(&reserved, ReservedLimits::CpuOnly).unwrap();
+        assert_eq!((cpu.cpu_shares, cpu.memory_limit, cpu.pids_limit), (512, 0, 0), "compressible only");
+        assert_eq!(reserved_values(&BTreeMap::new(), ReservedLimits::All), None);
+        assert_eq!(reserved_values(&reserved, ReservedLimits::Off), None);
+    }
+
+    #[test]
+    fn missing_reserved_cgroups_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("system.slice")).unwrap();
+        assert!(missing_paths(dir.path(), Hierarchy::V2, "/system.slice").is_empty());
+        assert_eq!(missing_paths(dir.path(), Hierarchy::V2, "/kube.slice"), [dir.path().join("kube.slice")]);
+    }
+
+    #[test]
+    fn systemd_parent_under_a_cgroupfs_runtime_is_a_mismatch() {
+        let parent = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice";
+        let stray = "0::/system.slice/containerd.service/kubepods-besteffort-pod1.slice:cri-containerd:ab\n";
+        let m = mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, parent, stray).unwrap();
+        let text = m.to_string();
+        assert!(text.contains("cgroupDriver is \"systemd\"") && text.contains("SystemdCgroup = false"), "{text}");
+        let inside = format!("0::{parent}/cri-containerd-ab.scope\n");
+        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Systemd, parent, &inside), None);
+        assert_eq!(mismatch_in_sandbox_cgroup(CgroupDriver::Cgroupfs, parent, stray), None);
+    }
+
+    #[test]
+    fn qos_levels_get_their_shares() {
+        let s = PodSettings { cgroup_root: "/r".into(), ..Default::default() };
+        let levels = qos_levels(&s, 307, None);
+        let [(burstable, b), (besteffort, be)] = &levels[..] else { panic!("{levels:?}") };
+        assert_eq!((burstable.as_str(), b.cpu_shares), ("/r/kubepods/burstable", 307));
+        assert_eq!((besteffort.as_str(), be.cpu_shares), ("/r/kubepods/besteffort", 2));
+        assert_eq!((b.memory_limit, b.cpu_quota, b.pids_limit, b.memory_min), (0, 0, 0, 0), "nothing else is set");
+        // MemoryQoS: the Burstable level and kubepods protect their pods' requests.
+        let levels = qos_levels(&s, 307, Some((64, 96)));
+        assert_eq!(levels[0].1.memory_min, 64);
+        assert_eq!(levels[2], ("/r/kubepods".to_string(), CgroupValues { memory_min: 96, ..Default::default() }));
+    }
+
+    #[test]
     fn without_cgroups_per_qos_the_root_is_the_parent() {
         let s = PodSettings { cgroups_per_qos: false, cgroup_root: "/pods".into(), ..Default::default() };
         assert_eq!(plan(&s, None, &pod(&[], &[])), PodCgroups { parent: "/pods".into(), create: vec![] });
@@ -461,6 +634,7 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 1 << 20,
             pids_limit: 0,
+            memory_min: 0,
         };
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
@@ -494,9 +668,11 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 1 << 20,
             pids_limit: 42,
+            memory_min: 1 << 19,
         };
         fs.ensure("/kubepods/podx", Some(&values)).unwrap();
         let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+        assert_eq!(read("kubepods/podx/memory.min"), (1 << 19).to_string(), "MemoryQoS");
         // A plain file stands in for the kernel's; it keeps the last write.
         assert_eq!(read("cgroup.subtree_control"), "+cpu +cpuset +pids +io", "only what is offered and missing");
         assert_eq!(read("kubepods/podx/cpu.weight"), "39", "1 CPU");
@@ -505,7 +681,7 @@ mod tests {
         assert_eq!(read("kubepods/podx/pids.max"), "42");
         assert_eq!(fs.children("/kubepods"), ["podx"]);
         std::fs::create_dir(root.join("kubepods/podx/container")).unwrap();
-        for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
+        for f in ["cpu.weight", "cpu.max", "memory.max", "memory.min", "pids.max"] {
             std::fs::remove_file(root.join("kubepods/podx").join(f)).unwrap();
         }
         fs.remove("/kubepods/podx").unwrap();

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use gantry_cri::api;
+use gantry_plugins::devices::RunOptions;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::downward;
@@ -154,6 +155,11 @@ pub struct ContainerContext<'a> {
     /// `memory.oom.group=1` in the CRI `unified` settings: the kernel's OOM killer stops the
     /// whole container (cgroup v2 unless `singleProcessOOMKill`).
     pub oom_group: bool,
+    /// MemoryQoS (the gate, on cgroup v2): `memoryThrottlingFactor` for the container's
+    /// `memory.min`/`memory.high` in `unified` (relative to `node_allocatable`'s memory).
+    pub memory_qos: Option<f64>,
+    /// What the device plugins give the container (envs, mounts, devices, annotations).
+    pub devices: RunOptions,
 }
 
 /// Why a container's CRI config cannot be built (upstream's `CreateContainerConfigError`).
@@ -173,7 +179,7 @@ pub fn container_config(
     ctx: ContainerContext,
 ) -> Result<api::ContainerConfig, ContainerConfigError> {
     let (name, namespace, uid) = (spec::name(pod), spec::namespace(pod), spec::uid(pod));
-    let annotations = HashMap::from([
+    let mut annotations = HashMap::from([
         (labels::CONTAINER_HASH.to_string(), spec::container_hash(c)),
         (labels::RESTART_COUNT.to_string(), ctx.attempt.to_string()),
         (labels::GRACE_PERIOD.to_string(), spec::termination_grace_seconds(pod).to_string()),
@@ -195,14 +201,31 @@ pub fn container_config(
     if ctx.oom_group {
         resources.unified.insert("memory.oom.group".into(), "1".into());
     }
+    if let Some(factor) = ctx.memory_qos {
+        let entries = resources::memory_qos(c, ctx.node_allocatable.1, factor);
+        resources.unified.extend(entries.into_iter().map(|(k, v)| (k.to_string(), v)));
+    }
+    // As upstream: the devices' envs and mounts come first, the container's own after them.
+    let RunOptions { envs: device_envs, mounts: device_mounts, devices, annotations: device_annotations, cdi_devices } =
+        ctx.devices;
+    for (key, value) in device_annotations {
+        annotations.entry(key).or_insert(value);
+    }
+    let envs = device_envs
+        .into_iter()
+        .chain(resolved.envs.into_iter().map(|(key, value)| api::KeyValue { key, value }))
+        .collect();
+    let mounts = device_mounts.into_iter().chain(ctx.mounts).collect();
     Ok(api::ContainerConfig {
         metadata: Some(api::ContainerMetadata { name: c.name.clone(), attempt: ctx.attempt }),
         image: Some(api::ImageSpec { image: c.image.clone().unwrap_or_default(), ..Default::default() }),
         command: resolved.command,
         args: resolved.args,
         working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs: resolved.envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect(),
-        mounts: ctx.mounts,
+        envs,
+        mounts,
+        devices,
+        cdi_devices,
         labels: labels::container(ctx.node, name, namespace, uid, &c.name),
         annotations,
         log_path: container_log_path(&c.name, ctx.attempt),
@@ -280,16 +303,13 @@ mod tests {
         assert_eq!(cfg.hostname, "web-node1");
     }
 
-    #[test]
-    fn container_config_resolves_env_and_log_path() {
-        let p = pod();
-        let c = &p.spec.as_ref().unwrap().containers[0];
-        let ctx = ContainerContext {
+    fn context(devices: RunOptions) -> ContainerContext<'static> {
+        ContainerContext {
             node: "node1",
             attempt: 3,
             pod_ip: None,
             host_ip: None,
-            mounts: vec![],
+            mounts: vec![api::Mount { container_path: "/data".into(), ..Default::default() }],
             env_objects: EnvObjects::default(),
             node_allocatable: (0, 1 << 30),
             memory_capacity: 1 << 30,
@@ -300,11 +320,78 @@ mod tests {
                 seccomp_root: Path::new("/s"),
             },
             target_id: None,
-            oom_group: true,
+            oom_group: false,
+            memory_qos: None,
+            devices,
+        }
+    }
+
+    #[test]
+    fn device_plugin_options_come_before_the_containers_own() {
+        let p = pod();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let devices = RunOptions {
+            envs: vec![api::KeyValue { key: "GPU".into(), value: "gpu-0".into() }],
+            mounts: vec![api::Mount {
+                container_path: "/dev/gpu0".into(),
+                host_path: "/h/gpu0".into(),
+                ..Default::default()
+            }],
+            devices: vec![api::Device {
+                container_path: "/dev/x".into(),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            }],
+            annotations: [
+                ("vendor/gpu".to_string(), "gpu-0".to_string()),
+                (labels::CONTAINER_HASH.to_string(), "not the kubelet's".to_string()),
+            ]
+            .into(),
+            cdi_devices: vec![api::CdiDevice { name: "vendor.com/gpu=0".into() }],
         };
-        let cfg = container_config(&p, c, ctx).unwrap();
+        let cfg = container_config(&p, c, context(devices)).unwrap();
+        let env: Vec<&str> = cfg.envs.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(env, ["GPU", "A", "POD"]);
+        let mounts: Vec<&str> = cfg.mounts.iter().map(|m| m.container_path.as_str()).collect();
+        assert_eq!(mounts, ["/dev/gpu0", "/data"]);
+        assert_eq!(cfg.devices[0].container_path, "/dev/x");
+        assert_eq!(cfg.cdi_devices[0].name, "vendor.com/gpu=0");
+        assert_eq!(cfg.annotations["vendor/gpu"], "gpu-0");
+        assert_eq!(
+            cfg.annotations[labels::CONTAINER_HASH],
+            spec::container_hash(c),
+            "the kubelet's own annotations win"
+        );
+        // Without devices, nothing is added.
+        let cfg = container_config(&p, c, context(RunOptions::default())).unwrap();
+        assert!(cfg.devices.is_empty() && cfg.cdi_devices.is_empty());
+        assert_eq!(cfg.mounts.len(), 1);
+    }
+
+    #[test]
+    fn container_config_resolves_env_and_log_path() {
+        let p = pod();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let ctx = |memory_qos: Option<f64>| ContainerContext {
+            mounts: vec![],
+            oom_group: true,
+            memory_qos,
+            ..context(RunOptions::default())
+        };
+        // MemoryQoS: a 64Mi request is protected and throttled 90% of the way to the node's
+        // allocatable 1Gi (no limit), page-aligned.
+        let mut requested = c.clone();
+        requested.resources =
+            Some(serde_json::from_value(serde_json::json!({"requests": {"memory": "64Mi"}})).unwrap());
+        let cfg = container_config(&p, &requested, ctx(Some(0.9))).unwrap();
+        let unified = &cfg.linux.as_ref().unwrap().resources.as_ref().unwrap().unified;
+        let high = ((64u64 << 20) as f64 + ((1u64 << 30) - (64 << 20)) as f64 * 0.9) as u64 / 4096 * 4096;
+        assert_eq!(unified.get("memory.min").cloned(), Some((64u64 << 20).to_string()));
+        assert_eq!(unified.get("memory.high").cloned(), Some(high.to_string()));
+        let cfg = container_config(&p, c, ctx(None)).unwrap();
         let unified = &cfg.linux.as_ref().unwrap().resources.as_ref().unwrap().unified;
         assert_eq!(unified.get("memory.oom.group").map(String::as_str), Some("1"), "cgroup v2: the whole container");
+        assert!(!unified.contains_key("memory.min"), "MemoryQoS off");
         assert_eq!(cfg.log_path, "web/3.log");
         let env: Vec<(&str, &str)> = cfg.envs.iter().map(|kv| (kv.key.as_str(), kv.value.as_str())).collect();
         assert_eq!(env, [("A", "1"), ("POD", "web-node1")]);

@@ -23,6 +23,7 @@ use crate::events::{EventType, Recorder};
 use crate::image::puller::ImagePuller;
 use gantry_config::CgroupDriver;
 use gantry_config::PodSettings;
+use gantry_plugins::devices::{AdmitError, DeviceManager};
 use gantry_pod::ObservedPod;
 use gantry_pod::resize::Amounts;
 use gantry_pod::resources::CgroupValues;
@@ -66,6 +67,8 @@ pub struct Driver {
     kubepods_limits: Option<CgroupValues>,
     /// Containers get `memory.oom.group=1` (cgroup v2 unless `singleProcessOOMKill`).
     oom_group: bool,
+    /// MemoryQoS: the gate, on cgroup v2.
+    memory_qos: bool,
     /// Events about a pod's setup (DNS configuration).
     events: Recorder,
     /// `<root-dir>/seccomp`, where Localhost seccomp profiles live.
@@ -75,6 +78,8 @@ pub struct Driver {
     allocatable: Amounts,
     /// The machine's memory, which OOM scores are relative to.
     memory_capacity: i128,
+    /// Device plugins: admission allocates devices, container starts get them.
+    devices: Option<DeviceManager>,
 }
 
 impl Driver {
@@ -93,10 +98,21 @@ impl Driver {
             cgroups: None,
             kubepods_limits: None,
             oom_group: false,
+            memory_qos: false,
             events: Recorder::default(),
             allocatable: Amounts::default(),
             memory_capacity: 0,
+            devices: None,
         }
+    }
+
+    /// Pods get their devices from `devices` (device plugins).
+    pub fn with_devices(self, devices: DeviceManager) -> Self {
+        Driver { devices: Some(devices), ..self }
+    }
+
+    pub fn devices(&self) -> Option<&DeviceManager> {
+        self.devices.as_ref()
     }
 
     /// The node's allocatable (capacity − reservations − hard eviction thresholds, the figure
@@ -147,7 +163,8 @@ impl Driver {
         // unless singleProcessOOMKill (on cgroup v1 it always kills one process).
         let v2 = cgroups::hierarchy(Path::new(cgroups::MOUNT)) == Some(cgroups::Hierarchy::V2);
         let oom_group = v2 && !pods.single_process_oom_kill.unwrap_or(false);
-        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, oom_group, ..self };
+        let memory_qos = v2 && pods.memory_qos;
+        let driver = Driver { pods: Arc::new(pods), cgroups, kubepods_limits, oom_group, memory_qos, ..self };
         driver.enforce_node_allocatable().await;
         Ok(driver)
     }
@@ -164,6 +181,79 @@ impl Driver {
         match result {
             Ok(()) => tracing::info!(cgroup = %kubepods, "Updated Node Allocatable limit across pods"),
             Err(e) => tracing::warn!(cgroup = %kubepods, "Failed to update Node Allocatable Limits {kubepods:?}: {e}"),
+        }
+    }
+
+    /// Enforces `kubeReserved`/`systemReserved` on their existing cgroups when
+    /// `enforceNodeAllocatable` lists them (upstream's `enforceExistingCgroup`): the cgroup must
+    /// exist; its limits are set through the cgroup driver.
+    pub async fn enforce_reserved(&self, settings: &gantry_config::Settings) -> Result<(), cgroups::ReservedError> {
+        let Some(fs) = self.cgroups.clone() else { return Ok(()) };
+        let mount = Path::new(cgroups::MOUNT);
+        let Some(hierarchy) = cgroups::hierarchy(mount) else { return Ok(()) };
+        let jobs = [
+            (
+                "System Reserved",
+                &settings.system_reserved_cgroup,
+                &settings.system_reserved,
+                settings.enforce_system_reserved,
+            ),
+            ("Kube Reserved", &settings.kube_reserved_cgroup, &settings.kube_reserved, settings.enforce_kube_reserved),
+        ];
+        for (which, cgroup, reserved, limits) in jobs {
+            if limits == gantry_config::ReservedLimits::Off {
+                continue;
+            }
+            let failed = |problem| cgroups::ReservedError { which, cgroup: cgroup.clone(), problem };
+            let mut values = cgroups::reserved_values(reserved, limits)
+                .ok_or_else(|| failed(cgroups::ReservedProblem::NotConfigured(cgroup.clone())))?;
+            if self.memory_qos {
+                // Upstream protects the reserved memory too under MemoryQoS.
+                values.memory_min = values.memory_limit;
+            }
+            let missing = cgroups::missing_paths(mount, hierarchy, cgroup);
+            if !missing.is_empty() {
+                let paths = missing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+                return Err(failed(cgroups::ReservedProblem::Missing { cgroup: cgroup.clone(), paths }));
+            }
+            let (fs, path) = (fs.clone(), cgroup.clone());
+            tokio::task::spawn_blocking(move || fs.ensure(&path, Some(&values)))
+                .await
+                .expect("cgroup task does not panic")
+                .map_err(|e| failed(e.into()))?;
+            tracing::info!(
+                cgroup = %cgroup,
+                cpu_shares = values.cpu_shares,
+                memory_limit = values.memory_limit,
+                pids_limit = values.pids_limit,
+                "Updated limits on {} cgroup {cgroup}",
+                which.to_lowercase()
+            );
+        }
+        Ok(())
+    }
+
+    /// Sets the QoS levels' CPU shares: the Burstable level's from its pods' requests, the
+    /// BestEffort level's the minimum; under MemoryQoS also their `memory.min`. False when it
+    /// could not (logged; tried again later).
+    pub async fn update_qos_cgroups(&self, want: cgroups::QosWanted) -> bool {
+        let Some(fs) = self.cgroups.clone() else { return true };
+        let memory_min = self.memory_qos.then_some(want.memory_min);
+        let levels = cgroups::qos_levels(&self.pods, want.burstable_shares, memory_min);
+        let result = tokio::task::spawn_blocking(move || {
+            levels.iter().try_for_each(|(path, values)| fs.ensure(path, Some(values)))
+        })
+        .await
+        .expect("cgroup task does not panic");
+        match result {
+            Ok(()) => {
+                tracing::debug!(?want, "updated the QoS cgroups");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Failed to update QoS cgroup configuration");
+                false
+            }
         }
     }
 
@@ -276,6 +366,30 @@ impl Driver {
             .map_err(|e| (gantry_pod::sysctl::FORBIDDEN_REASON, e.to_string()))
     }
 
+    /// Allocates the pod's devices (device plugins), or says why the pod cannot be admitted
+    /// (upstream's `UnexpectedAdmissionError`). A pod that fails here keeps no device.
+    pub async fn admit_devices(&self, pod: &Pod) -> Result<(), (&'static str, String)> {
+        let Some(devices) = &self.devices else { return Ok(()) };
+        devices.admit(pod).await.map_err(|e| {
+            devices.release(spec::uid(pod));
+            (AdmitError::REASON, e.to_string())
+        })
+    }
+
+    /// Frees the devices of a pod that is gone.
+    pub fn release_devices(&self, uid: &str) {
+        if let Some(devices) = &self.devices {
+            devices.release(uid);
+        }
+    }
+
+    /// Frees the devices of every pod not in `active` (removed while the agent was down).
+    pub fn retain_devices(&self, active: &std::collections::BTreeSet<String>) {
+        if let Some(devices) = &self.devices {
+            devices.retain(active);
+        }
+    }
+
     /// The sandbox's hostname, DNS, cgroup parent and security context; `record` emits the
     /// DNS events (once per sandbox, not on every container start).
     async fn sandbox_context(&self, pod: &Pod, record: bool) -> Result<SandboxContext, StartError> {
@@ -315,7 +429,13 @@ impl Driver {
     /// Creates the pod's cgroups (QoS level, then the pod's own with its limits).
     async fn ensure_cgroups(&self, pod: &Pod) -> Result<(), StartError> {
         let Some(fs) = self.cgroups.clone() else { return Ok(()) };
-        let plan = cgroups::plan(&self.pods, self.kubepods_limits, pod);
+        let mut plan = cgroups::plan(&self.pods, self.kubepods_limits, pod);
+        if self.memory_qos
+            && let Some((_, Some(own))) = plan.create.last_mut()
+        {
+            // Upstream's ResourceConfigForPod under MemoryQoS: the pod's requests are protected.
+            own.memory_min = gantry_pod::resources::pod_memory_request(pod);
+        }
         tokio::task::spawn_blocking(move || {
             plan.create.iter().try_for_each(|(path, values)| fs.ensure(path, values.as_ref()))
         })
@@ -341,7 +461,34 @@ impl Driver {
                 None => StartError::new(reason, format!("Failed to create pod sandbox: {message}")),
             }
         })?;
+        self.check_sandbox_cgroup(pod, &response.pod_sandbox_id).await?;
         Ok(response.pod_sandbox_id)
+    }
+
+    /// With the systemd driver, a sandbox whose process is outside its pod's slice shows a
+    /// runtime on the cgroupfs driver (containerd 1.6 cannot say so through CRI): the sandbox is
+    /// removed and the pod fails with the mismatch, as a refused parent does the other way. A
+    /// runtime that reports no process for the sandbox is not checked.
+    async fn check_sandbox_cgroup(&self, pod: &Pod, id: &str) -> Result<(), StartError> {
+        if self.cgroups.is_none() || self.pods.cgroup_driver != CgroupDriver::Systemd {
+            return Ok(());
+        }
+        let request = api::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true };
+        let Some(pid) = self.cri.runtime.pod_sandbox_status(request).await.ok().and_then(|s| sandbox_pid(&s.info))
+        else {
+            return Ok(());
+        };
+        let Ok(proc_cgroup) = tokio::fs::read_to_string(format!("/proc/{pid}/cgroup")).await else { return Ok(()) };
+        let parent = cgroups::plan(&self.pods, self.kubepods_limits, pod).parent;
+        let Some(mismatch) = cgroups::mismatch_in_sandbox_cgroup(self.pods.cgroup_driver, &parent, &proc_cgroup) else {
+            return Ok(());
+        };
+        let found = proc_cgroup.lines().next().unwrap_or_default().to_string();
+        tracing::error!(pod = %spec::full_name(pod), expected = %parent, found = %found, "{mismatch}");
+        let _ = self.cri.runtime.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: id.into() }).await;
+        let _ = self.remove_sandbox(id).await;
+        let message = format!("{mismatch}: the sandbox runs in cgroup {found:?}, not below {parent}");
+        Err(StartError::new(StartFailure::CreatePodSandboxError, message))
     }
 
     /// The managed `/etc/hosts` mount, unless a volume is mounted there or the pod has no IP yet.
@@ -399,6 +546,13 @@ impl Driver {
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
         let image_user = self.image_user(c).await?;
+        let devices = match &self.devices {
+            Some(d) => d
+                .run_options(pod, &c.name)
+                .await
+                .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?,
+            None => Default::default(),
+        };
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
         let ctx = ContainerContext {
             node: &self.node,
@@ -413,6 +567,8 @@ impl Driver {
             node_security: self.node_security(),
             target_id,
             oom_group: self.oom_group,
+            memory_qos: self.memory_qos.then_some(self.pods.memory_throttling_factor),
+            devices,
         };
         let container_config = config::container_config(pod, c, ctx)
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
@@ -628,4 +784,11 @@ fn already_gone_is_ok<T>(result: Result<T, CriError>) -> Result<(), CriError> {
         Err(e) if !e.is_not_found() => Err(e),
         _ => Ok(()),
     }
+}
+
+/// The sandbox's process in a verbose `PodSandboxStatus` (containerd: `{"pid": N, …}` under
+/// `info`).
+fn sandbox_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
+    v.get("pid")?.as_u64().filter(|p| *p > 0).map(|p| p as u32)
 }

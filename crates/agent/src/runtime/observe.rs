@@ -206,6 +206,6 @@ fn applied_resources(status: &api::ContainerStatus) -> CgroupValues {
         cpu_quota: linux.cpu_quota,
         cpu_period: linux.cpu_period,
         memory_limit: linux.memory_limit_in_bytes,
-        pids_limit: 0,
+        ..Default::default()
     }
 }

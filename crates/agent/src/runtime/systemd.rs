@@ -94,6 +94,9 @@ fn resource_properties(v: &CgroupValues) -> Vec<(&'static str, Value<'static>)> 
     if v.memory_limit > 0 {
         props.push(("MemoryMax", Value::U64(v.memory_limit as u64)));
     }
+    if v.memory_min > 0 {
+        props.push(("MemoryMin", Value::U64(v.memory_min as u64)));
+    }
     match v.pids_limit {
         n if n > 0 => props.push(("TasksMax", Value::U64(n as u64))),
         -1 => props.push(("TasksMax", Value::U64(INFINITY))),
@@ -244,9 +247,11 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 64 << 20,
             pids_limit: -1,
+            memory_min: 32 << 20,
         };
         let props = resource_properties(&v);
         let get = |k: &str| props.iter().find(|(n, _)| *n == k).map(|(_, v)| v.try_clone().unwrap());
+        assert_eq!(get("MemoryMin"), Some(Value::U64(32 << 20)), "MemoryQoS");
         assert_eq!(get("CPUWeight"), Some(Value::U64(20)));
         assert_eq!(get("CPUQuotaPerSecUSec"), Some(Value::U64(500_000)));
         assert_eq!(get("MemoryMax"), Some(Value::U64(64 << 20)));

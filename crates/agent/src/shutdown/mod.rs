@@ -6,8 +6,9 @@
 //! the lock again; stopped pods stay stopped, as upstream.
 
 pub mod logind;
+mod state;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,9 @@ pub enum ShutdownError {
 /// The running manager.
 pub struct ShutdownManager {
     groups: Vec<Group>,
+    /// `<root-dir>/graceful_node_shutdown_state`, kept (with the two shutdown time metrics)
+    /// when `GracefulNodeShutdownBasedOnPodPriority` is on, as upstream.
+    state_file: Option<PathBuf>,
     shared: Arc<Shared>,
     kills: mpsc::UnboundedSender<Kill>,
 }
@@ -80,12 +84,21 @@ impl ShutdownManager {
             shutdown_grace_period_by_pod_priority = ?groups,
             "Creating node shutdown manager"
         );
-        Some(ShutdownManager { groups, shared, kills })
+        let state_file = settings
+            .feature_gates
+            .enabled(Gate::GracefulNodeShutdownBasedOnPodPriority)
+            .then(|| settings.root_dir.join(state::FILE));
+        Some(ShutdownManager { groups, state_file, shared, kills })
     }
 
     /// Watches for shutdowns for the node's lifetime. Without logind (no system bus, no
     /// logind, no permission) graceful shutdown is off: logged once, retried with backoff.
     pub async fn run(self) {
+        if let Some(file) = &self.state_file {
+            // The last shutdown's times, from before this start.
+            let last = state::load(file);
+            self.set_metrics(&last);
+        }
         let mut retry = RECONNECT;
         let mut last_error = None::<String>;
         loop {
@@ -132,7 +145,11 @@ impl ShutdownManager {
             });
             self.shared.shutting_down.send_replace(start);
             if start {
+                let mut times = state::State { start: Some(jiff::Timestamp::now()), end: None };
+                self.record(&times);
                 self.stop_pods().await;
+                times.end = Some(jiff::Timestamp::now());
+                self.record(&times);
                 release(&mut lock);
             } else {
                 lock = Some(logind.inhibit_shutdown().await?);
@@ -221,6 +238,23 @@ impl ShutdownManager {
         }
         tracing::info!(grace_period, priority, "Done waiting for all pods in group to terminate");
         Vec::new()
+    }
+}
+
+impl ShutdownManager {
+    /// Saves the shutdown's times and shows them in the metrics (an unfinished one's end is 0).
+    fn record(&self, times: &state::State) {
+        let Some(file) = &self.state_file else { return };
+        if let Err(e) = state::store(file, times) {
+            tracing::error!(file = %file.display(), error = %e, "Failed to store graceful shutdown state");
+        }
+        self.set_metrics(times);
+    }
+
+    fn set_metrics(&self, times: &state::State) {
+        let seconds = |t: Option<jiff::Timestamp>| t.map_or(0.0, |t| t.as_nanosecond() as f64 / 1e9);
+        self.shared.metrics.graceful_shutdown_start_time.set(seconds(times.start));
+        self.shared.metrics.graceful_shutdown_end_time.set(seconds(times.end));
     }
 }
 

@@ -43,8 +43,9 @@ systemReserved: {cpu: 500m}
 resolvConf: ""
 ${3:-}
 EOF
+  # shellcheck disable=SC2086 # EXTRA_FLAGS is a list of flags
   gantry kubelet --config=$CONFIG --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
-    --root-dir=$ROOT --pod-manifest-path=$MANIFESTS --hostname-override=vm-node -v=4 2>>"$1/gantry.log" &
+    --root-dir=$ROOT --pod-manifest-path=$MANIFESTS --hostname-override=vm-node -v=4 ${EXTRA_FLAGS:-} 2>>"$1/gantry.log" &
   GANTRY_PID=$!
 }
 
@@ -63,7 +64,7 @@ dump_cgroups() {
   local d f
   find "$@" -type d 2>/dev/null | sort | while read -r d; do
     echo "${d#"$CG"} - -"
-    for f in cpu.weight cpu.max memory.max pids.max cgroup.procs; do
+    for f in cpu.weight cpu.max memory.max memory.min pids.max cgroup.procs; do
       [ -r "$d/$f" ] && echo "${d#"$CG"} $f $(tr '\n' ' ' <"$d/$f")"
     done
   done
@@ -92,18 +93,24 @@ fetch_stats() {
     echo "${d#"$CG"} $(cat "$d/memory.current") $(awk '$1 == "inactive_file" {print $2}' "$d/memory.stat")" \
       "$(awk '$1 == "usage_usec" {print $2}' "$d/cpu.stat")"
   done >"$c/pod-cgroup-stats"
+  # The containers' own cgroups, as the runtime named them below their pod's: "<pod> <child>".
+  find "$2" -mindepth 2 -type d -path '*pod*/*' | while read -r d; do
+    echo "$(dirname "${d#"$CG"}") $(basename "$d")"
+  done >"$c/container-cgroups"
 }
 
 # The three QoS classes on one driver: limits in the pod cgroups and in the containers, the
 # cgroups gone after the pods are deleted, and an orphaned pod cgroup removed.
 case_qos() {
-  local c=$R/$1 driver=$2 root=$3 orphan=$4
+  local c=$R/$1 driver=$2 root=$3 orphan=$4 extra=$5
   mkdir -p "$c"
   log "case $1: driver $driver"
   containerd_systemd_cgroup "$([ "$driver" = systemd ] && echo true || echo false)" || return 1
   $orphan
+  $extra setup "$c"
   # The node API's read-only port, for the stats (fetch_stats).
-  SERVER=true start_gantry "$c" "$driver" "readOnlyPort: 10255"
+  SERVER=true start_gantry "$c" "$driver" "readOnlyPort: 10255
+${EXTRA_CONFIG:-}"
   local t0=$SECONDS
   cp $H/pods/*.yaml $MANIFESTS/
   wait_for 180 all_reported 3 || log "not every pod reported"
@@ -112,6 +119,7 @@ case_qos() {
   dump_cgroups "$CG/$root" >"$c/cgroups-running"
   dump_container_output >"$c/container-output"
   fetch_stats "$c" "$CG/$root"
+  $extra record "$c"
   systemctl list-units --all --plain --no-legend 'kubepods*' >"$c/units-running"
   show_slices >"$c/slices-running"
   rm -f $MANIFESTS/*.yaml
@@ -133,6 +141,51 @@ show_slices() {
   done
 }
 
+# The system containers (cgroupfs case): the agent in kubeletCgroups, a stray process of the
+# root cgroup moved into systemCgroups, the runtime named by --runtime-cgroups. MemoryQoS is on
+# in this case only.
+STRAY=
+system_containers() {
+  case $1 in
+    setup)
+      sh -c "echo \$\$ >$CG/cgroup.procs; exec sleep 600" &
+      STRAY=$!
+      EXTRA_CONFIG="cgroupRoot: /
+featureGates: {MemoryQoS: true}
+kubeletCgroups: /gantry-kubelet
+systemCgroups: /gantry-system"
+      EXTRA_FLAGS=--runtime-cgroups=/system.slice/containerd.service
+      wait_for 10 grep -qx '0::/' /proc/$STRAY/cgroup || log "the stray process is not in the root cgroup"
+      ;;
+    record)
+      cat /proc/$STRAY/cgroup >"$2/stray-cgroup"
+      cat /proc/"$GANTRY_PID"/cgroup >"$2/gantry-cgroup"
+      kill "$STRAY"
+      EXTRA_CONFIG= EXTRA_FLAGS=
+      ;;
+  esac
+}
+
+# kubeReserved and systemReserved enforced on kube.slice and system.slice (systemd case).
+reserved_slices() {
+  case $1 in
+    setup)
+      busctl call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager \
+        StartTransientUnit 'ssa(sv)a(sa(sv))' kube.slice replace 0 0 >/dev/null
+      EXTRA_CONFIG="enforceNodeAllocatable: [pods, kube-reserved, system-reserved]
+kubeReservedCgroup: /kube.slice
+systemReservedCgroup: /system.slice"
+      ;;
+    record)
+      {
+        echo "kube.slice $(systemctl show -p MemoryMax kube.slice) $(cat $CG/kube.slice/memory.max)"
+        echo "system.slice $(systemctl show -p CPUWeight system.slice) $(cat $CG/system.slice/cpu.weight)"
+      } >"$2/reserved"
+      EXTRA_CONFIG=
+      ;;
+  esac
+}
+
 orphan_cgroupfs() { mkdir -p $CG/kubepods/burstable/pod0rphan00-0000-4000-8000-000000000001; }
 orphan_slice() {
   busctl call org.freedesktop.systemd1 /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager \
@@ -140,13 +193,14 @@ orphan_slice() {
     replace 0 0 >/dev/null
 }
 
-# Gantry on cgroupfs, containerd on systemd: the first sandbox fails with a clear message.
+# A driver mismatch either way round: the first sandbox fails with a clear message.
+# case_mismatch CASE GANTRY_DRIVER CONTAINERD_SYSTEMD_CGROUP
 case_mismatch() {
-  local c=$R/mismatch
+  local c=$R/$1
   mkdir -p "$c"
-  log "case mismatch"
-  containerd_systemd_cgroup true || return 1
-  start_gantry "$c" cgroupfs
+  log "case $1"
+  containerd_systemd_cgroup "$3" || return 1
+  start_gantry "$c" "$2"
   cp $H/pods/besteffort.yaml $MANIFESTS/
   wait_for 120 grep -q 'SystemdCgroup' "$c/gantry.log" || log "no mismatch message"
   cp $ROOT/pods.json "$c/pods.json" 2>/dev/null
@@ -155,7 +209,8 @@ case_mismatch() {
 }
 
 setup || exit 1
-case_qos cgroupfs cgroupfs kubepods orphan_cgroupfs
-case_qos systemd systemd kubepods.slice orphan_slice
-case_mismatch
+case_qos cgroupfs cgroupfs kubepods orphan_cgroupfs system_containers
+case_qos systemd systemd kubepods.slice orphan_slice reserved_slices
+case_mismatch mismatch cgroupfs true
+case_mismatch mismatch-systemd systemd false
 log "done"

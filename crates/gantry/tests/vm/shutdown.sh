@@ -34,7 +34,10 @@ setup || exit 1
 cat >$CONFIG <<CFG
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-enableServer: false
+# The read-only port only, for /metrics during the shutdown.
+enableServer: true
+port: 10250
+readOnlyPort: 10255
 cgroupDriver: systemd
 resolvConf: ""
 shutdownGracePeriod: 45s
@@ -61,6 +64,15 @@ sync
 cut -d' ' -f1 /proc/uptime >$R/poweroff-at
 log "systemctl poweroff"
 systemctl poweroff
-# Keep going until the shutdown stops this unit: returning would let vm-runner force a
-# poweroff at once.
-sleep 600
+# Keep going until the shutdown stops this unit (returning would let vm-runner force a
+# poweroff at once), copying Gantry's shutdown state file and its shutdown metrics to the share
+# as they change. systemd stops the unit once Gantry released its lock, so the state file's
+# last copy, on that SIGTERM, has the shutdown's end.
+trap 'cp $ROOT/graceful_node_shutdown_state $R/ 2>/dev/null; sync; exit 0' TERM
+for _ in $(seq 3000); do
+  cp $ROOT/graceful_node_shutdown_state $R/ 2>/dev/null
+  busybox wget -q -O $R/metrics.tmp http://127.0.0.1:10255/metrics 2>/dev/null &&
+    grep '^kubelet_graceful_shutdown' $R/metrics.tmp >$R/shutdown-metrics
+  sync
+  sleep 0.2
+done

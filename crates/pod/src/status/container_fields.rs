@@ -155,6 +155,7 @@ mod tests {
             cpu_period: 100_000,
             memory_limit: 256 << 20,
             pids_limit: 0,
+            memory_min: 0,
         };
         let r = resources(&c, &applied);
         let limits = r.limits.unwrap();

@@ -2,7 +2,8 @@
 //! cgroups), and the system containers (`kubepods`, the agent's and the runtime's cgroups).
 //!
 //! cgroup v1 keeps CPU time in `cpuacct/…/cpuacct.usage` and memory in
-//! `memory/…/memory.{usage_in_bytes,limit_in_bytes,stat}` (`total_*` keys); cgroup v2 keeps
+//! `memory/…/memory.{usage_in_bytes,limit_in_bytes,stat}` (`total_*` keys), swap only as part
+//! of `memory.memsw.*` (memory + swap, where swap accounting is on); cgroup v2 keeps
 //! them in one directory: `cpu.stat` (`usage_usec`), `memory.{current,max,stat,swap.current,
 //! swap.max}`, `pids.current` and the PSI files `{cpu,memory,io}.pressure`. The v2 root has no
 //! `memory.current`: as runc (and so cAdvisor) does, the node's usage then comes from
@@ -54,6 +55,25 @@ impl Cgroup {
         })
     }
 
+    /// The child cgroup `name` (a plain directory name) in every hierarchy.
+    pub fn child(&self, name: &str) -> Cgroup {
+        match self {
+            Cgroup::V2(d) => Cgroup::V2(d.join(name)),
+            Cgroup::V1 { cpuacct, memory, pids } => {
+                Cgroup::V1 { cpuacct: cpuacct.join(name), memory: memory.join(name), pids: pids.join(name) }
+            }
+        }
+    }
+
+    /// The cgroup the runtime made for container `id` below this pod cgroup: `<id>` (cgroupfs)
+    /// or `<prefix>-<id>.scope` (systemd, e.g. containerd's `cri-containerd-<id>.scope`).
+    pub fn container(&self, id: &str) -> Option<Cgroup> {
+        let entries = std::fs::read_dir(self.dir()).ok()?;
+        let name =
+            entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).find(|name| container_id_of(name) == id)?;
+        Some(self.child(&name))
+    }
+
     /// The directory whose name identifies the cgroup (the memory one on v1).
     pub fn dir(&self) -> &Path {
         match self {
@@ -80,15 +100,51 @@ impl Cgroup {
                 memory_psi: psi(d, "memory.pressure"),
                 io_psi: psi(d, "io.pressure"),
             },
-            Cgroup::V1 { cpuacct, memory, pids } => Counters {
-                cpu_usage_nanos: num(cpuacct, "cpuacct.usage").flatten(),
-                memory_usage: num(memory, "memory.usage_in_bytes").flatten(),
-                memory_limit: num(memory, "memory.limit_in_bytes").flatten().filter(|l| *l < V1_UNLIMITED),
-                memory_stat: Stat::V1(text(memory, "memory.stat").map(|t| parse_kv(&t)).unwrap_or_default()),
-                processes: num(pids, "pids.current").flatten(),
-                ..Default::default()
-            },
+            Cgroup::V1 { cpuacct, memory, pids } => {
+                let limited = |f: &str| num(memory, f).flatten().filter(|l| *l < V1_UNLIMITED);
+                let memory_usage = num(memory, "memory.usage_in_bytes").flatten();
+                let memory_limit = limited("memory.limit_in_bytes");
+                let (swap_usage, swap_limit) = v1_swap(
+                    memory_usage,
+                    num(memory, "memory.memsw.usage_in_bytes").flatten(),
+                    memory_limit,
+                    limited("memory.memsw.limit_in_bytes"),
+                );
+                Counters {
+                    cpu_usage_nanos: num(cpuacct, "cpuacct.usage").flatten(),
+                    memory_usage,
+                    memory_limit,
+                    memory_stat: Stat::V1(text(memory, "memory.stat").map(|t| parse_kv(&t)).unwrap_or_default()),
+                    swap_usage,
+                    swap_limit,
+                    processes: num(pids, "pids.current").flatten(),
+                    ..Default::default()
+                }
+            }
         }
+    }
+}
+
+/// Swap usage and limit on cgroup v1, where `memsw` counts memory and swap together (and exists
+/// only with swap accounting on): the swap part is memsw − memory, as cAdvisor reports it.
+fn v1_swap(
+    memory: Option<u64>,
+    memsw: Option<u64>,
+    memory_limit: Option<u64>,
+    memsw_limit: Option<u64>,
+) -> (Option<u64>, Option<u64>) {
+    let usage = memsw.zip(memory).map(|(both, mem)| both.saturating_sub(mem));
+    let limit = memsw_limit.zip(memory_limit).map(|(both, mem)| both.saturating_sub(mem));
+    (usage, limit)
+}
+
+/// The container ID in the name of a container's cgroup, as upstream's
+/// `extractIDFromCgroupPath`: the name itself (cgroupfs), or for a systemd scope
+/// (`cri-containerd-<id>.scope`, `crio-<id>.scope`) the part after the last `-`.
+pub fn container_id_of(name: &str) -> &str {
+    match name.strip_suffix(".scope") {
+        Some(unit) => unit.rsplit('-').next().unwrap_or(unit),
+        None => name,
     }
 }
 
@@ -275,6 +331,37 @@ mod tests {
         assert_eq!((c.swap_usage, c.swap_limit, c.processes), (Some(0), Some(4096), Some(3)));
         assert_eq!(c.memory_psi.unwrap().full.total, 2);
         assert_eq!(c.cpu_psi, None, "no cpu.pressure file");
+    }
+
+    #[test]
+    fn container_cgroups_are_found_by_id_under_the_pod() {
+        assert_eq!(container_id_of("cri-containerd-ab12.scope"), "ab12");
+        assert_eq!(container_id_of("crio-ab12.scope"), "ab12");
+        assert_eq!(container_id_of("ab12"), "ab12");
+        let dir = tempfile::tempdir().unwrap();
+        let pod = Cgroup::V2(dir.path().to_path_buf());
+        for d in ["cri-containerd-aaa.scope", "bbb", "cri-containerd-ccc.scope"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        assert_eq!(pod.container("aaa"), Some(Cgroup::V2(dir.path().join("cri-containerd-aaa.scope"))));
+        assert_eq!(pod.container("bbb"), Some(Cgroup::V2(dir.path().join("bbb"))));
+        assert_eq!(pod.container("ddd"), None);
+        let v1 = Cgroup::named(Path::new("/cg"), Hierarchy::V1, "/kubepods/podx").child("c1");
+        assert_eq!(
+            v1,
+            Cgroup::V1 {
+                cpuacct: "/cg/cpuacct/kubepods/podx/c1".into(),
+                memory: "/cg/memory/kubepods/podx/c1".into(),
+                pids: "/cg/pids/kubepods/podx/c1".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn v1_swap_is_memsw_minus_memory() {
+        assert_eq!(v1_swap(Some(100), Some(150), Some(200), Some(300)), (Some(50), Some(100)));
+        assert_eq!(v1_swap(Some(100), None, None, None), (None, None), "no swap accounting");
+        assert_eq!(v1_swap(Some(100), Some(100), None, None), (Some(0), None), "no limit");
     }
 
     #[test]

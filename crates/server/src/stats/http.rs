@@ -22,6 +22,7 @@ pub async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<S
         pod_logs_dir: state.pod_logs_dir(),
         cgroup_mount: PathBuf::from(super::cgroup::MOUNT),
         pod_cgroups: state.pod_cgroups(),
+        cgroups: state.cgroups(),
         runtime_socket: state.runtime_socket().map(PathBuf::from),
         psi: state.psi(),
         pods: state.pods(),

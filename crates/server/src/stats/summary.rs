@@ -49,7 +49,10 @@ pub struct Sources<'a> {
     pub cgroup_mount: PathBuf,
     /// How pod cgroups are named (None without `cgroupsPerQOS`: pods have none of their own).
     pub pod_cgroups: Option<&'a PodSettings>,
-    /// The runtime's unix socket: the process behind it is the `runtime` system container.
+    /// The system containers' cgroups (`kubeletCgroups`, `--runtime-cgroups`, `systemCgroups`).
+    pub cgroups: &'a PodSettings,
+    /// The runtime's unix socket: without `--runtime-cgroups`, the process behind it is the
+    /// `runtime` system container.
     pub runtime_socket: Option<PathBuf>,
     /// The `KubeletPSI` gate: without it the summary has no pressure figures (nor `io`, which
     /// carries only pressure).
@@ -115,31 +118,17 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
             ..Default::default()
         };
         let log_dir = paths::pod_log_dir(src.pod_logs_dir, pod);
+        let pod_cgroup = hierarchy.and_then(|h| pod_cgroup(src, h, pod));
         for c in mine {
             let name = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
-            let s = stats.get(&c.id);
             let mut cs =
                 ContainerStats { name: name.clone(), start_time: from_nanos(c.created_at), ..Default::default() };
-            cs.cpu = s.and_then(|s| s.cpu.as_ref()).map(|cpu| {
-                let total = cpu.usage_core_nano_seconds.as_ref().map(|v| v.value);
-                let rate = total.and_then(|t| rates.sample(&c.id, at, t));
-                CpuStats {
-                    time: time.clone(),
-                    usage_nano_cores: rate.or(cpu.usage_nano_cores.as_ref().map(|v| v.value)),
-                    usage_core_nano_seconds: total,
-                    psi: None,
-                }
-            });
-            cs.memory = s.and_then(|s| s.memory.as_ref()).map(|m| MemoryStats {
-                time: time.clone(),
-                available_bytes: m.available_bytes.as_ref().map(|v| v.value),
-                usage_bytes: m.usage_bytes.as_ref().map(|v| v.value),
-                working_set_bytes: m.working_set_bytes.as_ref().map(|v| v.value),
-                rss_bytes: m.rss_bytes.as_ref().map(|v| v.value),
-                page_faults: m.page_faults.as_ref().map(|v| v.value),
-                major_page_faults: m.major_page_faults.as_ref().map(|v| v.value),
-                psi: None,
-            });
+            let own = pod_cgroup.as_ref().and_then(|p| p.container(&c.id)).map(|cg| cg.read());
+            container_usage(&mut cs, &c.id, stats.get(&c.id), own.as_ref(), &time, at, &mut rates);
+            if only_cpu_and_memory {
+                (cs.swap, cs.io) = (None, None);
+            }
+            let s = stats.get(&c.id);
             if !only_cpu_and_memory {
                 cs.rootfs = s.and_then(|s| s.writable_layer.as_ref()).map(|w| FsStats {
                     used_bytes: w.used_bytes.as_ref().map(|v| v.value),
@@ -156,7 +145,7 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
             ps.containers.push(cs);
         }
         ps.containers.sort_by(|a, b| a.name.cmp(&b.name));
-        let cgroup = hierarchy.and_then(|h| pod_cgroup(src, h, pod)).map(|c| c.read());
+        let cgroup = pod_cgroup.map(|c| c.read());
         pod_totals(&mut ps, &time, at, &mut rates, cgroup.as_ref(), sandbox_stats.get(uid));
         if !only_cpu_and_memory {
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
@@ -289,8 +278,9 @@ impl Usage {
     }
 }
 
-/// The agent's own cgroup (`kubelet`), the runtime's (`runtime`: the process serving the CRI
-/// socket) and `kubepods` (`pods`), as upstream's summary lists them.
+/// The system containers as upstream's summary lists them: `kubelet` (`kubeletCgroups`, else
+/// the agent's own cgroup), `runtime` (`--runtime-cgroups`, else the cgroup of the process
+/// serving the CRI socket), `misc` (`systemCgroups`, when set) and `pods` (`kubepods`).
 fn system_containers(
     src: &Sources<'_>,
     hierarchy: Option<Hierarchy>,
@@ -304,10 +294,16 @@ fn system_containers(
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         Cgroup::of_process(mount, h, &text)
     };
-    let runtime_pid = src.runtime_socket.as_deref().and_then(host::socket_peer_pid);
+    let named = |name: &str| (!name.is_empty()).then(|| Cgroup::named(mount, h, name));
+    let runtime_pid = || src.runtime_socket.as_deref().and_then(host::socket_peer_pid);
     let found = [
-        ("kubelet", of_process("self"), host::process_start("self")),
-        ("runtime", runtime_pid.and_then(|pid| of_process(&pid.to_string())), None),
+        ("kubelet", named(&src.cgroups.kubelet_cgroups).or_else(|| of_process("self")), host::process_start("self")),
+        (
+            "runtime",
+            named(&src.cgroups.runtime_cgroups).or_else(|| runtime_pid().and_then(|pid| of_process(&pid.to_string()))),
+            None,
+        ),
+        ("misc", named(&src.cgroups.system_cgroups), None),
         ("pods", src.pod_cgroups.map(|s| Cgroup::named(mount, h, &s.cgroup_name(&["kubepods"]))), None),
     ];
     found
@@ -329,6 +325,45 @@ fn system_containers(
             })
         })
         .collect()
+}
+
+/// A container's CPU, memory, swap and IO as upstream's CRI stats provider shows them: from the
+/// container's own cgroup where it is found (as cAdvisor reads it, with PSI on cgroup v2),
+/// else the runtime's `ContainerStats` (swap zero and IO without pressure when the runtime
+/// reports none, as upstream fills them).
+fn container_usage(
+    cs: &mut ContainerStats,
+    id: &str,
+    cri: Option<&api::ContainerStats>,
+    cgroup: Option<&Counters>,
+    time: &str,
+    at: i128,
+    rates: &mut CpuRates,
+) {
+    let own = cgroup.map(|c| Usage::of(c, time, c.cpu_usage_nanos.and_then(|t| rates.sample(id, at, t)), None));
+    let own = own.unwrap_or_default();
+    let val = |v: &Option<api::UInt64Value>| v.as_ref().map(|v| v.value);
+    cs.cpu = own.cpu.or_else(|| {
+        let cpu = cri?.cpu.as_ref()?;
+        let total = val(&cpu.usage_core_nano_seconds);
+        let rate = total.and_then(|t| rates.sample(id, at, t));
+        Some(CpuStats {
+            time: time.into(),
+            usage_nano_cores: rate.or(val(&cpu.usage_nano_cores)),
+            usage_core_nano_seconds: total,
+            psi: None,
+        })
+    });
+    cs.memory = own.memory.or_else(|| Some(memory_from_cri(cri?.memory.as_ref()?, time)));
+    cs.swap = own.swap.or_else(|| {
+        let swap = cri.and_then(|s| s.swap.as_ref());
+        Some(SwapStats {
+            time: time.into(),
+            swap_available_bytes: Some(swap.and_then(|s| val(&s.swap_available_bytes)).unwrap_or(0)),
+            swap_usage_bytes: Some(swap.and_then(|s| val(&s.swap_usage_bytes)).unwrap_or(0)),
+        })
+    });
+    cs.io = own.io.or(Some(IoStats { time: time.into(), psi: None }));
 }
 
 /// The pod's own cgroup, named as the agent names it (its QoS class and UID below `kubepods`).
@@ -541,6 +576,21 @@ fn sandbox_pid(info: &HashMap<String, String>) -> Option<u32> {
     v.get("pid")?.as_u64().filter(|p| *p > 0).map(|p| p as u32)
 }
 
+/// The runtime's memory figures, for a cgroup Gantry cannot read itself (no PSI from CRI).
+fn memory_from_cri(m: &api::MemoryUsage, time: &str) -> MemoryStats {
+    let val = |v: &Option<api::UInt64Value>| v.as_ref().map(|v| v.value);
+    MemoryStats {
+        time: time.into(),
+        available_bytes: val(&m.available_bytes),
+        usage_bytes: val(&m.usage_bytes),
+        working_set_bytes: val(&m.working_set_bytes),
+        rss_bytes: val(&m.rss_bytes),
+        page_faults: val(&m.page_faults),
+        major_page_faults: val(&m.major_page_faults),
+        psi: None,
+    }
+}
+
 fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStats {
     let val = |v: &Option<api::UInt64Value>| v.as_ref().map(|v| v.value);
     let iface = |i: &api::NetworkInterfaceUsage| InterfaceStats {
@@ -552,16 +602,7 @@ fn from_cri_sandbox(linux: api::LinuxPodSandboxStats, time: &str) -> SandboxStat
     };
     SandboxStats {
         cpu_total: linux.cpu.as_ref().and_then(|c| val(&c.usage_core_nano_seconds)),
-        memory: linux.memory.as_ref().map(|m| MemoryStats {
-            time: time.into(),
-            available_bytes: val(&m.available_bytes),
-            usage_bytes: val(&m.usage_bytes),
-            working_set_bytes: val(&m.working_set_bytes),
-            rss_bytes: val(&m.rss_bytes),
-            page_faults: val(&m.page_faults),
-            major_page_faults: val(&m.major_page_faults),
-            psi: None,
-        }),
+        memory: linux.memory.as_ref().map(|m| memory_from_cri(m, time)),
         network: linux.network.as_ref().and_then(|n| {
             Some(NetworkStats {
                 time: time.into(),
@@ -605,6 +646,50 @@ mod tests {
         let after = serde_json::to_string(&summary).unwrap();
         assert!(!after.contains("psi") && !after.contains("\"io\""), "{after}");
         assert_eq!(after.matches("\"cpu\"").count(), 4, "CPU and memory stay: {after}");
+    }
+
+    #[test]
+    fn container_usage_prefers_the_container_cgroup_and_fills_what_upstream_fills() {
+        let cri = api::ContainerStats {
+            cpu: Some(api::CpuUsage {
+                usage_core_nano_seconds: Some(api::UInt64Value { value: 5 }),
+                ..Default::default()
+            }),
+            memory: Some(api::MemoryUsage {
+                working_set_bytes: Some(api::UInt64Value { value: 7 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // Without a cgroup: the runtime's figures, swap zero, IO without pressure.
+        let mut cs = ContainerStats::default();
+        container_usage(&mut cs, "c", Some(&cri), None, "t", 0, &mut CpuRates::default());
+        assert_eq!(cs.cpu.as_ref().unwrap().usage_core_nano_seconds, Some(5));
+        assert_eq!(cs.memory.as_ref().unwrap().working_set_bytes, Some(7));
+        let swap = cs.swap.unwrap();
+        assert_eq!((swap.swap_usage_bytes, swap.swap_available_bytes), (Some(0), Some(0)));
+        assert_eq!(cs.io, Some(IoStats { time: "t".into(), psi: None }));
+        // With the container's cgroup (v2): its counters, swap and pressure win.
+        let psi = Some(PsiStats { some: PsiData { total: 3, ..Default::default() }, ..Default::default() });
+        let own = Counters {
+            cpu_usage_nanos: Some(9),
+            memory_usage: Some(100),
+            swap_usage: Some(4),
+            swap_limit: Some(10),
+            cpu_psi: psi,
+            memory_psi: psi,
+            io_psi: psi,
+            ..Default::default()
+        };
+        let mut cs = ContainerStats::default();
+        container_usage(&mut cs, "c", Some(&cri), Some(&own), "t", 0, &mut CpuRates::default());
+        let cpu = cs.cpu.unwrap();
+        assert_eq!((cpu.usage_core_nano_seconds, cpu.psi), (Some(9), psi));
+        let memory = cs.memory.unwrap();
+        assert_eq!((memory.working_set_bytes, memory.psi), (Some(100), psi));
+        let swap = cs.swap.unwrap();
+        assert_eq!((swap.swap_usage_bytes, swap.swap_available_bytes), (Some(4), Some(6)));
+        assert_eq!(cs.io.unwrap().psi, psi);
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn inputs<'a>(s: &'a Settings, f: &'a MachineFacts, now: Timestamp) -> NodeInput
         pressure: Pressure::default(),
         addresses: Ok(addresses()),
         images: None,
+        devices: Default::default(),
         now,
     }
 }
@@ -569,4 +570,32 @@ fn object_ttl_from_the_annotation() {
     assert_eq!(object_ttl(&node("0")), Some(std::time::Duration::ZERO));
     assert_eq!(object_ttl(&node("1m")), None);
     assert_eq!(object_ttl(&Node::default()), None);
+}
+
+#[test]
+fn device_plugin_resources_are_reported_and_patched_only_when_they_change() {
+    use gantry_plugins::devices::{Amounts, Capacity};
+    let (s, f) = (settings(), facts());
+    let mut i = inputs(&s, &f, t(0));
+    i.devices = Capacity {
+        resources: BTreeMap::from([("example.com/gpu".to_string(), Amounts { capacity: 3, allocatable: 2 })]),
+        removed: ["example.com/old".to_string()].into(),
+    };
+    // Someone else's extended resource on the Node.
+    let previous = NodeStatus {
+        capacity: Some(BTreeMap::from([("example.com/dongle".to_string(), Quantity("4".into()))])),
+        ..NodeStatus::default()
+    };
+    let (status, _) = compute_status(&previous, &i);
+    assert_eq!(q(&status.capacity, "example.com/gpu"), "3");
+    assert_eq!(q(&status.allocatable, "example.com/gpu"), "2");
+    assert_eq!(q(&status.capacity, "example.com/old"), "0", "a removed device resource stays, at 0");
+    assert_eq!(q(&status.allocatable, "example.com/old"), "0");
+    let patch = status_patch(&previous, &status);
+    assert_eq!(patch["status"]["capacity"]["example.com/gpu"], "3");
+    assert_eq!(patch["status"]["allocatable"]["example.com/gpu"], "2");
+    assert!(patch["status"]["capacity"].get("example.com/dongle").is_none(), "not ours, not touched");
+    // Unchanged device resources are not sent again.
+    let patch = status_patch(&status, &compute_status(&status, &i).0);
+    assert!(patch["status"]["capacity"].get("example.com/gpu").is_none());
 }

@@ -96,7 +96,7 @@ pub async fn run(root_dir: PathBuf, handlers: Handlers) {
 /// inotify on the directory; `None` (with the periodic look only) when it cannot be set up.
 fn watch(dir: &Path, events: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
     let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok() {
+        if res.is_ok_and(|e| wakes(&e)) {
             let _ = events.send(());
         }
     });
@@ -106,6 +106,12 @@ fn watch(dir: &Path, events: mpsc::UnboundedSender<()>) -> Option<notify::Recomm
         return None;
     }
     Some(watcher)
+}
+
+/// Whether an event can mean a socket came or went. Not an access: each look opens the
+/// directory, and waking on that would make the watcher look again at once, for ever.
+fn wakes(event: &notify::Event) -> bool {
+    !matches!(event.kind, notify::EventKind::Access(_))
 }
 
 /// The sockets in `dir` (not dot files) with their modification times.
@@ -223,5 +229,26 @@ mod tests {
         let found: Vec<PathBuf> = sockets(dir.path()).into_keys().collect();
         assert_eq!(found, vec![dir.path().join("a.sock")]);
         assert!(sockets(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn looking_at_the_directory_does_not_wake_the_watcher_but_a_new_socket_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let _watcher = watch(dir.path(), tx).expect("inotify");
+        let woken = |events: &mut mpsc::UnboundedReceiver<()>, within: Duration| {
+            let deadline = Instant::now() + within;
+            while Instant::now() < deadline {
+                if events.try_recv().is_ok() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            false
+        };
+        sockets(dir.path());
+        assert!(!woken(&mut events, Duration::from_millis(300)), "a look woke the watcher: it would spin");
+        let _a = std::os::unix::net::UnixListener::bind(dir.path().join("a.sock")).unwrap();
+        assert!(woken(&mut events, Duration::from_secs(10)), "a new socket did not wake the watcher");
     }
 }

@@ -991,7 +991,9 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     let _clock = ManualClock::hold();
     node.fake.add_image("registry.test/app:v1");
     let mut settings = node.settings();
-    settings.eviction.pressure_transition_period = Duration::from_secs(30);
+    // Not a multiple of the 10 s pass: the agent's clock reads the wall clock to the
+    // microsecond, so a pass exactly one period after the last pressure may land on either side.
+    settings.eviction.pressure_transition_period = Duration::from_secs(25);
     let shared = Shared::connect(&settings, Arc::default()).await.expect("agent connects to the fake runtime");
     let (tx, rx) = mpsc::channel(16);
     let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
@@ -1070,6 +1072,7 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     assert!(shared.pressure.borrow().memory, "held for evictionPressureTransitionPeriod");
     let cleared = node.fake.advance_until(Duration::from_secs(40), |_| !shared.pressure.borrow().memory).await;
     assert!(cleared, "MemoryPressure clears");
+    // Last seen at the pass before relief (30 s); the first pass 25 s later is at 60 s.
     let after = started.elapsed() - relieved;
     assert!(after >= Duration::from_secs(20) && after <= Duration::from_secs(31), "cleared {after:?} after relief");
 }

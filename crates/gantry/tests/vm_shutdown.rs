@@ -1,5 +1,6 @@
-//! End-to-end graceful node shutdown on a real systemd host (the VM of `scripts/vm`, cgroup v2,
-//! the systemd cgroup driver): the guest's Gantry joins the host test's API server (over the
+//! End-to-end graceful node shutdown on a real systemd host (the VM of `scripts/vm`, cgroup v2),
+//! once per cgroup driver (systemd, then cgroupfs: the poweroff ends the boot, so each driver
+//! has its own, one at a time): the guest's Gantry joins the host test's API server (over the
 //! VM's one forward, as in `vm_resize.rs`) with `shutdownGracePeriod: 45s` and
 //! `shutdownGracePeriodCriticalPods: 33s`, the host creates three pods whose SIGTERM handlers
 //! write the guest's uptime to the 9p share, and the guest script `vm/shutdown.sh` runs
@@ -12,13 +13,16 @@
 //!   its group's 12 s window, not at its own 60 s;
 //! - the pods ended `Failed` with reason `Terminated`, upstream's message and the
 //!   `DisruptionTarget` condition; the Node went from Ready to not ready with "node is shutting
-//!   down", and the
-//!   `NodeShutdown` event was recorded;
-//! - on the way, that the containers' cgroups have `memory.oom.group` 1 (cgroup v2 without
-//!   `singleProcessOOMKill`).
+//!   down", and the `NodeShutdown` event was recorded; upstream's state file and shutdown
+//!   metrics have the shutdown's start and end;
+//! - on the way, that the containers' cgroups, where the driver puts them, have
+//!   `memory.oom.group` 1 (cgroup v2 without `singleProcessOOMKill`, on either driver).
+//!
+//! Nothing of the shutdown differs by driver upstream: the shutdown manager speaks to logind and
+//! stops pods through the runtime whichever driver made their cgroups.
 //!
 //! Needs root and the VM image (`scripts/vm build`, which `scripts/test` runs); otherwise the
-//! test prints SKIPPED, and fails under `CI=true`.
+//! tests print SKIPPED, and fail under `CI=true`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -82,15 +86,63 @@ fn running(pod: &Pod) -> bool {
     statuses.is_some_and(|s| s.iter().all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())))
 }
 
+/// The cgroup driver of one boot: Gantry's `cgroupDriver`, containerd's `SystemdCgroup` to match.
+#[derive(Debug, Clone, Copy)]
+enum Driver {
+    Systemd,
+    Cgroupfs,
+}
+
+impl Driver {
+    fn name(self) -> &'static str {
+        match self {
+            Driver::Systemd => "systemd",
+            Driver::Cgroupfs => "cgroupfs",
+        }
+    }
+
+    /// Where the driver puts a BestEffort pod's container, below /sys/fs/cgroup.
+    fn container_cgroup(self, pod_uid: &str, container_id: &str) -> String {
+        match self {
+            Driver::Systemd => {
+                let uid = pod_uid.replace('-', "_");
+                format!(
+                    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/\
+                     cri-containerd-{container_id}.scope"
+                )
+            }
+            Driver::Cgroupfs => format!("/kubepods/besteffort/pod{pod_uid}/{container_id}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
+async fn graceful_node_shutdown_stops_regular_then_critical_pods_systemd_driver() {
+    graceful_node_shutdown(Driver::Systemd).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graceful_node_shutdown_stops_regular_then_critical_pods_cgroupfs_driver() {
+    graceful_node_shutdown(Driver::Cgroupfs).await;
+}
+
+/// One VM at a time: two emulated guests on the machine's cores would stretch the windows the
+/// test measures.
+static ONE_VM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn graceful_node_shutdown(driver: Driver) {
+    let _one_vm = ONE_VM.lock().await;
     let server = TestApiServer::start().await;
     let port: u16 = server.url().rsplit_once(':').unwrap().1.parse().unwrap();
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm");
-    let files = |dir: &Path| vec![stripped_gantry(dir), guest_kubeconfig(&server, dir)];
+    let files = |dir: &Path| {
+        let choice = dir.join("driver");
+        std::fs::write(&choice, driver.name()).unwrap();
+        vec![stripped_gantry(dir), guest_kubeconfig(&server, dir), choice]
+    };
     let forward = Forward { guest: GUEST_API, host_port: port };
-    let Some(vm_run) = vm::start_for_test("vm_shutdown", &here.join("shutdown.sh"), files, VM_TIMEOUT, Some(forward))
-    else {
+    let test = format!("vm_shutdown_{}", driver.name());
+    let Some(vm_run) = vm::start_for_test(&test, &here.join("shutdown.sh"), files, VM_TIMEOUT, Some(forward)) else {
         return;
     };
     let share = vm_run.share();
@@ -116,8 +168,9 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
                     running(&pod).then_some(pod)
                 })
                 .await;
+                let uid = pod.metadata.uid.clone().unwrap();
                 let id = pod.status.and_then(|s| s.container_statuses?.pop()?.container_id).unwrap();
-                container_ids.lock().unwrap().push(id.trim_start_matches("containerd://").to_string());
+                container_ids.lock().unwrap().push((uid, id.trim_start_matches("containerd://").to_string()));
             }
             let nodes: Api<Node> = Api::all(pods.into_client());
             until("the node Ready", || async { (ready(&nodes.get(NODE).await.ok()?)?.status == "True").then_some(()) })
@@ -138,7 +191,8 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
     assert_eq!(run.exit, 0, "the guest script failed\n{}", report());
     assert_eq!(run.read("cgroup-fs").trim(), "cgroup2fs", "the guest runs cgroup v2");
     eprintln!(
-        "VM shutdown test: guest booted in {:?} s, whole run {:.1} s",
+        "VM shutdown test ({} driver): guest booted in {:?} s, whole run {:.1} s",
+        driver.name(),
         run.boot_seconds(),
         run.elapsed.as_secs_f64()
     );
@@ -153,11 +207,13 @@ async fn graceful_node_shutdown_stops_regular_then_critical_pods() {
         "{inhibitors}"
     );
 
-    // cgroup v2 without singleProcessOOMKill: the OOM killer stops a whole container.
+    // cgroup v2 without singleProcessOOMKill: the OOM killer stops a whole container. The
+    // containers' cgroups are where this driver puts them.
     let oom_group = run.read("oom-group");
-    for id in container_ids.lock().unwrap().iter() {
-        let line = oom_group.lines().find(|l| l.contains(&format!("cri-containerd-{id}.scope/")));
-        assert_eq!(line.and_then(|l| l.rsplit(' ').next()), Some("1"), "memory.oom.group of {id}:\n{oom_group}");
+    for (uid, id) in container_ids.lock().unwrap().iter() {
+        let file = format!("/sys/fs/cgroup{}/memory.oom.group", driver.container_cgroup(uid, id));
+        let line = oom_group.lines().find(|l| l.split(' ').next() == Some(file.as_str()));
+        assert_eq!(line.and_then(|l| l.rsplit(' ').next()), Some("1"), "{file}:\n{oom_group}");
     }
 
     // The order and the deadlines, in guest uptime seconds.

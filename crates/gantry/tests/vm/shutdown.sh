@@ -1,7 +1,8 @@
 #!/bin/bash
 # The guest half of crates/gantry/tests/vm_shutdown.rs. Runs as root inside the systemd VM
-# (scripts/vm, started with VM_FORWARD): the real Gantry (systemd cgroup driver, graceful node
-# shutdown on) joins the host test's API server at 10.0.2.100:6443. Once the host has its pods
+# (scripts/vm, started with VM_FORWARD): the real Gantry (graceful node shutdown on, with the
+# cgroup driver the host put in the share's `driver` file: systemd or cgroupfs, containerd's
+# SystemdCgroup to match) joins the host test's API server at 10.0.2.100:6443. Once the host has its pods
 # running (results/go), this script powers the machine off the way an operator does
 # (`systemctl poweroff`, through logind), and the pods' SIGTERM handlers and Gantry's log land in
 # results/ on the share. It records logind's InhibitDelayMaxUSec before and after Gantry started
@@ -11,6 +12,13 @@ set -uo pipefail
 ROOT=/var/lib/gantry
 CONFIG=/etc/gantry/config.yaml
 KUBECONFIG=/etc/gantry/kubeconfig
+DRIVER=$(cat $H/driver)
+# Where the driver puts the pods' cgroups.
+case "$DRIVER" in
+  systemd) KUBEPODS=/sys/fs/cgroup/kubepods.slice ;;
+  cgroupfs) KUBEPODS=/sys/fs/cgroup/kubepods ;;
+  *) log "unknown cgroup driver in $H/driver: $DRIVER"; exit 1 ;;
+esac
 
 inhibit_delay() {
   busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec
@@ -22,12 +30,12 @@ setup() {
   # until the shutdown (the pods use the host's network; no plugin runs for them).
   mkdir -p /etc/cni/net.d
   echo '{"cniVersion": "1.0.0", "name": "lo", "plugins": [{"type": "loopback"}]}' >/etc/cni/net.d/10-lo.conflist
-  containerd_systemd_cgroup true || return 1
+  containerd_systemd_cgroup "$([ "$DRIVER" = systemd ] && echo true || echo false)" || return 1
   local t
   for t in $H/*.oci.tar; do ctr -n k8s.io images import "$t" >/dev/null || return 1; done
   stat -fc %T /sys/fs/cgroup >$R/cgroup-fs
   inhibit_delay >$R/inhibit-delay-before
-  log "setup done: $(cat $R/cgroup-fs), $(containerd --version), logind $(cat $R/inhibit-delay-before)"
+  log "setup done: $(cat $R/cgroup-fs), driver $DRIVER, $(containerd --version), logind $(cat $R/inhibit-delay-before)"
 }
 
 setup || exit 1
@@ -38,7 +46,7 @@ kind: KubeletConfiguration
 enableServer: true
 port: 10250
 readOnlyPort: 10255
-cgroupDriver: systemd
+cgroupDriver: $DRIVER
 resolvConf: ""
 shutdownGracePeriod: 45s
 shutdownGracePeriodCriticalPods: 33s
@@ -54,8 +62,9 @@ touch $R/ready
 log "gantry holds its lock; waiting for the host's pods"
 wait_for 600 test -e $R/go -o -e $R/abort || { log "the host never said go"; exit 1; }
 [ -e $R/abort ] && exit 1
-# memory.oom.group of every container scope (the host picks its containers by ID).
-find /sys/fs/cgroup/kubepods.slice -path '*cri-containerd-*.scope/memory.oom.group' | while read -r f; do
+# memory.oom.group of every cgroup below kubepods (the host picks its containers' by ID:
+# systemd's cri-containerd-<id>.scope, cgroupfs's <id>, below the pod's cgroup).
+find $KUBEPODS -name memory.oom.group | while read -r f; do
   echo "$f $(cat "$f")"
 done >$R/oom-group
 # The script's result goes first: the machine powers off without this script ending.

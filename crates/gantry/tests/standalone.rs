@@ -377,3 +377,25 @@ async fn reserved_cgroups_get_their_reservations_as_limits() {
     );
     assert!(gantry.log().contains(&expected), "{}", common::tail(&gantry.log(), 20));
 }
+
+/// The agent lowers its own `oom_score_adj` at start (`oomScoreAdj`, -999 by default, as
+/// upstream), so that the OOM killer picks the pods' processes before it; `--oom-score-adj`
+/// sets another value.
+#[tokio::test]
+async fn the_agent_sets_its_own_oom_score_adj() {
+    let Some(env) = Env::start().await else { return };
+    let score =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok()?.trim().parse::<i32>().ok();
+    let inherited = score(std::process::id()).unwrap();
+    assert!(![-999, -7].contains(&inherited), "the test runs at {inherited}, which the agent would inherit");
+
+    for (flags, expected) in [(&[][..], -999), (&["--oom-score-adj=-7"][..], -7)] {
+        let mut gantry = env.kubelet(flags);
+        let pid = gantry.pid();
+        eventually(&format!("the agent's oom_score_adj {expected} with {flags:?}"), &gantry, || async {
+            (score(pid)? == expected).then_some(())
+        })
+        .await;
+        gantry.kill();
+    }
+}

@@ -677,6 +677,21 @@ pub fn choose(
     })
 }
 
+/// Whether [`local_storage`] can find the pod over a limit: a pod that is not critical with an
+/// emptyDir `sizeLimit` or a container with an `ephemeral-storage` limit. Only these pods'
+/// usage needs reading when no threshold is met.
+pub fn has_local_storage_limit(pod: &Pod) -> bool {
+    let size_limit = || {
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
+        volumes.iter().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+    };
+    let ephemeral_limit = || {
+        let all = spec::containers(pod).iter().chain(spec::init_containers(pod));
+        all.clone().any(|c| container_quantity(c, "limits", "ephemeral-storage").is_some())
+    };
+    !is_critical(pod) && (size_limit() || ephemeral_limit())
+}
+
 /// Pods over their local storage limits, regardless of node pressure (upstream's
 /// `localStorageEviction`): an emptyDir over its `sizeLimit`, the pod over the sum of its
 /// containers' `ephemeral-storage` limits, a container over its own limit (logs, plus the

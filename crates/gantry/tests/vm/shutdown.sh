@@ -53,9 +53,12 @@ shutdownGracePeriodCriticalPods: 33s
 CFG
 gantry kubelet --config=$CONFIG --kubeconfig=$KUBECONFIG --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
   --root-dir=$ROOT --hostname-override=vm-node -v=4 2>>"$R/gantry.log" &
+GANTRY_PID=$!
 # Gantry raises logind's delay before it takes its lock; the lock shows in systemd-inhibit.
 wait_for 120 sh -c 'systemd-inhibit --list --no-legend --no-pager | grep -q kubelet' || { log "no inhibitor lock"; exit 1; }
 inhibit_delay >$R/inhibit-delay-after
+# Gantry's own oom_score_adj (oomScoreAdj, -999 by default), set at its start.
+cat /proc/$GANTRY_PID/oom_score_adj >$R/gantry-oom-score-adj
 systemd-inhibit --list --no-pager >$R/inhibitors
 cp /etc/systemd/logind.conf.d/99-kubelet.conf $R/logind-drop-in 2>/dev/null
 touch $R/ready
@@ -70,7 +73,8 @@ done >$R/oom-group
 # The script's result goes first: the machine powers off without this script ending.
 echo 0 >$R/rc
 sync
-cut -d' ' -f1 /proc/uptime >$R/poweroff-at
+# The uptime and the wall clock together, to place Gantry's timestamps among the pods' uptimes.
+echo "$(cut -d' ' -f1 /proc/uptime) $(date +%s.%N)" >$R/poweroff-at
 log "systemctl poweroff"
 systemctl poweroff
 # Keep going until the shutdown stops this unit (returning would let vm-runner force a

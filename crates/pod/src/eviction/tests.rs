@@ -372,6 +372,19 @@ fn local_storage_limits() {
     );
     // With a dedicated image fs the writable layer does not count against the container limit.
     assert!(local_storage(&[&limited], &usage, true).is_empty());
+
+    // Only pods with a limit need their usage read.
+    for p in [&empty_dir, &limited, &two, &fine] {
+        assert!(has_local_storage_limit(p), "{:?}", p.metadata.name);
+    }
+    let plain = pod("plain", 0, vec![container("c", &[], &[("memory", "1Gi")])]);
+    let critical = pod("critical", 2_000_000_000, vec![container("c", &[], &[("ephemeral-storage", "5Mi")])]);
+    let mut no_size_limit = plain.clone();
+    no_size_limit.spec.as_mut().unwrap().volumes =
+        Some(vec![Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() }]);
+    for p in [&plain, &critical, &no_size_limit] {
+        assert!(!has_local_storage_limit(p), "{:?}", p.metadata.name);
+    }
 }
 
 #[test]

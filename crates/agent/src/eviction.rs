@@ -17,6 +17,7 @@ use crate::agent::{ContainerReclaimer, Kill, KillReason, Shared};
 use crate::events::{EventType, NodeEvent};
 use crate::image::collector::ImageReclaimer;
 use gantry_config::Settings;
+use gantry_metrics::EvictionLabels;
 use gantry_pod::eviction::{self as core, Eviction, Observations, Usage};
 use gantry_vocab::spec;
 
@@ -204,7 +205,8 @@ impl<S: StatsSource> EvictionManager<S> {
     /// Records the `Evicted` event and hands the pod to its worker to stop.
     fn evict(&self, pods: &[Pod], e: &Eviction) -> Option<oneshot::Receiver<()>> {
         let pod = pods.iter().find(|p| spec::uid(p) == e.uid)?;
-        self.shared.events.record(pod, None, EventType::Warning, core::REASON, &e.message);
+        let annotations = e.annotations.clone();
+        self.shared.events.record_annotated(pod, None, EventType::Warning, core::REASON, &e.message, annotations);
         tracing::info!(
             node = %self.node, pod = %e.name, pod_uid = %e.uid, signal = %e.signal, grace_seconds = e.grace_seconds,
             message = %e.message, "Eviction manager: evicting pod"
@@ -213,6 +215,8 @@ impl<S: StatsSource> EvictionManager<S> {
         let why = KillReason::Evicted { message: e.message.clone(), disruption_target: e.disruption_target };
         let grace = Duration::from_secs(e.grace_seconds.max(0) as u64);
         self.kills.send(Kill { uid: e.uid.clone(), grace, why, done }).ok()?;
+        let signal = EvictionLabels { eviction_signal: e.signal.clone() };
+        self.shared.metrics.evictions.get_or_create(&signal).inc();
         Some(wait)
     }
 }

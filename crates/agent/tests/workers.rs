@@ -1073,6 +1073,8 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     assert!(evicted_at >= Duration::from_secs(10) && evicted_at < Duration::from_secs(12), "{evicted_at:?}");
     node.fake.advance(Duration::from_secs(20)).await;
     assert_eq!(phase(&shared, &fixed).as_deref(), Some("Running"), "a static pod is never evicted");
+    let metrics = shared.metrics.encode();
+    assert!(metrics.contains("\nkubelet_evictions{eviction_signal=\"memory.available\"} 2\n"), "{metrics}");
 
     // Pressure goes: the condition holds for the transition period after it was last seen.
     *available.lock().unwrap() = 2 << 30;

@@ -84,8 +84,10 @@ systemctl poweroff
 trap 'cp $ROOT/graceful_node_shutdown_state $R/ 2>/dev/null; sync; exit 0' TERM
 for _ in $(seq 3000); do
   cp $ROOT/graceful_node_shutdown_state $R/ 2>/dev/null
+  # Through a rename: the shutdown's SIGTERM to this unit may kill grep half-way.
   busybox wget -q -O $R/metrics.tmp http://127.0.0.1:10255/metrics 2>/dev/null &&
-    grep '^kubelet_graceful_shutdown' $R/metrics.tmp >$R/shutdown-metrics
+    grep '^kubelet_graceful_shutdown' $R/metrics.tmp >$R/shutdown-metrics.new &&
+    mv $R/shutdown-metrics.new $R/shutdown-metrics
   sync
   sleep 0.2
 done

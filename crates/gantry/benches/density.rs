@@ -11,7 +11,8 @@
 //!
 //! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
-//! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60).
+//! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60); `GANTRY_BENCH_BIN`: another
+//! gantry binary to measure.
 
 mod common;
 

@@ -11,9 +11,11 @@ use gantry_testkit::Containerd;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
-/// Runs `gantry args…` with its stderr in `dir/log`.
+/// Runs `gantry args…` with its stderr in `dir/log`: this tree's binary, or `GANTRY_BENCH_BIN`
+/// (another build, to compare two versions on the same machine in the same conditions).
 pub fn spawn(dir: &Path, log: &str, args: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_gantry"))
+    let binary = std::env::var_os("GANTRY_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_gantry").into());
+    Command::new(binary)
         .args(args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(log)).unwrap())

@@ -33,4 +33,8 @@ pub mod api {
     pub mod podresources {
         tonic::include_proto!("v1");
     }
+    /// The CSI spec (`csi.v1`): the `Identity` and `Node` services a CSI driver serves.
+    pub mod csi {
+        tonic::include_proto!("csi.v1");
+    }
 }

@@ -288,7 +288,7 @@ fn spawn_plugins(
     device_tasks: gantry_plugins::devices::Tasks,
 ) {
     supervisor.spawn("device-manager", device_tasks.run());
-    let handlers = watcher::Handlers { devices: devices.clone() };
+    let handlers = watcher::Handlers { devices: devices.clone(), csi };
     supervisor.spawn("plugin-watcher", watcher::run(settings.root_dir.clone(), handlers));
     let pods = Arc::new(AgentPods(shared.statuses.clone()));
     supervisor.spawn("pod-resources", podresources::serve(settings.root_dir.clone(), pods, devices));

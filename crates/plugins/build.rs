@@ -21,10 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Each file is compiled on its own: they are separate packages importing nothing of each other.
     for proto in PROTOS {
         let dir = std::path::Path::new(proto).parent().expect("proto files are in a directory");
-        tonic_prost_build::configure().build_client(true).build_server(true).compile_protos(
-            &[std::path::Path::new(proto)],
-            &[dir, well_known.as_path()],
-        )?;
+        tonic_prost_build::configure()
+            .build_client(true)
+            .build_server(true)
+            .compile_protos(&[std::path::Path::new(proto)], &[dir, well_known.as_path()])?;
     }
     Ok(())
 }

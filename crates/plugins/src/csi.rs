@@ -52,9 +52,13 @@ pub struct DriverInfo {
 /// Why a CSI driver could not be registered or called (upstream's texts, as events show them).
 #[derive(Debug, thiserror::Error)]
 pub enum CsiError {
-    #[error("kubernetes.io/csi: {op} for CSI driver {driver:?} failed. Plugin returned an empty list for supported versions")]
+    #[error(
+        "kubernetes.io/csi: {op} for CSI driver {driver:?} failed. Plugin returned an empty list for supported versions"
+    )]
     NoVersions { op: &'static str, driver: String },
-    #[error("kubernetes.io/csi: {op} for CSI driver {driver:?} failed. None of the versions specified {versions:?} are supported. err=none of the CSI versions reported by this driver are supported")]
+    #[error(
+        "kubernetes.io/csi: {op} for CSI driver {driver:?} failed. None of the versions specified {versions:?} are supported. err=none of the CSI versions reported by this driver are supported"
+    )]
     UnsupportedVersions { op: &'static str, driver: String, versions: Vec<String> },
     #[error("driver name {0} not found in the list of registered CSI drivers")]
     NotRegistered(String),
@@ -156,9 +160,9 @@ impl CsiDrivers {
             .map_err(|_| Status::deadline_exceeded("context deadline exceeded"))??
             .into_inner();
         let has = |wanted: rpc::Type| {
-            caps.capabilities.iter().any(|c| {
-                matches!(&c.r#type, Some(node_service_capability::Type::Rpc(r)) if r.r#type == wanted as i32)
-            })
+            caps.capabilities
+                .iter()
+                .any(|c| matches!(&c.r#type, Some(node_service_capability::Type::Rpc(r)) if r.r#type == wanted as i32))
         };
         let driver = DriverInfo {
             name: name.to_string(),
@@ -242,10 +246,10 @@ async fn client(driver: &str, endpoint: &Path) -> Result<NodeClient<tonic::trans
     Ok(NodeClient::new(channel))
 }
 
-async fn call<T>(
-    f: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<(), CsiError> {
-    tokio::time::timeout(CALL_TIMEOUT, f).await.map_err(|_| Status::deadline_exceeded("context deadline exceeded"))??;
+async fn call<T>(f: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>) -> Result<(), CsiError> {
+    tokio::time::timeout(CALL_TIMEOUT, f)
+        .await
+        .map_err(|_| Status::deadline_exceeded("context deadline exceeded"))??;
     Ok(())
 }
 
@@ -262,10 +266,7 @@ mod tests {
             CsiDrivers::validate("d", &[]).unwrap_err().to_string(),
             "kubernetes.io/csi: RegisterPlugin for CSI driver \"d\" failed. Plugin returned an empty list for supported versions"
         );
-        assert!(matches!(
-            CsiDrivers::validate("d", &v(&["0.3.0"])),
-            Err(CsiError::UnsupportedVersions { .. })
-        ));
+        assert!(matches!(CsiDrivers::validate("d", &v(&["0.3.0"])), Err(CsiError::UnsupportedVersions { .. })));
     }
 
     #[test]

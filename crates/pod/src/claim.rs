@@ -60,7 +60,8 @@ pub fn csi_source<'a>(
 ) -> Result<&'a CSIPersistentVolumeSource, ClaimError> {
     let pv = pv.ok_or_else(|| ClaimError::VolumeNotFound(pv_name.to_string()))?;
     let spec = pv.spec.as_ref();
-    let claim_ref = spec.and_then(|s| s.claim_ref.as_ref()).ok_or_else(|| ClaimError::VolumeNotBound(pv_name.into()))?;
+    let claim_ref =
+        spec.and_then(|s| s.claim_ref.as_ref()).ok_or_else(|| ClaimError::VolumeNotBound(pv_name.into()))?;
     let got = claim_ref.uid.clone().unwrap_or_default();
     if got != claim_uid {
         return Err(ClaimError::VolumeBoundElsewhere { pv: pv_name.to_string(), got, want: claim_uid.to_string() });
@@ -70,9 +71,17 @@ pub fn csi_source<'a>(
 
 /// The volume source's name in the PV spec, for the unsupported-kind message.
 fn kind(pv: &PersistentVolume) -> String {
-    const NOT_SOURCES: &[&str] =
-        &["accessModes", "capacity", "claimRef", "mountOptions", "nodeAffinity", "persistentVolumeReclaimPolicy",
-          "storageClassName", "volumeMode", "volumeAttributesClassName"];
+    const NOT_SOURCES: &[&str] = &[
+        "accessModes",
+        "capacity",
+        "claimRef",
+        "mountOptions",
+        "nodeAffinity",
+        "persistentVolumeReclaimPolicy",
+        "storageClassName",
+        "volumeMode",
+        "volumeAttributesClassName",
+    ];
     let spec = k8s_openapi::serde_json::to_value(&pv.spec).unwrap_or_default();
     let mut names = spec.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| !NOT_SOURCES.contains(&k.as_str()));
     names.next().cloned().unwrap_or_else(|| "unknown".into())

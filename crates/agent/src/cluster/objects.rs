@@ -11,13 +11,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
-use k8s_openapi::ClusterResourceScope;
 use kube::api::PostParams;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;

@@ -163,10 +163,10 @@ impl CsiVolumes {
         } else {
             String::new()
         };
-        let driver = self.drivers.driver(&volume.driver).map_err(|source| CsiVolumeError::Publish {
-            pv: pv_name.clone(),
-            source,
-        })?;
+        let driver = self
+            .drivers
+            .driver(&volume.driver)
+            .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
         let staging = driver.stages.then(|| staging_dir(&self.root_dir, &volume.driver, &volume.handle));
         if let Some(staged) = &staging
             && read_vol_data(staged).is_none()
@@ -177,7 +177,11 @@ impl CsiVolumes {
                 .stage(&volume, &globalmount)
                 .await
                 .map_err(|source| CsiVolumeError::Stage { pv: pv_name.clone(), source })?;
-            let data = VolData { volume_handle: volume.handle.clone(), driver_name: volume.driver.clone(), ..Default::default() };
+            let data = VolData {
+                volume_handle: volume.handle.clone(),
+                driver_name: volume.driver.clone(),
+                ..Default::default()
+            };
             write_vol_data(staged, &data).map_err(|e| io("cannot write", staged, e))?;
             tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume staged");
         }
@@ -269,9 +273,11 @@ impl CsiVolumes {
     /// Whether any pod on the node still has the volume published.
     fn published_anywhere(&self, driver: &str, handle: &str) -> bool {
         let pods = std::fs::read_dir(self.root_dir.join("pods")).into_iter().flatten().flatten();
-        pods.flat_map(|p| std::fs::read_dir(p.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten().flatten())
-            .filter_map(|v| read_vol_data(&v.path()))
-            .any(|d| d.driver_name == driver && d.volume_handle == handle)
+        pods.flat_map(|p| {
+            std::fs::read_dir(p.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten().flatten()
+        })
+        .filter_map(|v| read_vol_data(&v.path()))
+        .any(|d| d.driver_name == driver && d.volume_handle == handle)
     }
 }
 
@@ -342,7 +348,10 @@ mod tests {
                 "volumeLifecycleMode": "Persistent"})
         );
         let staged = VolData { volume_handle: "h1".into(), driver_name: "d".into(), ..Default::default() };
-        assert_eq!(serde_json::to_value(&staged).unwrap(), serde_json::json!({"volumeHandle": "h1", "driverName": "d"}));
+        assert_eq!(
+            serde_json::to_value(&staged).unwrap(),
+            serde_json::json!({"volumeHandle": "h1", "driverName": "d"})
+        );
     }
 
     #[tokio::test]
@@ -356,7 +365,12 @@ mod tests {
         // Published with a driver that is gone: nothing is removed, and the caller is told.
         std::fs::create_dir_all(dir.join("mount")).unwrap();
         std::fs::write(dir.join("mount/data"), "keep").unwrap();
-        let data = VolData { spec_vol_id: "pv1".into(), volume_handle: "h".into(), driver_name: "d".into(), ..Default::default() };
+        let data = VolData {
+            spec_vol_id: "pv1".into(),
+            volume_handle: "h".into(),
+            driver_name: "d".into(),
+            ..Default::default()
+        };
         write_vol_data(&dir, &data).unwrap();
         assert!(!csi.tear_down("u1").await);
         assert_eq!(std::fs::read_to_string(dir.join("mount/data")).unwrap(), "keep");

@@ -12,8 +12,8 @@ use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::cgroups::{self, CgroupFs};
-use super::csi::CsiVolumes;
 use super::config::{self, ContainerContext, SandboxContext};
+use super::csi::CsiVolumes;
 use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::security::{self, ImageUser, NodeSecurity};
@@ -319,7 +319,10 @@ impl Driver {
         if !volumes::has_projections(pod) {
             return;
         }
-        if let Err(e) = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &self.fields(pod_ip)).await {
+        if let Err(e) =
+            volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &self.fields(pod_ip))
+                .await
+        {
             tracing::warn!(pod = %spec::full_name(pod), error = %e.message, "cannot refresh volumes");
         }
     }
@@ -553,7 +556,8 @@ impl Driver {
     ) -> Result<Started, StartError> {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
-        let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &fields).await?;
+        let volumes =
+            volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &fields).await?;
         let mut mounts = volumes::mounts(c, &volumes)
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);

@@ -90,8 +90,11 @@ pub async fn prepare(
             Prepared { path, read_only: true }
         } else if let (Some(_), Some(csi)) = (&v.persistent_volume_claim, csi) {
             let published = csi.set_up(pod, v, objects).await.map_err(|e| {
-                let reason =
-                    if e.is_wait() { StartFailure::ContainerCreating } else { StartFailure::CreateContainerConfigError };
+                let reason = if e.is_wait() {
+                    StartFailure::ContainerCreating
+                } else {
+                    StartFailure::CreateContainerConfigError
+                };
                 StartError::new(reason, e.to_string())
             })?;
             Prepared { path: published.path, read_only: published.read_only }

@@ -144,7 +144,11 @@ fn bind(source: &Path, target: &Path, read_only: bool) -> std::result::Result<()
     let mount = |flags: libc::c_ulong| {
         // SAFETY: valid NUL-terminated paths; no file system type or data for a bind mount.
         let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
-        if rc == 0 { Ok(()) } else { Err(Status::internal(format!("mount {}: {}", target.display(), std::io::Error::last_os_error()))) }
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Status::internal(format!("mount {}: {}", target.display(), std::io::Error::last_os_error())))
+        }
     };
     mount(libc::MS_BIND)?;
     if read_only {
@@ -190,7 +194,10 @@ impl Registration for Service {
 
 #[tonic::async_trait]
 impl Identity for Service {
-    async fn get_plugin_info(&self, _: Request<GetPluginInfoRequest>) -> Result<Response<GetPluginInfoResponse>, Status> {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
         Ok(Response::new(GetPluginInfoResponse {
             name: self.name.clone(),
             vendor_version: "0.1.0".into(),

@@ -39,7 +39,8 @@ pub fn entry(d: &DriverInfo) -> CSINodeDriver {
         name: d.name.clone(),
         node_id: d.node_id.clone(),
         topology_keys: Some(d.topology.keys().cloned().collect()),
-        allocatable: (d.max_volumes > 0).then(|| VolumeNodeResources { count: Some(d.max_volumes as i32) }),
+        allocatable: (d.max_volumes > 0)
+            .then_some(VolumeNodeResources { count: Some(i32::try_from(d.max_volumes).unwrap_or(i32::MAX)) }),
     }
 }
 
@@ -162,6 +163,6 @@ mod tests {
         // Nothing changed, nothing to write; a driver registered elsewhere is kept.
         assert_eq!(change(&only_b, &only_b), Change::default());
         let other = CSINodeDriver { name: "other".into(), node_id: "o".into(), ..Default::default() };
-        assert_eq!(apply(&[other.clone()], &change(&none, &only_b)), vec![other, entry(&b)]);
+        assert_eq!(apply(std::slice::from_ref(&other), &change(&none, &only_b)), vec![other, entry(&b)]);
     }
 }

@@ -15,7 +15,7 @@ use common::cluster::{self, Cluster};
 use common::{Env, container_output, eventually};
 use gantry_testkit::{CsiCall, TestCsiDriver};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -241,5 +241,74 @@ async fn a_claim_is_staged_published_and_torn_down_in_order_and_keeps_its_data()
         csi_node.spec.drivers.iter().all(|d| d.name != driver_name).then_some(())
     })
     .await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_volume_that_needs_attaching_waits_for_its_volume_attachment() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.attach.gantry.test");
+    let pv = format!("{node}-attached-pv");
+    // A driver without STAGE_UNSTAGE_VOLUME, and no CSIDriver object: attach is required.
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, false, 0).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    let csi_nodes: Api<CSINode> = Api::all(admin.clone());
+    let entry = eventually("the driver is in the node's CSINode", &gantry, || async {
+        let csi_node = csi_nodes.get_opt(node).await.ok()??;
+        csi_node.spec.drivers.into_iter().find(|d| d.name == driver_name)
+    })
+    .await;
+    assert_eq!(entry.allocatable, None, "no volume limit reported, none recorded");
+
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    pods.create(&PostParams::default(), &claim_pod(node, "attached", "echo mounted; sleep 3600", false)).await.unwrap();
+    let attachment = gantry_agent::runtime::csi::attachment_name("vol-1", &driver_name, node);
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let waiting = eventually("the FailedMount event of the missing attachment", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("attached")
+                && e.reason.as_deref() == Some("FailedMount")
+                && e.message.as_deref().is_some_and(|m| m.starts_with("MountVolume.WaitForAttach failed"))
+        })
+    })
+    .await;
+    assert!(waiting.message.unwrap().contains(&format!("volume {pv:?}")));
+    assert!(volume_calls(&driver).is_empty(), "nothing is published before the volume is attached");
+
+    // The attacher's part: the VolumeAttachment, upstream's name, attached with metadata.
+    let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": attachment},
+        "spec": {"attacher": driver_name, "nodeName": node, "source": {"persistentVolumeName": pv}},
+    }))
+    .unwrap();
+    attachments.create(&PostParams::default(), &va).await.unwrap();
+    let attached = Patch::Merge(json!({"status": {"attached": true, "attachmentMetadata": {"device": "/dev/x"}}}));
+    attachments.patch_status(&attachment, &PatchParams::default(), &attached).await.unwrap();
+    running(&gantry, &pods, "attached").await;
+    let uid = pods.get("attached").await.unwrap().metadata.uid.unwrap();
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}"));
+    assert!(driver.calls().contains(&CsiCall::NodePublishVolume {
+        volume: "vol-1".into(),
+        staging: None,
+        target: published.join("mount"),
+        read_only: false,
+    }));
+    let vol_data: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(published.join("vol_data.json")).unwrap()).unwrap();
+    assert_eq!(vol_data["attachmentID"], attachment.as_str());
+
+    deleted(&gantry, &pods, "attached").await;
+    eventually("the volume is unpublished", &gantry, || async { (volume_calls(&driver).len() == 2).then_some(()) })
+        .await;
+    assert_eq!(volume_calls(&driver), ["publish", "unpublish"], "a driver that does not stage is never staged");
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

@@ -412,7 +412,9 @@ async fn node_csi_objects() {
 
     // VolumeAttachment: the node may get those to itself, nothing else; status is a subresource.
     let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
-    for (name, to) in [("csi-mine", "n1"), ("csi-theirs", "n2")] {
+    // Upstream's names: `csi-` and a SHA-256 in hex, longer than a DNS label may be.
+    let mine = format!("csi-{}", "a".repeat(64));
+    for (name, to) in [(mine.as_str(), "n1"), ("csi-theirs", "n2")] {
         let va: VolumeAttachment = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
             "attacher": "d.example.com", "nodeName": to, "source": {"persistentVolumeName": "pv1"}}}))
         .unwrap();
@@ -420,9 +422,9 @@ async fn node_csi_objects() {
         assert!(!created.status.unwrap().attached, "a new attachment is not attached");
     }
     let attached = Patch::Merge(json!({"status": {"attached": true, "attachmentMetadata": {"k": "v"}}}));
-    attachments.patch_status("csi-mine", &PatchParams::default(), &attached).await.unwrap();
+    attachments.patch_status(&mine, &PatchParams::default(), &attached).await.unwrap();
     let node_attachments: Api<VolumeAttachment> = Api::all(node.clone());
-    let mine = node_attachments.get("csi-mine").await.unwrap();
+    let mine = node_attachments.get(&mine).await.unwrap();
     assert!(mine.status.as_ref().unwrap().attached);
     assert_eq!(mine.status.unwrap().attachment_metadata.unwrap()["k"], "v");
     let e = status(node_attachments.get("csi-theirs").await.unwrap_err());

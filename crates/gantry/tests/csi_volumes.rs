@@ -312,3 +312,44 @@ async fn a_volume_that_needs_attaching_waits_for_its_volume_attachment() {
     let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }
+
+#[tokio::test]
+async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.restart.gantry.test");
+    let pv = format!("{node}-restart-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    let mut gantry = cluster::start_node(&env, &cluster);
+    pods.create(&PostParams::default(), &claim_pod(node, "kept", "sleep 3600", false)).await.unwrap();
+    running(&gantry, &pods, "kept").await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    // Gantry restarts: the pod keeps running, its volume is neither staged nor published again.
+    let before = env.running("kept").await;
+    let registrations = driver.calls().iter().filter(|c| **c == CsiCall::GetInfo).count();
+    gantry.kill();
+    let gantry = cluster::start_node(&env, &cluster);
+    eventually("the restarted node registers the driver again", &gantry, || async {
+        (driver.calls().iter().filter(|c| **c == CsiCall::GetInfo).count() > registrations).then_some(())
+    })
+    .await;
+    running(&gantry, &pods, "kept").await;
+    assert_eq!(env.running("kept").await, before, "the pod keeps running, unchanged");
+    assert_eq!(volume_calls(&driver), ["stage", "publish"], "nothing repeated after the restart");
+
+    // Deleted after the restart: torn down from the record on disk, once each, in order.
+    deleted(&gantry, &pods, "kept").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}

@@ -750,10 +750,14 @@ impl Driver {
         for s in &observed.sandboxes {
             self.remove_sandbox(&s.id).await?;
         }
-        if let Some(csi) = &self.csi {
-            csi.tear_down(uid).await;
+        let volumes_gone = match &self.csi {
+            Some(csi) => csi.tear_down(uid).await,
+            None => true,
+        };
+        // A volume still mounted keeps the pod's directory (its data is not the node's).
+        if volumes_gone {
+            volumes::cleanup(&self.root_dir, uid).await;
         }
-        volumes::cleanup(&self.root_dir, uid).await;
         self.remove_cgroups(uid).await;
         if let Some(objects) = &self.objects {
             objects.forget(uid);

@@ -45,7 +45,8 @@ mod store;
 mod tokens;
 mod watch;
 
-pub use accounting::{OpenWatch, RequestCounts, RequestKey};
+pub use accounting::{ClientConnection, OpenWatch, RequestCounts, RequestKey};
+pub use server::HTTP2_MAX_STREAMS;
 pub use eviction::EvictionRecord;
 
 use std::collections::BTreeMap;
@@ -295,6 +296,11 @@ impl TestApiServer {
     /// The watches being served now.
     pub fn open_watches(&self) -> Vec<OpenWatch> {
         self.state.accounting.open_watches()
+    }
+
+    /// Every client connection accepted so far, with the users whose requests it carried.
+    pub fn connections(&self) -> Vec<ClientConnection> {
+        self.state.accounting.connections()
     }
 
     /// The current (latest) resourceVersion.

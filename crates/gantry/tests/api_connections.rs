@@ -30,6 +30,16 @@ fn open_connections_of(server: &TestApiServer) -> Vec<ClientConnection> {
     server.connections().into_iter().filter(|c| c.open && c.users.contains(USER)).collect()
 }
 
+/// A watch from `rv`; a request queued behind a full connection fails here instead of hanging.
+async fn open_watch(
+    api: &Api<ConfigMap>,
+    params: &WatchParams,
+    rv: &str,
+) -> futures::stream::BoxStream<'static, kube::Result<WatchEvent<ConfigMap>>> {
+    let watch = tokio::time::timeout(Duration::from_secs(10), api.watch(params, rv)).await;
+    watch.expect("the server answers the watch within 10 s").expect("watch").boxed()
+}
+
 async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -57,7 +67,7 @@ async fn watches_share_http2_connections_of_at_most_the_servers_streams() {
     for i in 0..limit - 1 {
         let api = if i % 2 == 0 { &mine } else { &heartbeat };
         let params = WatchParams::default().fields(&format!("metadata.name=cm-{i}"));
-        watches.push(api.watch(&params, &rv).await.expect("watch").boxed());
+        watches.push(open_watch(api, &params, &rv).await);
     }
     assert_eq!(server.open_watches().len(), limit - 1);
     let open = open_connections_of(&server);
@@ -67,7 +77,7 @@ async fn watches_share_http2_connections_of_at_most_the_servers_streams() {
     // Past it, a second connection carries the rest: no watch waits for a free stream.
     for i in limit - 1..limit + 20 {
         let params = WatchParams::default().fields(&format!("metadata.name=cm-{i}"));
-        watches.push(mine.watch(&params, &rv).await.expect("watch").boxed());
+        watches.push(open_watch(&mine, &params, &rv).await);
     }
     assert_eq!(server.open_watches().len(), limit + 20);
     let open = open_connections_of(&server);

@@ -46,8 +46,8 @@ mod tokens;
 mod watch;
 
 pub use accounting::{ClientConnection, OpenWatch, RequestCounts, RequestKey};
-pub use server::HTTP2_MAX_STREAMS;
 pub use eviction::EvictionRecord;
+pub use server::HTTP2_MAX_STREAMS;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

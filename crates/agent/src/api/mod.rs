@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
 use hyper_util::client::legacy::connect::HttpConnector;
+use k8s_openapi::api::core::v1::Node;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Api, Client};
@@ -312,7 +312,8 @@ where
     use kube::client::ConfigExt;
     use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-    let retry = config.default_retry.then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
+    let retry =
+        config.default_retry.then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(retry)

@@ -85,11 +85,11 @@ pub struct Driver {
     starts: Arc<tokio::sync::Semaphore>,
 }
 
-/// How many sandbox creations and container create-and-starts run at once. Many at once make
-/// the runtime slower in all, not faster: with 110 pods started together on 2 cores,
-/// containerd finished them in 1.3× the time 8 concurrent callers took (the density
-/// benchmark), and the callers' throughput levelled off from 4 to 8 (its `raw_parallel`
-/// figures). Pulls and hooks are not counted: a slow pull must not hold up other pods.
+/// How many sandbox creations and container create-and-starts run at once. All at once is
+/// slower in all, not faster: 110 pods started all together took 1.32× as long as 8
+/// concurrent raw CRI callers did, while 8 callers were 2.7× as fast as one and 4 nearly as fast
+/// as 8 (48.6 s against 45.0 s; the density benchmark on 2 shared cores). Pulls
+/// and hooks are not counted: a slow pull must not hold up other pods.
 pub const RUNTIME_STARTS: usize = 8;
 
 impl Driver {

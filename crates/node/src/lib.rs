@@ -16,7 +16,7 @@ use gantry_agent::agent::{self, Agent, AgentError, NamedTask, Shared, Sources, r
 use gantry_agent::api::bootstrap;
 use gantry_agent::api::rotation::{CertificateRotation, CurrentCert, KeyError, Purpose};
 use gantry_agent::cluster::objects::ObjectSource;
-use gantry_agent::cluster::{maintenance, mirror, pod_source, status_sync};
+use gantry_agent::cluster::{csi_node, maintenance, mirror, pod_source, status_sync};
 use gantry_agent::events::Recorder;
 use gantry_agent::eviction::{EvictionManager, Reclaim};
 use gantry_agent::image::collector::{ImageCollector, ImageReclaimer};
@@ -26,6 +26,7 @@ use gantry_agent::source::SourceKind;
 use gantry_agent::status_store::StatusStore;
 use gantry_config::Settings;
 use gantry_metrics::Metrics;
+use gantry_plugins::csi::CsiDrivers;
 use gantry_plugins::devices::DeviceManager;
 use gantry_plugins::{podresources, watcher};
 use gantry_server as server;
@@ -99,11 +100,15 @@ impl Node {
             return Ok(());
         }
         let (devices, device_tasks) = DeviceManager::new(&settings.root_dir, self.metrics.clone());
-        let shared = connect(settings, self.metrics.clone()).await?.with_devices(devices.clone());
+        let csi = CsiDrivers::default();
+        let shared = connect(settings, self.metrics.clone())
+            .await?
+            .with_devices(devices.clone())
+            .with_csi(csi.clone(), settings.root_dir.clone());
         let mut sources = agent::sources(settings);
         let mut supervisor = Supervisor::default();
         spawn_all(&mut supervisor, std::mem::take(&mut sources.tasks));
-        spawn_plugins(&mut supervisor, settings, &shared, devices, device_tasks);
+        spawn_plugins(&mut supervisor, settings, &shared, devices, device_tasks, csi.clone());
         let serving_cert = serving_certificate(settings)?;
         let cluster = match settings.kubeconfig {
             Some(_) => {
@@ -125,6 +130,8 @@ impl Node {
                 let strategy = settings.change_detection;
                 let (objects, watches) = ObjectSource::new(c.client.clone(), strategy, c.object_ttl.clone());
                 supervisor.spawn("object-watches", watches);
+                let csi_node = csi_node::run(c.client.clone(), settings.node_name.clone(), csi.subscribe());
+                supervisor.spawn("csi-node", csi_node);
                 shared.with_api(c.client.clone(), objects, c.events.clone(), c.host_ip.clone())
             }
             None => shared,
@@ -279,16 +286,17 @@ fn serving_certificate(settings: &Settings) -> Result<Option<Arc<CurrentCert>>, 
 }
 
 /// Node plugins: the device manager (its registration socket and the plugins' streams), the
-/// plugin watcher, and the pod-resources API.
+/// plugin watcher (device plugins and CSI drivers), and the pod-resources API.
 fn spawn_plugins(
     supervisor: &mut Supervisor,
     settings: &Settings,
     shared: &Shared,
     devices: DeviceManager,
     device_tasks: gantry_plugins::devices::Tasks,
+    csi: CsiDrivers,
 ) {
     supervisor.spawn("device-manager", device_tasks.run());
-    let handlers = watcher::Handlers { devices: devices.clone() };
+    let handlers = watcher::Handlers { devices: devices.clone(), csi };
     supervisor.spawn("plugin-watcher", watcher::run(settings.root_dir.clone(), handlers));
     let pods = Arc::new(AgentPods(shared.statuses.clone()));
     supervisor.spawn("pod-resources", podresources::serve(settings.root_dir.clone(), pods, devices));

@@ -6,6 +6,8 @@
 //! - [`devices`]: the device manager (upstream `cm/devicemanager`): device plugins registered
 //!   on `<root-dir>/device-plugins/kubelet.sock` or through the watcher, their devices as node
 //!   capacity, allocation at pod admission, the container options, the checkpoint.
+//! - [`csi`]: CSI drivers registered through the watcher (`NodeGetInfo`, capabilities) and
+//!   the node calls of a volume's life (stage, publish, unpublish, unstage).
 //! - [`podresources`]: the `v1.PodResourcesLister` service on
 //!   `<root-dir>/pod-resources/kubelet.sock` for monitoring agents.
 //!
@@ -13,6 +15,7 @@
 //! gets from it are plain values (device counts, allocation outcomes, the CRI mounts, devices,
 //! envs and annotations to merge into a container's config).
 
+pub mod csi;
 pub mod devices;
 mod dial;
 pub mod podresources;
@@ -32,5 +35,9 @@ pub mod api {
     /// `podresources/v1`: `PodResourcesLister`.
     pub mod podresources {
         tonic::include_proto!("v1");
+    }
+    /// The CSI spec (`csi.v1`): the `Identity` and `Node` services a CSI driver serves.
+    pub mod csi {
+        tonic::include_proto!("csi.v1");
     }
 }

@@ -6,8 +6,8 @@
 //! registration is retried with backoff while the socket stays; a socket re-created (new
 //! modification time) registers again.
 //!
-//! Handlers: `DevicePlugin` (the device manager). Another plugin type is refused until a
-//! handler for it is added to [`Handlers`].
+//! Handlers: `DevicePlugin` (the device manager) and `CSIPlugin` (the CSI drivers). Another
+//! plugin type is refused until a handler for it is added to [`Handlers`].
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::api::registration::registration_client::RegistrationClient;
 use crate::api::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use crate::csi::{CSI_PLUGIN, CsiDrivers, CsiError};
 use crate::devices::DeviceManager;
 
 /// `<root-dir>/plugins_registry`.
@@ -40,6 +41,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(122);
 #[derive(Clone)]
 pub struct Handlers {
     pub devices: DeviceManager,
+    pub csi: CsiDrivers,
 }
 
 /// Why a plugin was not registered (upstream's texts; the plugin gets them back).
@@ -55,6 +57,10 @@ pub enum RegistrationError {
     Validation(#[source] crate::devices::RegisterError),
     #[error("RegisterPlugin error -- plugin registration failed with err: {0}")]
     Registration(#[source] crate::devices::RegisterError),
+    #[error("RegisterPlugin error -- plugin validation failed with err: {0}")]
+    CsiValidation(#[source] CsiError),
+    #[error("RegisterPlugin error -- plugin registration failed with err: {0}")]
+    CsiRegistration(#[source] CsiError),
 }
 
 /// A plugin registered from a socket.
@@ -206,13 +212,22 @@ async fn dispatch(socket: &Path, info: &PluginInfo, handlers: &Handlers) -> Resu
             DeviceManager::validate(&info.name, &info.supported_versions).map_err(RegistrationError::Validation)?;
             handlers.devices.connect(&info.name, &endpoint).await.map_err(RegistrationError::Registration)
         }
+        CSI_PLUGIN => {
+            CsiDrivers::validate(&info.name, &info.supported_versions).map_err(RegistrationError::CsiValidation)?;
+            let driver =
+                handlers.csi.register(&info.name, &endpoint).await.map_err(RegistrationError::CsiRegistration)?;
+            tracing::info!(driver = %driver.name, node_id = %driver.node_id, stages = driver.stages, "CSI driver registered");
+            Ok(())
+        }
         other => Err(RegistrationError::NoHandler { kind: other.to_string(), socket: socket.to_path_buf() }),
     }
 }
 
 fn deregister(handlers: &Handlers, r: &Registered) {
-    if r.kind == DEVICE_PLUGIN {
-        handlers.devices.disconnect(&r.name);
+    match r.kind.as_str() {
+        DEVICE_PLUGIN => handlers.devices.disconnect(&r.name),
+        CSI_PLUGIN => handlers.csi.deregister(&r.name),
+        _ => {}
     }
 }
 

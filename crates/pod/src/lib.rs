@@ -8,6 +8,7 @@
 //! unit CRI uses for its timestamps, so every decision can be tested with plain values.
 
 pub mod backoff;
+pub mod claim;
 pub mod eviction;
 pub mod gc;
 pub mod observed;

@@ -312,7 +312,6 @@ fn node_rules_allow(req: &AccessRequest) -> bool {
         ("", "events", "") | ("events.k8s.io", "events", "") => matches!(v, "create" | "update" | "patch"),
         ("", "endpoints", "") => v == "get",
         ("certificates.k8s.io", "certificatesigningrequests", "") => matches!(v, "create" | "get" | "list" | "watch"),
-        ("storage.k8s.io", "volumeattachments", "") => v == "get",
         ("storage.k8s.io", "csidrivers", "") | ("node.k8s.io", "runtimeclasses", "") => read,
         ("storage.k8s.io", "csinodes", "") => matches!(v, "get" | "create" | "update" | "patch" | "delete"),
         _ => false,
@@ -350,6 +349,18 @@ fn node_authorize(inner: &StoreInner, node: &str, req: &AccessRequest, fields: O
             node_get_only(inner, node, RefKind::Pvc, req)
         }
         ("", "persistentvolumes") => node_get_only(inner, node, RefKind::Pv, req),
+        // node <- volumeattachment: only attachments to this node.
+        ("storage.k8s.io", "volumeattachments") => {
+            if verb != "get" || !sub.is_empty() {
+                return no("can only get individual resources of this type");
+            }
+            let attachment = inner.get("storage.k8s.io/volumeattachments", "", name);
+            if attachment.is_some_and(|va| va.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)) {
+                Decision::Allow
+            } else {
+                no(format!("no relationship found between node '{node}' and this object"))
+            }
+        }
         ("", "serviceaccounts") => {
             if verb != "create" || name.is_empty() {
                 return no("can only create tokens for individual service accounts");
@@ -441,6 +452,9 @@ pub fn admit(inner: &StoreInner, a: &Admission<'_>) -> Result<(), ApiError> {
         ("", "nodes") => admit_node(node, a, &deny),
         ("", "serviceaccounts") if a.subresource == "token" => admit_token(inner, node, a, &deny),
         ("", "persistentvolumeclaims") if a.subresource != "status" => deny("may only update PVC status".into()),
+        ("storage.k8s.io", "csinodes") if a.name != node => {
+            deny("can only access CSINode with the same name as the requesting node".into())
+        }
         ("coordination.k8s.io", "leases") => {
             if a.namespace != NODE_LEASE_NAMESPACE {
                 return deny(format!("can only access leases in the {NODE_LEASE_NAMESPACE:?} system namespace"));

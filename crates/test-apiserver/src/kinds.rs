@@ -45,6 +45,8 @@ pub fn prepare_create(inner: &StoreInner, ctx: &WriteCtx<'_>, obj: &mut Value) -
         }
         ("", "persistentvolumeclaims") => obj["status"] = json!({"phase": "Pending"}),
         ("", "persistentvolumes") => obj["status"] = json!({"phase": "Pending"}),
+        ("storage.k8s.io", "csidrivers") => default_csi_driver(obj),
+        ("storage.k8s.io", "volumeattachments") => obj["status"] = json!({"attached": false}),
         ("apps", "deployments" | "replicasets" | "statefulsets") => {
             if obj.pointer("/spec/replicas").is_none() && obj["spec"].is_object() {
                 obj["spec"]["replicas"] = json!(1);
@@ -71,6 +73,27 @@ pub fn prepare_create(inner: &StoreInner, ctx: &WriteCtx<'_>, obj: &mut Value) -
         _ => {}
     }
     Ok(())
+}
+
+/// The API's defaults for a CSIDriver (storage.k8s.io/v1 `SetDefaults_CSIDriverSpec`).
+fn default_csi_driver(obj: &mut Value) {
+    if !obj["spec"].is_object() {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    for (field, value) in [
+        ("attachRequired", json!(true)),
+        ("podInfoOnMount", json!(false)),
+        ("storageCapacity", json!(false)),
+        ("fsGroupPolicy", json!("ReadWriteOnceWithFSType")),
+        ("requiresRepublish", json!(false)),
+        ("seLinuxMount", json!(false)),
+        ("volumeLifecycleModes", json!(["Persistent"])),
+    ] {
+        if spec.get(field).is_none_or(Value::is_null) {
+            spec[field] = value;
+        }
+    }
 }
 
 pub fn prepare_update(_inner: &StoreInner, ctx: &WriteCtx<'_>, existing: &Value, new: &mut Value) -> ApiResult<()> {

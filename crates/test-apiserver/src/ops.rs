@@ -127,6 +127,19 @@ pub(crate) fn is_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Upstream `IsDNS1123Subdomain`: at most 253 characters matching the regex; unlike a label,
+/// a dot-separated part has no length limit of its own (a VolumeAttachment's name is
+/// `csi-` and 64 hex digits).
+fn is_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
+}
+
 fn validate_name(rt: &ResourceType, name: &str) -> ApiResult<()> {
     if rt.group == "certificates.k8s.io" && rt.plural == "certificatesigningrequests" {
         // Upstream does not care what CSRs are called (the kubelet's names hold base64url):
@@ -134,7 +147,7 @@ fn validate_name(rt: &ResourceType, name: &str) -> ApiResult<()> {
         return validate_path_segment(rt, name);
     }
     let dns_label = matches!(rt.plural.as_str(), "namespaces" | "services") && rt.group.is_empty();
-    let ok = if dns_label { is_label(name) } else { name.len() <= 253 && name.split('.').all(is_label) };
+    let ok = if dns_label { is_label(name) } else { is_subdomain(name) };
     if ok {
         return Ok(());
     }

@@ -172,6 +172,9 @@ fn builtins() -> Vec<Builtin> {
         b("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, &["pvc"], &[Status], &[]),
         b("", "v1", "persistentvolumes", "PersistentVolume", false, &["pv"], &[Status], &[]),
         b("coordination.k8s.io", "v1", "leases", "Lease", true, &[], &[], &[]),
+        b("storage.k8s.io", "v1", "csidrivers", "CSIDriver", false, &[], &[], &[]),
+        b("storage.k8s.io", "v1", "csinodes", "CSINode", false, &[], &[], &[]),
+        b("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", false, &[], &[Status], &[]),
         b("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, &["pdb"], &[Status], &[]),
         b("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"], &[Status], &[]),
         b("apps", "v1", "deployments", "Deployment", true, &["deploy"], &[Status], &[]),
@@ -214,6 +217,7 @@ const BUILTIN_GROUP_ORDER: &[&str] = &[
     "certificates.k8s.io",
     "policy",
     "coordination.k8s.io",
+    "storage.k8s.io",
     "apiextensions.k8s.io",
 ];
 

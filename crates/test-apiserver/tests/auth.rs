@@ -9,6 +9,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview};
 use k8s_openapi::api::authorization::v1::{SelfSubjectAccessReview, SubjectAccessReview};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -367,4 +368,66 @@ async fn unknown_resources_are_authorized_before_they_are_not_found() {
     });
     assert_eq!(node.get(path).await.0, 404);
     assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn node_csi_objects() {
+    let (server, admin) = start().await;
+    let node = server.client(&node_client_user("n1")).await;
+    create_node(&node, "n1").await;
+
+    // CSINode: its own only, written by the node.
+    let csi_nodes: Api<CSINode> = Api::all(node.clone());
+    let csi_node = |n: &str| {
+        serde_json::from_value::<CSINode>(json!({"metadata": {"name": n}, "spec": {"drivers": [
+            {"name": "d.example.com", "nodeID": n, "topologyKeys": ["zone"], "allocatable": {"count": 3}}]}}))
+        .unwrap()
+    };
+    let mut own = csi_nodes.create(&PostParams::default(), &csi_node("n1")).await.unwrap();
+    own.spec.drivers.clear();
+    let own = csi_nodes.replace("n1", &PostParams::default(), &own).await.unwrap();
+    assert!(own.spec.drivers.is_empty());
+    let e = status(csi_nodes.create(&PostParams::default(), &csi_node("n2")).await.unwrap_err());
+    assert_eq!(e.code, 403);
+    assert!(e.message.ends_with("can only access CSINode with the same name as the requesting node"), "{}", e.message);
+
+    // CSIDriver: read by any node, with the API's defaults.
+    let drivers: Api<CSIDriver> = Api::all(admin.clone());
+    let d: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": "d.example.com"}, "spec": {"podInfoOnMount": true}}))
+            .unwrap();
+    drivers.create(&PostParams::default(), &d).await.unwrap();
+    let read = Api::<CSIDriver>::all(node.clone()).get("d.example.com").await.unwrap();
+    assert_eq!(read.spec.attach_required, Some(true));
+    assert_eq!(read.spec.pod_info_on_mount, Some(true));
+    assert_eq!(read.spec.fs_group_policy.as_deref(), Some("ReadWriteOnceWithFSType"));
+    assert_eq!(read.spec.volume_lifecycle_modes, Some(vec!["Persistent".to_string()]));
+    assert_eq!(
+        status(
+            Api::<CSIDriver>::all(node.clone()).delete("d.example.com", &DeleteParams::default()).await.unwrap_err()
+        )
+        .code,
+        403
+    );
+
+    // VolumeAttachment: the node may get those to itself, nothing else; status is a subresource.
+    let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
+    // Upstream's names: `csi-` and a SHA-256 in hex, longer than a DNS label may be.
+    let mine = format!("csi-{}", "a".repeat(64));
+    for (name, to) in [(mine.as_str(), "n1"), ("csi-theirs", "n2")] {
+        let va: VolumeAttachment = serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+            "attacher": "d.example.com", "nodeName": to, "source": {"persistentVolumeName": "pv1"}}}))
+        .unwrap();
+        let created = attachments.create(&PostParams::default(), &va).await.unwrap();
+        assert!(!created.status.unwrap().attached, "a new attachment is not attached");
+    }
+    let attached = Patch::Merge(json!({"status": {"attached": true, "attachmentMetadata": {"k": "v"}}}));
+    attachments.patch_status(&mine, &PatchParams::default(), &attached).await.unwrap();
+    let node_attachments: Api<VolumeAttachment> = Api::all(node.clone());
+    let mine = node_attachments.get(&mine).await.unwrap();
+    assert!(mine.status.as_ref().unwrap().attached);
+    assert_eq!(mine.status.unwrap().attachment_metadata.unwrap()["k"], "v");
+    let e = status(node_attachments.get("csi-theirs").await.unwrap_err());
+    assert!(e.message.ends_with("no relationship found between node 'n1' and this object"), "{}", e.message);
+    assert_eq!(status(node_attachments.list(&ListParams::default()).await.unwrap_err()).code, 403);
 }

@@ -8,6 +8,9 @@
 //!   no root), with [`ManualClock`] for tests on tokio's paused clock;
 //! - [`TestDevicePlugin`]: a small device plugin (real gRPC on a unix socket, devices that are
 //!   files, one can be marked unhealthy, every call recorded);
+//! - [`TestCsiDriver`]: a small CSI node plugin (real gRPC on a unix socket, registering
+//!   through `plugins_registry`; volumes are directories bind-mounted on stage and publish;
+//!   every call recorded);
 //! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
 //!   Gantry against;
 //! - [`vm`]: a throwaway systemd VM on cgroup v2 (`scripts/vm`), for tests that need a
@@ -28,6 +31,7 @@ pub mod cni;
 pub mod config;
 pub mod containerd;
 pub mod cri;
+pub mod csi_driver;
 pub mod device_plugin;
 pub mod error;
 pub mod fake_cri;
@@ -38,6 +42,7 @@ pub mod raw;
 pub mod vm;
 
 pub use containerd::{Containerd, ContainerdOptions};
+pub use csi_driver::{CsiCall, TestCsiDriver};
 pub use device_plugin::{PluginCall, TestDevicePlugin};
 pub use error::{Result, TestkitError};
 pub use fake_cri::{FakeCri, ManualClock};

@@ -186,6 +186,18 @@ impl Shared {
         Arc::new(shared)
     }
 
+    /// The same, with claim volumes from the CSI drivers registered in `drivers`.
+    pub fn with_csi(
+        self: Arc<Self>,
+        drivers: gantry_plugins::csi::CsiDrivers,
+        root_dir: std::path::PathBuf,
+    ) -> Arc<Self> {
+        let mut shared = Arc::into_inner(self).expect("with_csi is called before workers start");
+        let node = shared.driver.node().to_string();
+        shared.driver = shared.driver.with_csi(crate::runtime::csi::CsiVolumes::new(drivers, root_dir, node));
+        Arc::new(shared)
+    }
+
     /// The same, reporting to the API server through `client` (cluster mode).
     /// `objects`: the ConfigMaps, Secrets, Services and tokens pods use.
     pub fn with_api(

@@ -1,6 +1,7 @@
 //! The edge to the API server for pods: the pods bound to this node as a source, mirror pods
 //! for static pods, pod status reporting and final deletion, and events.
 
+pub mod csi_node;
 pub mod maintenance;
 pub mod mirror;
 pub mod objects;

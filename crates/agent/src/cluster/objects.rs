@@ -11,9 +11,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::api::PostParams;
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -211,6 +215,33 @@ impl ObjectSource {
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
     {
         Api::<K>::namespaced(self.inner.client.clone(), ns).get_opt(name).await.map_err(ObjectError::Read)
+    }
+
+    /// A PersistentVolumeClaim, read on every use (as upstream's volume manager reads claims).
+    pub async fn claim(&self, ns: &str, name: &str) -> Result<Option<PersistentVolumeClaim>, ObjectError> {
+        self.read(ns, name).await
+    }
+
+    /// A PersistentVolume, read on every use.
+    pub async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>, ObjectError> {
+        self.read_cluster(name).await
+    }
+
+    /// A CSIDriver object (`storage.k8s.io/v1`), read on every use.
+    pub async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>, ObjectError> {
+        self.read_cluster(name).await
+    }
+
+    /// A VolumeAttachment (`storage.k8s.io/v1`), read on every use.
+    pub async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>, ObjectError> {
+        self.read_cluster(name).await
+    }
+
+    async fn read_cluster<K>(&self, name: &str) -> Result<Option<K>, ObjectError>
+    where
+        K: Resource<Scope = ClusterResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        Api::<K>::all(self.inner.client.clone()).get_opt(name).await.map_err(ObjectError::Read)
     }
 
     /// The services whose variables the pod may get: those of its namespace (when it wants

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::cgroups::{self, CgroupFs};
 use super::config::{self, ContainerContext, SandboxContext};
+use super::csi::CsiVolumes;
 use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::security::{self, ImageUser, NodeSecurity};
@@ -80,6 +81,8 @@ pub struct Driver {
     memory_capacity: i128,
     /// Device plugins: admission allocates devices, container starts get them.
     devices: Option<DeviceManager>,
+    /// CSI drivers: claim volumes set up at container start, torn down with the pod.
+    csi: Option<Arc<CsiVolumes>>,
     /// Sandbox creations and container create-and-starts in flight, node-wide (see
     /// [`RUNTIME_STARTS`]).
     starts: Arc<tokio::sync::Semaphore>,
@@ -113,6 +116,7 @@ impl Driver {
             allocatable: Amounts::default(),
             memory_capacity: 0,
             devices: None,
+            csi: None,
             starts: Arc::new(tokio::sync::Semaphore::new(RUNTIME_STARTS)),
         }
     }
@@ -125,6 +129,16 @@ impl Driver {
     /// Pods get their devices from `devices` (device plugins).
     pub fn with_devices(self, devices: DeviceManager) -> Self {
         Driver { devices: Some(devices), ..self }
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Claim volumes come from CSI drivers (`csi`).
+    pub fn with_csi(self, csi: CsiVolumes) -> Self {
+        Driver { csi: Some(Arc::new(csi)), ..self }
     }
 
     pub fn devices(&self) -> Option<&DeviceManager> {
@@ -321,7 +335,10 @@ impl Driver {
         if !volumes::has_projections(pod) {
             return;
         }
-        if let Err(e) = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &self.fields(pod_ip)).await {
+        if let Err(e) =
+            volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &self.fields(pod_ip))
+                .await
+        {
             tracing::warn!(pod = %spec::full_name(pod), error = %e.message, "cannot refresh volumes");
         }
     }
@@ -558,7 +575,8 @@ impl Driver {
     ) -> Result<Started, StartError> {
         self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
-        let volumes = volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), &fields).await?;
+        let volumes =
+            volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &fields).await?;
         let mut mounts = volumes::mounts(c, &volumes)
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
@@ -753,7 +771,14 @@ impl Driver {
         for s in &observed.sandboxes {
             self.remove_sandbox(&s.id).await?;
         }
-        volumes::cleanup(&self.root_dir, uid).await;
+        let volumes_gone = match &self.csi {
+            Some(csi) => csi.tear_down(uid).await,
+            None => true,
+        };
+        // A volume still mounted keeps the pod's directory (its data is not the node's).
+        if volumes_gone {
+            volumes::cleanup(&self.root_dir, uid).await;
+        }
         self.remove_cgroups(uid).await;
         if let Some(objects) = &self.objects {
             objects.forget(uid);

@@ -4,6 +4,7 @@
 mod atomic_writer;
 pub mod cgroups;
 pub mod config;
+pub mod csi;
 mod dns;
 mod downward;
 mod driver;

@@ -1,7 +1,8 @@
 //! A pod's volumes on the host: `hostPath` (with its `type` checks), `emptyDir` (disk, or tmpfs
 //! for `medium: Memory`), and the API-backed `configMap`, `secret`, `downwardAPI` and
-//! `projected` volumes written through the atomic writer. Types that need a CSI driver are
-//! refused with a reason naming the volume.
+//! `projected` volumes written through the atomic writer, and `persistentVolumeClaim` volumes
+//! whose PV a CSI driver serves (`super::csi`). Other types are refused with a reason naming
+//! the volume.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -12,6 +13,7 @@ use gantry_pod::resources;
 use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
+use super::csi::CsiVolumes;
 use super::driver::StartError;
 use super::projection::{self, Objects};
 use super::{atomic_writer, downward};
@@ -38,6 +40,7 @@ pub async fn prepare(
     root_dir: &Path,
     pod: &Pod,
     objects: Option<&ObjectSource>,
+    csi: Option<&CsiVolumes>,
     fields: &downward::Fields,
 ) -> Result<HashMap<String, Prepared>, StartError> {
     let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group);
@@ -85,6 +88,16 @@ pub async fn prepare(
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
             Prepared { path, read_only: true }
+        } else if let (Some(_), Some(csi)) = (&v.persistent_volume_claim, csi) {
+            let published = csi.set_up(pod, v, objects).await.map_err(|e| {
+                let reason = if e.is_wait() {
+                    StartFailure::ContainerCreating
+                } else {
+                    StartFailure::CreateContainerConfigError
+                };
+                StartError::new(reason, e.to_string())
+            })?;
+            Prepared { path: published.path, read_only: published.read_only }
         } else {
             return Err(StartError::new(
                 StartFailure::CreateContainerConfigError,
@@ -286,6 +299,13 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<
 /// Removes the pod's directory once the pod is gone, unmounting memory-backed volumes first.
 pub async fn cleanup(root_dir: &Path, uid: &str) {
     let dir = pod_dir(root_dir, uid);
+    let csi = dir.join("volumes").join(super::csi::POD_PLUGIN_DIR);
+    if csi.exists() {
+        // A CSI volume not torn down (or set up by an agent without CSI) may still be mounted
+        // there: its data is not the node's to delete.
+        tracing::warn!(pod_uid = uid, dir = %csi.display(), "CSI volumes not torn down; keeping the pod directory");
+        return;
+    }
     let plugins = std::fs::read_dir(dir.join("volumes")).into_iter().flatten().flatten();
     let volumes = plugins.flat_map(|p| std::fs::read_dir(p.path()).into_iter().flatten().flatten());
     for v in volumes {

@@ -1,0 +1,378 @@
+//! A pod's PersistentVolumeClaims served by CSI drivers (upstream's CSI volume plugin, node
+//! side): the claim's bound PV (`gantry_pod::claim`), the `VolumeAttachment` when the driver's
+//! `CSIDriver` object requires attach, `NodeStageVolume` once per volume on the node, then
+//! `NodePublishVolume` per pod; on the pod's removal `NodeUnpublishVolume`, and
+//! `NodeUnstageVolume` once no pod on the node publishes the volume any more.
+//!
+//! The state is on disk, in upstream's layout, so that a restarted agent tears down what an
+//! earlier one set up: a volume is staged when
+//! `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/vol_data.json` exists, and
+//! published for a pod when `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json`
+//! does. Each file is written once its call succeeded (upstream writes it before the call).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gantry_plugins::csi::{CsiDrivers, CsiError};
+use gantry_pod::claim::{self, ClaimError};
+use gantry_vocab::{paths, spec};
+use k8s_openapi::api::core::v1::{Pod, Volume};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cluster::objects::{ObjectError, ObjectSource};
+
+/// The CSI plugin's directory name among a pod's volumes.
+pub const POD_PLUGIN_DIR: &str = "kubernetes.io~csi";
+const VOL_DATA: &str = "vol_data.json";
+
+/// Why a CSI volume is not (yet) set up; the message is upstream's event text.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiVolumeError {
+    #[error("error processing PVC {namespace}/{claim}: {source}")]
+    Claim { namespace: String, claim: String, source: ClaimError },
+    #[error("error processing PVC {namespace}/{claim}: {source}")]
+    Read { namespace: String, claim: String, source: ObjectError },
+    #[error("persistentVolumeClaim volumes need an API server")]
+    NoApiServer,
+    #[error("MountVolume.WaitForAttach failed for volume {pv:?} : {why}")]
+    Attach { pv: String, why: String },
+    #[error("MountVolume.MountDevice failed for volume {pv:?} : {source}")]
+    Stage { pv: String, source: CsiError },
+    #[error("MountVolume.SetUp failed for volume {pv:?} : {source}")]
+    Publish { pv: String, source: CsiError },
+    #[error("MountVolume.SetUp failed for volume {pv:?} : kubernetes.io/csi: {action} {}: {source}", path.display())]
+    Io { pv: String, action: &'static str, path: PathBuf, source: std::io::Error },
+}
+
+impl CsiVolumeError {
+    /// Whether the pod waits in `ContainerCreating` (retrying) rather than failing to start
+    /// with `CreateContainerConfigError`.
+    pub fn is_wait(&self) -> bool {
+        match self {
+            CsiVolumeError::Claim { source, .. } => source.is_wait(),
+            CsiVolumeError::NoApiServer => false,
+            _ => true,
+        }
+    }
+}
+
+/// Upstream's `vol_data.json` keys (`specVolID`, `attachmentID` as spelled there).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct VolData {
+    #[serde(rename = "specVolID", default, skip_serializing_if = "String::is_empty")]
+    spec_vol_id: String,
+    volume_handle: String,
+    driver_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    node_name: String,
+    #[serde(rename = "attachmentID", default, skip_serializing_if = "String::is_empty")]
+    attachment_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    volume_lifecycle_mode: String,
+}
+
+/// Upstream's `VolumeAttachment` name for a volume on a node: `csi-<sha256(handle+driver+node)>`.
+pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
+    format!("csi-{}", hex::encode(Sha256::digest(format!("{handle}{driver}{node}"))))
+}
+
+/// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>`: the staged volume's directory
+/// (its `globalmount` is the staging path).
+pub fn staging_dir(root_dir: &Path, driver: &str, handle: &str) -> PathBuf {
+    root_dir.join("plugins/kubernetes.io/csi").join(driver).join(hex::encode(Sha256::digest(handle)))
+}
+
+/// `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`: the published volume's directory (its
+/// `mount` is the target path).
+pub fn publish_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
+    paths::volume_dir(root_dir, uid, "csi", pv)
+}
+
+/// A claim volume ready in the pod: the target path, and whether it is read-only.
+pub struct Published {
+    pub path: PathBuf,
+    pub read_only: bool,
+}
+
+/// The node's CSI volumes.
+pub struct CsiVolumes {
+    drivers: CsiDrivers,
+    root_dir: PathBuf,
+    node: String,
+    /// Volume operations one at a time: a pod's containers start concurrently and each sets up
+    /// the pod's volumes, and unstaging must not race a publish of the same volume.
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl CsiVolumes {
+    pub fn new(drivers: CsiDrivers, root_dir: PathBuf, node: String) -> Self {
+        CsiVolumes { drivers, root_dir, node, one_at_a_time: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Sets up the pod's claim volume `v` (idempotent: a volume already published for the pod
+    /// is only looked up).
+    pub async fn set_up(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        objects: Option<&ObjectSource>,
+    ) -> Result<Published, CsiVolumeError> {
+        let source = v.persistent_volume_claim.as_ref().expect("called for claim volumes");
+        let (ns, claim_name) = (spec::namespace(pod), source.claim_name.as_str());
+        let objects = objects.ok_or(CsiVolumeError::NoApiServer)?;
+        let read = |source| CsiVolumeError::Read { namespace: ns.to_string(), claim: claim_name.to_string(), source };
+        let claim_err =
+            |source| CsiVolumeError::Claim { namespace: ns.to_string(), claim: claim_name.to_string(), source };
+        let pvc = objects.claim(ns, claim_name).await.map_err(read)?;
+        let (pv_name, claim_uid) = claim::bound_volume(ns, claim_name, pvc.as_ref()).map_err(claim_err)?;
+        let pv = objects.persistent_volume(&pv_name).await.map_err(read)?;
+        let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
+        let read_only = source.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false);
+        let dir = publish_dir(&self.root_dir, spec::uid(pod), &pv_name);
+        let target = dir.join("mount");
+        let _guard = self.one_at_a_time.lock().await;
+        if read_vol_data(&dir).is_some() {
+            return Ok(Published { path: target, read_only });
+        }
+        let attach_required = match objects.csi_driver(&csi.driver).await.map_err(read)? {
+            Some(d) => d.spec.attach_required.unwrap_or(true),
+            // Upstream: without a CSIDriver object the volume is attachable.
+            None => true,
+        };
+        let mut volume = gantry_plugins::csi::Volume {
+            driver: csi.driver.clone(),
+            handle: csi.volume_handle.clone(),
+            fs_type: csi.fs_type.clone().unwrap_or_default(),
+            read_only,
+            access_mode: pv.as_ref().map(claim::access_mode).unwrap_or_default(),
+            attributes: csi.volume_attributes.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let io = |action, path: &Path, source| CsiVolumeError::Io {
+            pv: pv_name.clone(),
+            action,
+            path: path.to_path_buf(),
+            source,
+        };
+        let attachment = if attach_required {
+            let name = attachment_name(&volume.handle, &volume.driver, &self.node);
+            volume.publish_context = self.attached(objects, &pv_name, &name).await?;
+            name
+        } else {
+            String::new()
+        };
+        let driver = self
+            .drivers
+            .driver(&volume.driver)
+            .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
+        let staging = driver.stages.then(|| staging_dir(&self.root_dir, &volume.driver, &volume.handle));
+        if let Some(staged) = &staging
+            && read_vol_data(staged).is_none()
+        {
+            let globalmount = staged.join("globalmount");
+            create_dir(&globalmount).map_err(|e| io("cannot create", &globalmount, e))?;
+            self.drivers
+                .stage(&volume, &globalmount)
+                .await
+                .map_err(|source| CsiVolumeError::Stage { pv: pv_name.clone(), source })?;
+            let data = VolData {
+                volume_handle: volume.handle.clone(),
+                driver_name: volume.driver.clone(),
+                ..Default::default()
+            };
+            write_vol_data(staged, &data).map_err(|e| io("cannot write", staged, e))?;
+            tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume staged");
+        }
+        // The driver creates the target itself; its parent is the node's.
+        create_dir(&dir).map_err(|e| io("cannot create", &dir, e))?;
+        let staging_path = staging.as_ref().map(|s| s.join("globalmount"));
+        self.drivers
+            .publish(&volume, staging_path.as_deref(), &target)
+            .await
+            .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
+        let data = VolData {
+            spec_vol_id: pv_name.clone(),
+            volume_handle: volume.handle.clone(),
+            driver_name: volume.driver.clone(),
+            node_name: self.node.clone(),
+            attachment_id: attachment,
+            volume_lifecycle_mode: "Persistent".into(),
+        };
+        write_vol_data(&dir, &data).map_err(|e| io("cannot write", &dir, e))?;
+        tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume published");
+        Ok(Published { path: target, read_only })
+    }
+
+    /// The attachment's metadata once the `VolumeAttachment` `name` says attached.
+    async fn attached(
+        &self,
+        objects: &ObjectSource,
+        pv: &str,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, CsiVolumeError> {
+        let why = |why: String| CsiVolumeError::Attach { pv: pv.to_string(), why };
+        let attachment = objects.volume_attachment(name).await.map_err(|e| why(e.to_string()))?;
+        let attachment = attachment.ok_or_else(|| {
+            why(format!("volume attachment {name} for volume {pv} on node {} is not found", self.node))
+        })?;
+        let status = attachment.status.unwrap_or_default();
+        if !status.attached {
+            let error = status.attach_error.and_then(|e| e.message).unwrap_or_default();
+            return Err(why(format!("volume attachment {name} is not attached yet {error}").trim_end().to_string()));
+        }
+        Ok(status.attachment_metadata.unwrap_or_default())
+    }
+
+    /// Tears down every CSI volume of the removed pod `uid`: `NodeUnpublishVolume`, then
+    /// `NodeUnstageVolume` for a volume no other pod on the node publishes. Returns whether
+    /// everything is gone (the pod directory may then be removed; otherwise a mount is left
+    /// and its data must not be deleted with the directory).
+    pub async fn tear_down(&self, uid: &str) -> bool {
+        let _guard = self.one_at_a_time.lock().await;
+        let plugin = paths::pod_dir(&self.root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
+        let Ok(entries) = std::fs::read_dir(&plugin) else { return true };
+        let mut clean = true;
+        for dir in entries.flatten().map(|e| e.path()) {
+            clean &= self.tear_down_volume(uid, &dir).await;
+        }
+        clean && std::fs::remove_dir(&plugin).is_ok()
+    }
+
+    async fn tear_down_volume(&self, uid: &str, dir: &Path) -> bool {
+        let target = dir.join("mount");
+        let Some(data) = read_vol_data(dir) else {
+            // Never published: only the directories the node made, if nothing is mounted there.
+            return remove_empty(&[&target, dir], uid);
+        };
+        let (driver, handle) = (data.driver_name.as_str(), data.volume_handle.as_str());
+        if let Err(e) = self.drivers.unpublish(driver, handle, &target).await {
+            tracing::warn!(pod_uid = uid, volume = %data.spec_vol_id, driver, error = %e, "UnmountVolume.TearDown failed");
+            return false;
+        }
+        tracing::info!(pod_uid = uid, volume = %data.spec_vol_id, driver, "volume unpublished");
+        let _ = std::fs::remove_file(dir.join(VOL_DATA));
+        if !remove_empty(&[&target, dir], uid) {
+            return false;
+        }
+        let staged = staging_dir(&self.root_dir, driver, handle);
+        if read_vol_data(&staged).is_none() || self.published_anywhere(driver, handle) {
+            return true;
+        }
+        let globalmount = staged.join("globalmount");
+        if let Err(e) = self.drivers.unstage(driver, handle, &globalmount).await {
+            tracing::warn!(volume = %data.spec_vol_id, driver, error = %e, "UnmountDevice failed");
+            return false;
+        }
+        tracing::info!(volume = %data.spec_vol_id, driver, "volume unstaged");
+        let _ = std::fs::remove_file(staged.join(VOL_DATA));
+        remove_empty(&[&globalmount, &staged], uid)
+    }
+
+    /// Whether any pod on the node still has the volume published.
+    fn published_anywhere(&self, driver: &str, handle: &str) -> bool {
+        let pods = std::fs::read_dir(self.root_dir.join("pods")).into_iter().flatten().flatten();
+        pods.flat_map(|p| {
+            std::fs::read_dir(p.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten().flatten()
+        })
+        .filter_map(|v| read_vol_data(&v.path()))
+        .any(|d| d.driver_name == driver && d.volume_handle == handle)
+    }
+}
+
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
+}
+
+fn read_vol_data(dir: &Path) -> Option<VolData> {
+    let bytes = std::fs::read(dir.join(VOL_DATA)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn write_vol_data(dir: &Path, data: &VolData) -> std::io::Result<()> {
+    std::fs::write(dir.join(VOL_DATA), serde_json::to_vec(data).map_err(std::io::Error::other)?)
+}
+
+/// Removes the directories (innermost first) with `rmdir`, never recursively: a directory
+/// that is still a mount point or not empty stays, and that is logged.
+fn remove_empty(dirs: &[&Path], uid: &str) -> bool {
+    dirs.iter().all(|d| match std::fs::remove_dir(d) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => {
+            tracing::warn!(pod_uid = uid, dir = %d.display(), error = %e, "cannot remove volume directory");
+            false
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_paths_are_upstreams() {
+        // sha256("h1" + "d.example.com" + "node-a")
+        let name = attachment_name("h1", "d.example.com", "node-a");
+        assert_eq!(name, format!("csi-{}", hex::encode(Sha256::digest("h1d.example.comnode-a"))));
+        assert_eq!(name.len(), 4 + 64);
+        assert_eq!(
+            staging_dir(Path::new("/var/lib/kubelet"), "d.example.com", "h1"),
+            PathBuf::from(format!(
+                "/var/lib/kubelet/plugins/kubernetes.io/csi/d.example.com/{}",
+                hex::encode(Sha256::digest("h1"))
+            ))
+        );
+        assert_eq!(
+            publish_dir(Path::new("/var/lib/kubelet"), "u1", "pv1"),
+            PathBuf::from("/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/pv1")
+        );
+    }
+
+    #[test]
+    fn vol_data_has_upstreams_keys() {
+        let data = VolData {
+            spec_vol_id: "pv1".into(),
+            volume_handle: "h1".into(),
+            driver_name: "d".into(),
+            node_name: "n".into(),
+            attachment_id: String::new(),
+            volume_lifecycle_mode: "Persistent".into(),
+        };
+        let json = serde_json::to_value(&data).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"specVolID": "pv1", "volumeHandle": "h1", "driverName": "d", "nodeName": "n",
+                "volumeLifecycleMode": "Persistent"})
+        );
+        let staged = VolData { volume_handle: "h1".into(), driver_name: "d".into(), ..Default::default() };
+        assert_eq!(
+            serde_json::to_value(&staged).unwrap(),
+            serde_json::json!({"volumeHandle": "h1", "driverName": "d"})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pod_whose_volume_never_published_leaves_nothing_and_a_mount_is_never_removed_recursively() {
+        let root = tempfile::tempdir().unwrap();
+        let csi = CsiVolumes::new(CsiDrivers::default(), root.path().to_path_buf(), "n".into());
+        let dir = publish_dir(root.path(), "u1", "pv1");
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(csi.tear_down("u1").await);
+        assert!(!dir.exists());
+        // Published with a driver that is gone: nothing is removed, and the caller is told.
+        std::fs::create_dir_all(dir.join("mount")).unwrap();
+        std::fs::write(dir.join("mount/data"), "keep").unwrap();
+        let data = VolData {
+            spec_vol_id: "pv1".into(),
+            volume_handle: "h".into(),
+            driver_name: "d".into(),
+            ..Default::default()
+        };
+        write_vol_data(&dir, &data).unwrap();
+        assert!(!csi.tear_down("u1").await);
+        assert_eq!(std::fs::read_to_string(dir.join("mount/data")).unwrap(), "keep");
+    }
+}

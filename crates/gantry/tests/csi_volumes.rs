@@ -1,0 +1,355 @@
+//! End-to-end, cluster mode: PersistentVolumeClaims served by a CSI driver. The test kit's CSI
+//! driver (a real gRPC server on a unix socket; volumes are directories it bind-mounts)
+//! registers through `<root-dir>/plugins_registry`; Gantry records it in the node's CSINode and
+//! its topology label on the Node, keeps a pod whose claim is not bound waiting with upstream's
+//! `FailedMount` message, then stages the volume, publishes it for the pod and mounts it into
+//! the container; deleting the pod unpublishes and unstages it, each exactly once and in order,
+//! leaving nothing mounted. A second pod on the same claim reads what the first one wrote.
+//! Against the test API server, or a real cluster (`GANTRY_E2E_KUBECONFIG`).
+
+mod common;
+
+use std::path::Path;
+
+use common::cluster::{self, Cluster};
+use common::{Env, container_output, eventually};
+use gantry_testkit::{CsiCall, TestCsiDriver};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// A pod bound to the node with the claim `data` mounted at `/data`.
+fn claim_pod(node: &str, name: &str, command: &str, read_only: bool) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", command],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": read_only}}],
+        },
+    }))
+    .unwrap()
+}
+
+/// The mount points below `root` (from this process's mount table).
+fn mounts_below(root: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = root.display().to_string();
+    table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&root)).map(String::from).collect()
+}
+
+/// The stage/publish/unpublish/unstage calls, without their paths.
+fn volume_calls(driver: &TestCsiDriver) -> Vec<&'static str> {
+    driver
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            CsiCall::NodeStageVolume { .. } => Some("stage"),
+            CsiCall::NodePublishVolume { .. } => Some("publish"),
+            CsiCall::NodeUnpublishVolume { .. } => Some("unpublish"),
+            CsiCall::NodeUnstageVolume { .. } => Some("unstage"),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn running(gantry: &common::Gantry, pods: &Api<Pod>, name: &str) {
+    eventually(&format!("{name} runs"), gantry, || async {
+        (pods.get(name).await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+}
+
+async fn deleted(gantry: &common::Gantry, pods: &Api<Pod>, name: &str) {
+    pods.delete(name, &DeleteParams::default()).await.unwrap();
+    eventually(&format!("{name} is gone"), gantry, || async { pods.get_opt(name).await.ok()?.is_none().then_some(()) })
+        .await;
+}
+
+/// The claim `data` and its PV `pv` (CSI `driver`, handle `vol-1`), the claim not yet bound.
+async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentVolumeClaim {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": "default", "name": "data", "uid": claim.metadata.uid.clone().unwrap()},
+            "csi": {"driver": driver, "volumeHandle": "vol-1", "fsType": "ext4", "volumeAttributes": {"kind": "dir"}},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    claim
+}
+
+/// Binds them as the PV controller would.
+async fn bind(admin: &Client, pv: &str) {
+    let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
+    Api::<PersistentVolume>::all(admin.clone()).patch_status(pv, &PatchParams::default(), &bound).await.unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    claims.patch_status("data", &PatchParams::default(), &bound).await.unwrap();
+}
+
+/// Removes the cluster-scoped objects a real cluster keeps after the test.
+async fn cleanup(cluster: &Cluster, admin: &Client, node: &str, driver: &str, pv: &str) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let _ = claims.delete("data", &DeleteParams::default()).await;
+    let _ = Api::<PersistentVolume>::all(admin.clone()).delete(pv, &DeleteParams::default()).await;
+    let _ = Api::<CSIDriver>::all(admin.clone()).delete(driver, &DeleteParams::default()).await;
+    let _ = Api::<CSINode>::all(admin.clone()).delete(node, &DeleteParams::default()).await;
+    cluster.cleanup(node).await;
+}
+
+#[tokio::test]
+async fn a_claim_is_staged_published_and_torn_down_in_order_and_keeps_its_data() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    // Cluster-scoped names of their own on a real cluster.
+    let driver_name = format!("{node}.csi.gantry.test");
+    let pv = format!("{node}-pv");
+    let driver =
+        TestCsiDriver::start(&root.join(format!("plugins_registry/{driver_name}.sock")), &driver_name, node, true, 8)
+            .await
+            .unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+
+    // Registration: the driver in CSINode, its topology on the Node.
+    let csi_nodes: Api<CSINode> = Api::all(admin.clone());
+    let entry = eventually("the driver is in the node's CSINode", &gantry, || async {
+        let csi_node = csi_nodes.get_opt(node).await.ok()??;
+        csi_node.spec.drivers.into_iter().find(|d| d.name == driver_name)
+    })
+    .await;
+    let topology_key = gantry_testkit::csi_driver::topology_key(&driver_name);
+    assert_eq!(entry.node_id, *node);
+    assert_eq!(entry.topology_keys, Some(vec![topology_key.clone()]));
+    assert_eq!(entry.allocatable.and_then(|a| a.count), Some(8));
+    let calls = driver.calls();
+    assert_eq!(calls[0], CsiCall::GetInfo, "{calls:?}");
+    assert!(calls.contains(&CsiCall::NotifyRegistrationStatus { registered: true, error: String::new() }), "{calls:?}");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("the Node has the driver's topology label", &gantry, || async {
+        let labels = nodes.get(node).await.ok()?.metadata.labels?;
+        (labels.get(&topology_key) == Some(node)).then_some(())
+    })
+    .await;
+
+    // A pod on a claim not yet bound waits, with upstream's message.
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    let write = "echo written-through-csi > /data/file && echo wrote; sleep 3600";
+    pods.create(&PostParams::default(), &claim_pod(node, "writer", write, false)).await.unwrap();
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let waiting = eventually("the FailedMount event of the unbound claim", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.involved_object.name.as_deref() == Some("writer") && e.reason.as_deref() == Some("FailedMount"))
+    })
+    .await;
+    assert_eq!(
+        waiting.message.as_deref(),
+        Some(format!("error processing PVC default/data: PVC default/data has non-bound phase (\"Pending\") or empty pvc.Spec.VolumeName (\"{pv}\")").as_str())
+    );
+    assert_eq!(pods.get("writer").await.unwrap().status.unwrap().phase.as_deref(), Some("Pending"));
+    assert!(volume_calls(&driver).is_empty(), "nothing is staged for an unbound claim");
+
+    // Bound: staged once, published for the pod, mounted in the container.
+    bind(&admin, &pv).await;
+    running(&gantry, &pods, "writer").await;
+    eventually("the writer wrote", &gantry, || async {
+        container_output(&env, "writer").contains("wrote").then_some(())
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(driver.volume_dir("vol-1").join("file")).unwrap(), "written-through-csi\n");
+    let uid = pods.get("writer").await.unwrap().metadata.uid.unwrap();
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}"));
+    let vol_data: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(published.join("vol_data.json")).unwrap()).unwrap();
+    assert_eq!(vol_data["driverName"], driver_name.as_str());
+    assert_eq!(vol_data["volumeHandle"], "vol-1");
+    assert_eq!(vol_data["specVolID"], pv.as_str());
+    let calls = driver.calls();
+    let staging = calls.iter().find_map(|c| match c {
+        CsiCall::NodeStageVolume { staging, .. } => Some(staging.clone()),
+        _ => None,
+    });
+    let staging = staging.expect("staged");
+    assert!(staging.starts_with(root.join(format!("plugins/kubernetes.io/csi/{driver_name}"))), "{staging:?}");
+    assert!(staging.ends_with("globalmount"));
+    assert!(calls.contains(&CsiCall::NodePublishVolume {
+        volume: "vol-1".into(),
+        staging: Some(staging.clone()),
+        target: published.join("mount"),
+        read_only: false,
+    }));
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    // Deleted: unpublished, then unstaged (no other pod uses it), nothing left mounted.
+    deleted(&gantry, &pods, "writer").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    assert!(!published.exists() && !staging.exists(), "the node's volume directories are removed");
+
+    // A new pod on the same claim, read-only, reads what the first one wrote.
+    let read = "cat /data/file; touch /data/new 2>/dev/null || echo read-only; sleep 3600";
+    pods.create(&PostParams::default(), &claim_pod(node, "reader", read, true)).await.unwrap();
+    running(&gantry, &pods, "reader").await;
+    let output = eventually("the reader read", &gantry, || async {
+        let out = container_output(&env, "reader");
+        out.contains("read-only").then_some(out)
+    })
+    .await;
+    assert!(output.contains("written-through-csi"), "{output}");
+    assert!(!driver.volume_dir("vol-1").join("new").exists());
+    assert!(driver.calls().iter().any(|c| matches!(c, CsiCall::NodePublishVolume { read_only: true, .. })));
+    deleted(&gantry, &pods, "reader").await;
+    eventually("the volume is unstaged again", &gantry, || async { (volume_calls(&driver).len() == 8).then_some(()) })
+        .await;
+    let each_pod = ["stage", "publish", "unpublish", "unstage"];
+    assert_eq!(volume_calls(&driver), [each_pod, each_pod].concat());
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+
+    // The driver goes away: it leaves the CSINode.
+    drop(driver);
+    eventually("the driver left the CSINode", &gantry, || async {
+        let csi_node = csi_nodes.get_opt(node).await.ok()??;
+        csi_node.spec.drivers.iter().all(|d| d.name != driver_name).then_some(())
+    })
+    .await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_volume_that_needs_attaching_waits_for_its_volume_attachment() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.attach.gantry.test");
+    let pv = format!("{node}-attached-pv");
+    // A driver without STAGE_UNSTAGE_VOLUME, and no CSIDriver object: attach is required.
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, false, 0).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    let csi_nodes: Api<CSINode> = Api::all(admin.clone());
+    let entry = eventually("the driver is in the node's CSINode", &gantry, || async {
+        let csi_node = csi_nodes.get_opt(node).await.ok()??;
+        csi_node.spec.drivers.into_iter().find(|d| d.name == driver_name)
+    })
+    .await;
+    assert_eq!(entry.allocatable, None, "no volume limit reported, none recorded");
+
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    pods.create(&PostParams::default(), &claim_pod(node, "attached", "echo mounted; sleep 3600", false)).await.unwrap();
+    let attachment = gantry_agent::runtime::csi::attachment_name("vol-1", &driver_name, node);
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let waiting = eventually("the FailedMount event of the missing attachment", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("attached")
+                && e.reason.as_deref() == Some("FailedMount")
+                && e.message.as_deref().is_some_and(|m| m.starts_with("MountVolume.WaitForAttach failed"))
+        })
+    })
+    .await;
+    assert!(waiting.message.unwrap().contains(&format!("volume {pv:?}")));
+    assert!(volume_calls(&driver).is_empty(), "nothing is published before the volume is attached");
+
+    // The attacher's part: the VolumeAttachment, upstream's name, attached with metadata.
+    let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": attachment},
+        "spec": {"attacher": driver_name, "nodeName": node, "source": {"persistentVolumeName": pv}},
+    }))
+    .unwrap();
+    attachments.create(&PostParams::default(), &va).await.unwrap();
+    let attached = Patch::Merge(json!({"status": {"attached": true, "attachmentMetadata": {"device": "/dev/x"}}}));
+    attachments.patch_status(&attachment, &PatchParams::default(), &attached).await.unwrap();
+    running(&gantry, &pods, "attached").await;
+    let uid = pods.get("attached").await.unwrap().metadata.uid.unwrap();
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}"));
+    assert!(driver.calls().contains(&CsiCall::NodePublishVolume {
+        volume: "vol-1".into(),
+        staging: None,
+        target: published.join("mount"),
+        read_only: false,
+    }));
+    let vol_data: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(published.join("vol_data.json")).unwrap()).unwrap();
+    assert_eq!(vol_data["attachmentID"], attachment.as_str());
+
+    deleted(&gantry, &pods, "attached").await;
+    eventually("the volume is unpublished", &gantry, || async { (volume_calls(&driver).len() == 2).then_some(()) })
+        .await;
+    assert_eq!(volume_calls(&driver), ["publish", "unpublish"], "a driver that does not stage is never staged");
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.restart.gantry.test");
+    let pv = format!("{node}-restart-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    let mut gantry = cluster::start_node(&env, &cluster);
+    pods.create(&PostParams::default(), &claim_pod(node, "kept", "sleep 3600", false)).await.unwrap();
+    running(&gantry, &pods, "kept").await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    // Gantry restarts: the pod keeps running, its volume is neither staged nor published again.
+    let before = env.running("kept").await;
+    let registrations = driver.calls().iter().filter(|c| **c == CsiCall::GetInfo).count();
+    gantry.kill();
+    let gantry = cluster::start_node(&env, &cluster);
+    eventually("the restarted node registers the driver again", &gantry, || async {
+        (driver.calls().iter().filter(|c| **c == CsiCall::GetInfo).count() > registrations).then_some(())
+    })
+    .await;
+    running(&gantry, &pods, "kept").await;
+    assert_eq!(env.running("kept").await, before, "the pod keeps running, unchanged");
+    assert_eq!(volume_calls(&driver), ["stage", "publish"], "nothing repeated after the restart");
+
+    // Deleted after the restart: torn down from the record on disk, once each, in order.
+    deleted(&gantry, &pods, "kept").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}

@@ -1,0 +1,179 @@
+//! A pod's `persistentVolumeClaim` volume → the PersistentVolume bound to it (upstream's
+//! desired-state-of-world populator, `getPVCExtractPV` and `getPVSpec`): the claim must exist,
+//! not be deleting, be `Bound` to a volume, and that volume's `claimRef` must point back at the
+//! claim. Until then the pod waits in `ContainerCreating` with upstream's message.
+
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim};
+
+/// Why the claim does not (yet) give a usable volume; shown as
+/// `error processing PVC <ns>/<claim>: <this>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error("failed to fetch PVC from API server: persistentvolumeclaims {0:?} not found")]
+    ClaimNotFound(String),
+    #[error("can't start pod because PVC {namespace}/{name} is being deleted")]
+    ClaimDeleting { namespace: String, name: String },
+    #[error("PVC {namespace}/{name} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({volume:?})")]
+    NotBound { namespace: String, name: String, phase: String, volume: String },
+    #[error("failed to fetch PV {0} from API server: persistentvolumes {0:?} not found")]
+    VolumeNotFound(String),
+    #[error("found PV object {0} but it has a nil pv.Spec.ClaimRef indicating it is not yet bound to the claim")]
+    VolumeNotBound(String),
+    #[error("found PV object {pv} but its pv.Spec.ClaimRef.UID ({got}) does not point to claim.UID ({want})")]
+    VolumeBoundElsewhere { pv: String, got: String, want: String },
+    /// Not a pod wait: the volume is of a kind the node cannot mount.
+    #[error("PV {pv}: {kind} volumes are not supported (no CSI or volume plugin)")]
+    NotCsi { pv: String, kind: String },
+}
+
+impl ClaimError {
+    /// Whether waiting can help (the claim or volume may still be bound); otherwise the pod
+    /// cannot start with this volume at all.
+    pub fn is_wait(&self) -> bool {
+        !matches!(self, ClaimError::NotCsi { .. })
+    }
+}
+
+/// The bound claim's volume name and the claim's UID.
+pub fn bound_volume(
+    namespace: &str,
+    name: &str,
+    claim: Option<&PersistentVolumeClaim>,
+) -> Result<(String, String), ClaimError> {
+    let claim = claim.ok_or_else(|| ClaimError::ClaimNotFound(name.to_string()))?;
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(ClaimError::ClaimDeleting { namespace: namespace.to_string(), name: name.to_string() });
+    }
+    let phase = claim.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    let volume = claim.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+    if phase != "Bound" || volume.is_empty() {
+        return Err(ClaimError::NotBound { namespace: namespace.to_string(), name: name.to_string(), phase, volume });
+    }
+    Ok((volume, claim.metadata.uid.clone().unwrap_or_default()))
+}
+
+/// The CSI source of the volume `pv_name` bound to the claim with UID `claim_uid`.
+pub fn csi_source<'a>(
+    pv_name: &str,
+    pv: Option<&'a PersistentVolume>,
+    claim_uid: &str,
+) -> Result<&'a CSIPersistentVolumeSource, ClaimError> {
+    let pv = pv.ok_or_else(|| ClaimError::VolumeNotFound(pv_name.to_string()))?;
+    let spec = pv.spec.as_ref();
+    let claim_ref =
+        spec.and_then(|s| s.claim_ref.as_ref()).ok_or_else(|| ClaimError::VolumeNotBound(pv_name.into()))?;
+    let got = claim_ref.uid.clone().unwrap_or_default();
+    if got != claim_uid {
+        return Err(ClaimError::VolumeBoundElsewhere { pv: pv_name.to_string(), got, want: claim_uid.to_string() });
+    }
+    spec.and_then(|s| s.csi.as_ref()).ok_or_else(|| ClaimError::NotCsi { pv: pv_name.to_string(), kind: kind(pv) })
+}
+
+/// The volume source's name in the PV spec, for the unsupported-kind message.
+fn kind(pv: &PersistentVolume) -> String {
+    const NOT_SOURCES: &[&str] = &[
+        "accessModes",
+        "capacity",
+        "claimRef",
+        "mountOptions",
+        "nodeAffinity",
+        "persistentVolumeReclaimPolicy",
+        "storageClassName",
+        "volumeMode",
+        "volumeAttributesClassName",
+    ];
+    let spec = k8s_openapi::serde_json::to_value(&pv.spec).unwrap_or_default();
+    let mut names = spec.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| !NOT_SOURCES.contains(&k.as_str()));
+    names.next().cloned().unwrap_or_else(|| "unknown".into())
+}
+
+/// The access mode upstream hands the driver: the PV's first, `ReadWriteOnce` without one.
+pub fn access_mode(pv: &PersistentVolume) -> String {
+    let modes = pv.spec.as_ref().and_then(|s| s.access_modes.as_deref()).unwrap_or_default();
+    modes.first().cloned().unwrap_or_else(|| "ReadWriteOnce".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        HostPathVolumeSource, ObjectReference, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus,
+        PersistentVolumeSpec,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+
+    fn claim(phase: &str, volume: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta { name: Some("data".into()), uid: Some("c1".into()), ..Default::default() },
+            spec: Some(PersistentVolumeClaimSpec {
+                volume_name: Some(volume.into()).filter(|v: &String| !v.is_empty()),
+                ..Default::default()
+            }),
+            status: Some(PersistentVolumeClaimStatus { phase: Some(phase.into()), ..Default::default() }),
+        }
+    }
+
+    fn pv(claim_uid: Option<&str>, csi: bool) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta { name: Some("pv1".into()), ..Default::default() },
+            spec: Some(PersistentVolumeSpec {
+                claim_ref: claim_uid.map(|u| ObjectReference { uid: Some(u.into()), ..Default::default() }),
+                csi: csi.then(|| CSIPersistentVolumeSource {
+                    driver: "d.example.com".into(),
+                    volume_handle: "h".into(),
+                    ..Default::default()
+                }),
+                host_path: (!csi).then(|| HostPathVolumeSource { path: "/x".into(), ..Default::default() }),
+                access_modes: Some(vec!["ReadOnlyMany".into()]),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn a_bound_claim_gives_its_volume() {
+        assert_eq!(bound_volume("ns", "data", Some(&claim("Bound", "pv1"))), Ok(("pv1".into(), "c1".into())));
+        let bound = pv(Some("c1"), true);
+        let src = csi_source("pv1", Some(&bound), "c1").unwrap();
+        assert_eq!((src.driver.as_str(), src.volume_handle.as_str()), ("d.example.com", "h"));
+        assert_eq!(access_mode(&pv(None, true)), "ReadOnlyMany");
+        assert_eq!(access_mode(&PersistentVolume::default()), "ReadWriteOnce");
+    }
+
+    #[test]
+    fn the_pod_waits_with_upstreams_messages() {
+        let e = bound_volume("ns", "data", None).unwrap_err();
+        assert_eq!(e.to_string(), r#"failed to fetch PVC from API server: persistentvolumeclaims "data" not found"#);
+        let e = bound_volume("ns", "data", Some(&claim("Pending", ""))).unwrap_err();
+        assert_eq!(e.to_string(), r#"PVC ns/data has non-bound phase ("Pending") or empty pvc.Spec.VolumeName ("")"#);
+        let mut deleting = claim("Bound", "pv1");
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(
+            bound_volume("ns", "data", Some(&deleting)).unwrap_err().to_string(),
+            "can't start pod because PVC ns/data is being deleted"
+        );
+        let e = csi_source("pv1", None, "c1").unwrap_err();
+        assert_eq!(e.to_string(), r#"failed to fetch PV pv1 from API server: persistentvolumes "pv1" not found"#);
+        let unbound = pv(None, true);
+        assert_eq!(
+            csi_source("pv1", Some(&unbound), "c1").unwrap_err().to_string(),
+            "found PV object pv1 but it has a nil pv.Spec.ClaimRef indicating it is not yet bound to the claim"
+        );
+        let other = pv(Some("c2"), true);
+        assert_eq!(
+            csi_source("pv1", Some(&other), "c1").unwrap_err().to_string(),
+            "found PV object pv1 but its pv.Spec.ClaimRef.UID (c2) does not point to claim.UID (c1)"
+        );
+        assert!(e.is_wait());
+    }
+
+    #[test]
+    fn a_volume_without_a_csi_source_is_refused_not_awaited() {
+        let host = pv(Some("c1"), false);
+        let e = csi_source("pv1", Some(&host), "c1").unwrap_err();
+        assert_eq!(e.to_string(), "PV pv1: hostPath volumes are not supported (no CSI or volume plugin)");
+        assert!(!e.is_wait());
+    }
+}

@@ -1,0 +1,324 @@
+//! A small CSI driver for tests: a real gRPC server on a unix socket serving the plugin
+//! registration service (`GetInfo` says `CSIPlugin`, `NotifyRegistrationStatus`) and the CSI
+//! `Identity` and `Node` services, so it registers through `<root-dir>/plugins_registry` as a
+//! CSI node plugin DaemonSet does. Volumes are directories under a temporary directory (one per
+//! volume handle): `NodeStageVolume` bind-mounts the volume's directory on the staging path,
+//! `NodePublishVolume` creates the target and bind-mounts the staging path (or, for a driver
+//! that does not stage, the volume's directory) there, read-only when asked; unpublish and
+//! unstage unmount. Every call is recorded, in order.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use gantry_plugins::api::csi::identity_server::{Identity, IdentityServer};
+use gantry_plugins::api::csi::node_server::{Node, NodeServer};
+use gantry_plugins::api::csi::node_service_capability::{self, rpc};
+use gantry_plugins::api::csi::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
+    NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
+    NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
+    NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest,
+    NodeUnstageVolumeResponse, ProbeRequest, ProbeResponse, Topology,
+};
+use gantry_plugins::api::registration::registration_server::{Registration, RegistrationServer};
+use gantry_plugins::api::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
+use tonic::{Request, Response, Status};
+
+use crate::error::{IoContext, Result};
+
+/// A call the driver received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CsiCall {
+    GetInfo,
+    NotifyRegistrationStatus { registered: bool, error: String },
+    NodeGetInfo,
+    NodeGetCapabilities,
+    NodeStageVolume { volume: String, staging: PathBuf },
+    NodePublishVolume { volume: String, staging: Option<PathBuf>, target: PathBuf, read_only: bool },
+    NodeUnpublishVolume { volume: String, target: PathBuf },
+    NodeUnstageVolume { volume: String, staging: PathBuf },
+}
+
+/// The topology key the driver reports, with the node ID as its value.
+pub fn topology_key(driver: &str) -> String {
+    format!("topology.{driver}/node")
+}
+
+#[derive(Clone)]
+struct Service {
+    name: String,
+    node_id: String,
+    stages: bool,
+    max_volumes: i64,
+    volumes: PathBuf,
+    calls: Arc<Mutex<Vec<CsiCall>>>,
+}
+
+impl Service {
+    fn record(&self, call: CsiCall) {
+        self.calls.lock().unwrap().push(call);
+    }
+
+    fn volume_dir(&self, id: &str) -> std::result::Result<PathBuf, Status> {
+        if id.is_empty() || id.contains('/') || id.starts_with('.') {
+            return Err(Status::invalid_argument(format!("volume ID {id:?} is not valid")));
+        }
+        let dir = self.volumes.join(id);
+        std::fs::create_dir_all(&dir).map_err(|e| Status::internal(format!("volume {id}: {e}")))?;
+        Ok(dir)
+    }
+}
+
+/// A running test CSI driver; stops (and removes its socket) when dropped.
+pub struct TestCsiDriver {
+    service: Service,
+    socket: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+    _volumes: tempfile::TempDir,
+}
+
+impl TestCsiDriver {
+    /// Serves driver `name` on `socket` (its registration socket and its endpoint), reporting
+    /// `node_id`; `stages`: whether it has `STAGE_UNSTAGE_VOLUME`; `max_volumes`: its limit.
+    pub async fn start(socket: &Path, name: &str, node_id: &str, stages: bool, max_volumes: i64) -> Result<Self> {
+        let volumes = tempfile::tempdir().ctx(|| "CSI volumes directory".into())?;
+        let service = Service {
+            name: name.to_string(),
+            node_id: node_id.to_string(),
+            stages,
+            max_volumes,
+            volumes: volumes.path().to_path_buf(),
+            calls: Arc::default(),
+        };
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
+        }
+        let incoming = crate::cri::serve_socket(socket)?;
+        let (registration, identity, node) = (
+            RegistrationServer::new(service.clone()),
+            IdentityServer::new(service.clone()),
+            NodeServer::new(service.clone()),
+        );
+        let server = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(registration)
+                .add_service(identity)
+                .add_service(node)
+                .serve_with_incoming(incoming)
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "test CSI driver stopped");
+            }
+        });
+        Ok(TestCsiDriver { service, socket: socket.to_path_buf(), server, _volumes: volumes })
+    }
+
+    /// The directory backing volume `id` (what every pod using it sees).
+    pub fn volume_dir(&self, id: &str) -> PathBuf {
+        self.service.volumes.join(id)
+    }
+
+    /// Every call received so far, in order.
+    pub fn calls(&self) -> Vec<CsiCall> {
+        self.service.calls.lock().unwrap().clone()
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for TestCsiDriver {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+fn bind(source: &Path, target: &Path, read_only: bool) -> std::result::Result<(), Status> {
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|e| Status::invalid_argument(e.to_string()));
+    let (src, dst) = (c(source)?, c(target)?);
+    let mount = |flags: libc::c_ulong| {
+        // SAFETY: valid NUL-terminated paths; no file system type or data for a bind mount.
+        let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Status::internal(format!("mount {}: {}", target.display(), std::io::Error::last_os_error())))
+        }
+    };
+    mount(libc::MS_BIND)?;
+    if read_only {
+        mount(libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY)?;
+    }
+    Ok(())
+}
+
+/// Unmounts `target` when it is mounted (CSI's calls are idempotent).
+fn unmount(target: &Path) -> std::result::Result<(), Status> {
+    let t = CString::new(target.as_os_str().as_bytes()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::umount2(t.as_ptr(), 0) };
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        _ if rc == 0 => Ok(()),
+        Some(libc::EINVAL | libc::ENOENT) => Ok(()),
+        _ => Err(Status::internal(format!("unmount {}: {err}", target.display()))),
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for Service {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        self.record(CsiCall::GetInfo);
+        Ok(Response::new(PluginInfo {
+            r#type: "CSIPlugin".into(),
+            name: self.name.clone(),
+            endpoint: String::new(),
+            supported_versions: vec!["1.0.0".into()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let r = request.into_inner();
+        self.record(CsiCall::NotifyRegistrationStatus { registered: r.plugin_registered, error: r.error });
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for Service {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: self.name.clone(),
+            vendor_version: "0.1.0".into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(GetPluginCapabilitiesResponse { capabilities: vec![] }))
+    }
+
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        Ok(Response::new(ProbeResponse { ready: Some(true) }))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for Service {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        let r = request.into_inner();
+        let staging = PathBuf::from(&r.staging_target_path);
+        self.record(CsiCall::NodeStageVolume { volume: r.volume_id.clone(), staging: staging.clone() });
+        let source = self.volume_dir(&r.volume_id)?;
+        if !staging.is_dir() {
+            return Err(Status::failed_precondition(format!("staging path {} does not exist", staging.display())));
+        }
+        bind(&source, &staging, false)?;
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        let r = request.into_inner();
+        let staging = PathBuf::from(&r.staging_target_path);
+        self.record(CsiCall::NodeUnstageVolume { volume: r.volume_id, staging: staging.clone() });
+        unmount(&staging)?;
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        let target = PathBuf::from(&r.target_path);
+        let staging = Some(PathBuf::from(&r.staging_target_path)).filter(|p| !p.as_os_str().is_empty());
+        self.record(CsiCall::NodePublishVolume {
+            volume: r.volume_id.clone(),
+            staging: staging.clone(),
+            target: target.clone(),
+            read_only: r.readonly,
+        });
+        let source = match (&staging, self.stages) {
+            (Some(s), true) => s.clone(),
+            (None, true) => return Err(Status::failed_precondition("staging target path is required")),
+            (_, false) => self.volume_dir(&r.volume_id)?,
+        };
+        std::fs::create_dir_all(&target).map_err(|e| Status::internal(format!("{}: {e}", target.display())))?;
+        bind(&source, &target, r.readonly)?;
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        let target = PathBuf::from(&r.target_path);
+        self.record(CsiCall::NodeUnpublishVolume { volume: r.volume_id, target: target.clone() });
+        unmount(&target)?;
+        match std::fs::remove_dir(&target) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Status::internal(format!("{}: {e}", target.display())));
+            }
+            _ => {}
+        }
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        _: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        Err(Status::unimplemented("NodeGetVolumeStats"))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented("NodeExpandVolume"))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        self.record(CsiCall::NodeGetCapabilities);
+        let capability = |t: rpc::Type| NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc { r#type: t as i32 })),
+        };
+        let capabilities = if self.stages { vec![capability(rpc::Type::StageUnstageVolume)] } else { vec![] };
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(&self, _: Request<NodeGetInfoRequest>) -> Result<Response<NodeGetInfoResponse>, Status> {
+        self.record(CsiCall::NodeGetInfo);
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.node_id.clone(),
+            max_volumes_per_node: self.max_volumes,
+            accessible_topology: Some(Topology {
+                segments: [(topology_key(&self.name), self.node_id.clone())].into_iter().collect(),
+            }),
+        }))
+    }
+}

@@ -11,9 +11,21 @@ use gantry_testkit::Containerd;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
-/// Runs `gantry args…` with its stderr in `dir/log`.
+/// Runs `gantry args…` with its stderr in `dir/log`; under the command
+/// `GANTRY_BENCH_AGENT_WRAPPER` when set (e.g. `heaptrack -o /tmp/agent` to see where its
+/// memory goes; the figures measured from the child's pid are then the wrapper's).
 pub fn spawn(dir: &Path, log: &str, args: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_gantry"))
+    let wrapper = std::env::var("GANTRY_BENCH_AGENT_WRAPPER").unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    let mut command = match words.next() {
+        Some(program) => {
+            let mut c = Command::new(program);
+            c.args(words).arg(env!("CARGO_BIN_EXE_gantry"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_gantry")),
+    };
+    command
         .args(args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join(log)).unwrap())

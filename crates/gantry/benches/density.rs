@@ -11,7 +11,8 @@
 //!
 //! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
-//! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60); `GANTRY_BENCH_BIN`: another
+//! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60); `GANTRY_BENCH_FLOOR_WORKERS`: the
+//! raw floor's numbers of concurrent workers (`8`; e.g. `2,4,8,16`); `GANTRY_BENCH_BIN`: another
 //! gantry binary to measure; `GANTRY_BENCH_ARGS`: more flags for it (e.g. eviction thresholds
 //! this machine's disk does not meet).
 
@@ -88,19 +89,23 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&disk);
 }
 
-/// The best of sequential and bounded-parallel raw CRI for `count` pods.
+/// The best of sequential and bounded-parallel raw CRI for `count` pods, with as many
+/// concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by default).
 async fn raw_floor(ctd: &Containerd, count: usize) -> Duration {
     let client = ctd.runtime_client().await;
     let sequential = raw_start_pods(ctd, count).await.expect("raw pods");
     gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-    let parallel = raw_start_pods_parallel(ctd, count, FLOOR_WORKERS).await.expect("raw pods");
-    gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-    println!(
-        "density: pods={count} raw_sequential={:.3}s raw_parallel{FLOOR_WORKERS}={:.3}s",
-        sequential.as_secs_f64(),
-        parallel.as_secs_f64()
-    );
-    sequential.min(parallel)
+    let mut line = format!("density: pods={count} raw_sequential={:.3}s", sequential.as_secs_f64());
+    let mut best = sequential;
+    for workers in env_list("GANTRY_BENCH_FLOOR_WORKERS", &FLOOR_WORKERS.to_string()) {
+        let Ok(workers) = workers.parse::<usize>() else { continue };
+        let parallel = raw_start_pods_parallel(ctd, count, workers).await.expect("raw pods");
+        gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
+        line += &format!(" raw_parallel{workers}={:.3}s", parallel.as_secs_f64());
+        best = best.min(parallel);
+    }
+    println!("{line}");
+    best
 }
 
 async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, steady: Duration) {

@@ -4,7 +4,8 @@
 //! volume at the next sync; immutable objects are read once and never watched; a watch stops
 //! with the last pod using it. `Get` reads on every sync, `Cache` once per TTL (the Node's
 //! `node.alpha.kubernetes.io/ttl`). Services for the environment come from one watch of the
-//! pods' namespace, never from a LIST per container start.
+//! pods' namespace, never from a LIST per container start. All the node's watches share one
+//! HTTP/2 connection.
 
 mod common;
 
@@ -126,6 +127,12 @@ async fn watched_objects_are_not_read_again_and_watches_follow_the_pods() {
     let services: Vec<_> = open.iter().filter(|w| w.resource == "services").collect();
     assert_eq!(services.len(), 1, "one watch of the pods' namespace, which has default/kubernetes: {open:?}");
     assert_eq!((services[0].namespace.as_deref(), services[0].name.as_deref()), (Some("default"), None));
+    // All of them, the pods' watch and the node's own requests share one HTTP/2 connection.
+    let user = format!("system:node:{}", env.node);
+    let node_connections: Vec<_> =
+        api.connections().into_iter().filter(|c| c.open && c.users.contains(&user)).collect();
+    assert_eq!(node_connections.len(), 1, "{} watches on one connection: {node_connections:?}", open.len());
+    assert!(node_connections[0].http2, "{node_connections:?}");
 
     pods.delete("p0", &DeleteParams::default()).await.unwrap();
     eventually("p0 gone", &gantry, || async { pods.get_opt("p0").await.ok()?.is_none().then_some(()) }).await;

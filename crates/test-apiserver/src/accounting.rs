@@ -1,8 +1,9 @@
 //! Server-side request accounting, as kube-apiserver's `apiserver_request_total` (by verb and
-//! resource) and its count of open watches, so tests and benchmarks can measure what a client
+//! resource), its count of open watches and the client connections (with the users whose
+//! requests each carried), so tests and benchmarks can measure what a client
 //! costs the API server without trusting the client's own view.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -64,11 +65,24 @@ pub struct OpenWatch {
     pub name: Option<String>,
 }
 
+/// A client connection the server accepted (TLS handshake done).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientConnection {
+    /// Whether ALPN chose HTTP/2 (else HTTP/1.1).
+    pub http2: bool,
+    /// The users whose requests came over it.
+    pub users: BTreeSet<String>,
+    /// Whether it is still open.
+    pub open: bool,
+}
+
 #[derive(Default)]
 pub struct Accounting {
     requests: Mutex<HashMap<RequestKey, u64>>,
     watches: Mutex<HashMap<u64, OpenWatch>>,
     next_watch: AtomicU64,
+    connections: Mutex<BTreeMap<u64, ClientConnection>>,
+    next_connection: AtomicU64,
 }
 
 impl Accounting {
@@ -90,6 +104,42 @@ impl Accounting {
 
     pub fn open_watches(&self) -> Vec<OpenWatch> {
         self.watches.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    /// Records a new connection; it counts as open until the returned guard is dropped.
+    pub fn connected(&self, http2: bool) -> ConnectionGuard<'_> {
+        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let conn = ClientConnection { http2, users: BTreeSet::new(), open: true };
+        self.connections.lock().unwrap_or_else(|p| p.into_inner()).insert(id, conn);
+        ConnectionGuard { accounting: self, id }
+    }
+
+    /// `user` sent a request over connection `id`.
+    pub fn used_by(&self, id: u64, user: &str) {
+        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(conn) = connections.get_mut(&id).filter(|c| !c.users.contains(user)) {
+            conn.users.insert(user.to_string());
+        }
+    }
+
+    /// Every connection accepted so far, in order.
+    pub fn connections(&self) -> Vec<ClientConnection> {
+        self.connections.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+}
+
+/// Marks its connection closed when dropped; `id` names it in [`Accounting::used_by`].
+pub struct ConnectionGuard<'a> {
+    accounting: &'a Accounting,
+    pub id: u64,
+}
+
+impl Drop for ConnectionGuard<'_> {
+    fn drop(&mut self) {
+        let mut connections = self.accounting.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(conn) = connections.get_mut(&self.id) {
+            conn.open = false;
+        }
     }
 }
 
@@ -136,5 +186,25 @@ mod tests {
         assert_eq!(a.open_watches(), vec![w]);
         drop(guard);
         assert!(a.open_watches().is_empty());
+    }
+
+    #[test]
+    fn connections_record_their_users_and_closing() {
+        let a = Accounting::default();
+        let first = a.connected(true);
+        let second = a.connected(false);
+        a.used_by(first.id, "system:node:n1");
+        a.used_by(first.id, "system:node:n1");
+        a.used_by(second.id, "kubernetes-admin");
+        drop(second);
+        let users = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(
+            a.connections(),
+            vec![
+                ClientConnection { http2: true, users: users(&["system:node:n1"]), open: true },
+                ClientConnection { http2: false, users: users(&["kubernetes-admin"]), open: false },
+            ]
+        );
+        drop(first);
     }
 }

@@ -41,11 +41,12 @@ pub type CertIdentity = (String, Vec<String>);
 pub async fn serve(
     state: Arc<State>,
     cert: Option<Arc<CertIdentity>>,
+    connection: u64,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let response = match handle(state, cert, req).await {
+    let response = match handle(state, cert, connection, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     };
@@ -98,9 +99,11 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 async fn handle(
     state: Arc<State>,
     cert: Option<Arc<CertIdentity>>,
+    connection: u64,
     req: Request<Incoming>,
 ) -> ApiResult<Response<Body>> {
     let user = auth::authenticate(&state, bearer_token(req.headers()), cert.as_deref())?;
+    state.accounting.used_by(connection, &user.username);
     let route = routes::parse(req.uri().path());
     match route {
         Route::Resource(rp) => resource_request(state, user, rp, req).await,

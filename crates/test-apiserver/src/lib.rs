@@ -45,8 +45,9 @@ mod store;
 mod tokens;
 mod watch;
 
-pub use accounting::{OpenWatch, RequestCounts, RequestKey};
+pub use accounting::{ClientConnection, OpenWatch, RequestCounts, RequestKey};
 pub use eviction::EvictionRecord;
+pub use server::HTTP2_MAX_STREAMS;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -295,6 +296,11 @@ impl TestApiServer {
     /// The watches being served now.
     pub fn open_watches(&self) -> Vec<OpenWatch> {
         self.state.accounting.open_watches()
+    }
+
+    /// Every client connection accepted so far, with the users whose requests it carried.
+    pub fn connections(&self) -> Vec<ClientConnection> {
+        self.state.accounting.connections()
     }
 
     /// The current (latest) resourceVersion.

@@ -1,4 +1,5 @@
-//! The listener: TLS on 127.0.0.1, HTTP/1.1 and HTTP/2 per connection, and a clean stop
+//! The listener: TLS on 127.0.0.1, HTTP/1.1 or HTTP/2 per connection (ALPN; at most
+//! [`HTTP2_MAX_STREAMS`] streams at once, as kube-apiserver), each connection accounted, and a clean stop
 //! that closes the listener (so connections are refused) and every open connection.
 
 use std::net::SocketAddr;
@@ -19,6 +20,8 @@ use crate::pki;
 use crate::state::State;
 
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The HTTP/2 streams one connection may have open at once (kube-apiserver's default).
+pub const HTTP2_MAX_STREAMS: u32 = 100;
 
 /// Binds 127.0.0.1:`port` (0 for any), reusing the address so a restart can take the same
 /// port back at once.
@@ -103,8 +106,14 @@ async fn connection(state: Arc<State>, tcp: TcpStream, acceptor: TlsAcceptor, ca
         .and_then(|chain| chain.first())
         .and_then(|c| pki::identity_from_cert(c))
         .map(Arc::new);
-    let service = service_fn(move |req| handlers::serve(state.clone(), cert.clone(), req));
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let http2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let accounted = state.clone();
+    let guard = accounted.accounting.connected(http2);
+    let id = guard.id;
+    let service = service_fn(move |req| handlers::serve(state.clone(), cert.clone(), id, req));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // kube-apiserver's default `--http2-max-streams-per-connection`.
+    builder.http2().max_concurrent_streams(HTTP2_MAX_STREAMS);
     let conn = builder.serve_connection(TokioIo::new(tls), service);
     tokio::select! {
         result = conn => {

@@ -14,11 +14,13 @@ pub mod bootstrap;
 mod ratelimit;
 mod request_metrics;
 pub mod rotation;
+mod transport;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper_util::client::legacy::connect::HttpConnector;
 use k8s_openapi::api::core::v1::Node;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
@@ -218,16 +220,25 @@ pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) 
         }
         (false, _) => None,
     };
-    let builder = |config: kube::Config| match &rotating {
-        Some(current) => rotating_client_builder(config, current.clone()).map_err(invalid),
-        None => ClientBuilder::try_from(config).map_err(invalid),
+    // One set of connections for both clients (see `transport`).
+    let (client, heartbeat) = match &rotating {
+        Some(current) => {
+            let inner = connector(&config, Some(current)).map_err(invalid)?;
+            let connector = rotation::TrackingConnector { inner, cert: current.clone() };
+            let lanes = transport::Lanes::new(connector);
+            (stack(&config, lanes.clone()), stack(&config, lanes))
+        }
+        None => {
+            let lanes = transport::Lanes::new(connector(&config, None).map_err(invalid)?);
+            (stack(&config, lanes.clone()), stack(&config, lanes))
+        }
     };
-    let client = builder(config.clone())?.with_layer(&counted);
+    let client = client.map_err(invalid)?.with_layer(&counted);
     let client = match qps {
         Some(qps) => client.with_layer(&RateLimitLayer::new(qps, burst)).build(),
         None => client.build(),
     };
-    let heartbeat = builder(config)?.with_layer(&counted).build();
+    let heartbeat = heartbeat.map_err(invalid)?.with_layer(&counted).build();
     let rotation = rotating.map(|cert| rotation::CertificateRotation {
         client: heartbeat.clone(),
         cert,
@@ -257,22 +268,22 @@ fn client_identity(config: &kube::Config) -> Option<Vec<u8>> {
     Some(pem)
 }
 
-/// kube's default client stack (as `ClientBuilder::try_from(Config)`: base URI, auth, extra
-/// headers, timeouts), with a rustls configuration whose client certificate is read at each new
-/// connection from `current`, so that a rotated certificate is used without a restart.
-fn rotating_client_builder(
-    config: kube::Config,
-    current: Arc<rotation::CurrentCert>,
-) -> Result<ClientBuilder<GenericService>, kube::Error> {
-    use http_body_util::BodyExt;
+/// The TLS connector to the server: the kubeconfig's CA, server name and client certificate
+/// (read at each new connection from `current` when it rotates, so that a rotated certificate
+/// is used without a restart), ALPN offering `h2` then `http/1.1`, and its timeouts.
+fn connector(
+    config: &kube::Config,
+    current: Option<&Arc<rotation::CurrentCert>>,
+) -> Result<hyper_timeout::TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>, kube::Error> {
     use kube::client::ConfigExt;
-    use tower::{BoxError, ServiceBuilder, ServiceExt};
 
     let mut tls = config.rustls_client_config()?;
-    tls.client_auth_cert_resolver = current.clone();
-    // A resumed session would keep the old certificate's identity.
-    tls.resumption = rustls::client::Resumption::disabled();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    if let Some(current) = current {
+        tls.client_auth_cert_resolver = current.clone();
+        // A resumed session would keep the old certificate's identity.
+        tls.resumption = rustls::client::Resumption::disabled();
+    }
+    let mut http = HttpConnector::new();
     http.enforce_http(false);
     let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
     let https = match &config.tls_server_name {
@@ -283,22 +294,36 @@ fn rotating_client_builder(
         }
         None => https,
     };
-    let mut timeouts = hyper_timeout::TimeoutConnector::new(https.enable_http1().wrap_connector(http));
+    let mut timeouts = hyper_timeout::TimeoutConnector::new(https.enable_all_versions().wrap_connector(http));
     timeouts.set_connect_timeout(config.connect_timeout);
     timeouts.set_read_timeout(config.read_timeout);
     timeouts.set_write_timeout(config.write_timeout);
-    let connector = rotation::TrackingConnector { inner: timeouts, cert: current };
-    let http_client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build::<_, kube::client::Body>(connector);
+    timeouts.set_reset_reader_on_write(config.reset_reader_on_write);
+    Ok(timeouts)
+}
+
+/// kube's default client stack over `lanes` (as `ClientBuilder::try_from(Config)`: base URI,
+/// retries of 429/503/504, auth with token refresh and exec plugins, extra headers).
+fn stack<C>(config: &kube::Config, lanes: transport::Lanes<C>) -> Result<ClientBuilder<GenericService>, kube::Error>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    use http_body_util::BodyExt;
+    use kube::client::ConfigExt;
+    use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+    let retry =
+        config.default_retry.then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .option_layer(retry)
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
-        .service(http_client)
+        .service(lanes)
         .map_response(|r| r.map(|body| Box::new(body.map_err(BoxError::from)) as Box<kube::client::DynBody>))
         .boxed();
-    Ok(ClientBuilder::new(service, config.default_namespace))
+    Ok(ClientBuilder::new(service, config.default_namespace.clone()))
 }
 
 /// kube's boxed client service, the type `ClientBuilder::try_from(Config)` builds.

@@ -1,5 +1,5 @@
 //! Node-pressure eviction (upstream's eviction manager), the I/O side: every 10 s (the
-//! agent's clock) it reads the node's stats, runs [`gantry_pod::eviction`] over them, publishes
+//! agent's clock) it reads the node's signals, runs [`gantry_pod::eviction`] over them, publishes
 //! the pressure conditions (`Shared::pressure`, which the Node status and pod admission read),
 //! evicts pods over their local storage limits, and under pressure reclaims node resources
 //! (dead containers and unused images, for disk) before it evicts at most one pod, through the pod's worker like
@@ -17,25 +17,31 @@ use crate::agent::{ContainerReclaimer, Kill, KillReason, Shared};
 use crate::events::{EventType, NodeEvent};
 use crate::image::collector::ImageReclaimer;
 use gantry_config::Settings;
+use gantry_metrics::EvictionLabels;
 use gantry_pod::eviction::{self as core, Eviction, Observations, Usage};
 use gantry_vocab::spec;
 
 /// How long upstream waits for an evicted pod to be cleaned up before it looks again.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What one pass observes: upstream reads it from the stats summary.
+/// What every pass observes of the node: upstream reads it from the stats summary.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub observations: Observations,
-    pub usage: Usage,
     /// The runtime's images are on another file system than the root dir (upstream's
     /// `HasDedicatedImageFs`): then nodefs and imagefs usage are counted apart.
     pub dedicated_imagefs: bool,
 }
 
 /// Where the stats come from (the node API's summary in `gantry-node`; a test's own numbers).
+/// The pods' usage (the runtime's container stats, and a walk of every volume and log) costs
+/// far more than the node's signals, so a pass reads it only for the pods it must judge.
 pub trait StatsSource: Send + Sync + 'static {
-    fn stats(&self) -> impl Future<Output = Result<Stats, gantry_cri::CriError>> + Send;
+    /// The node's signals, read every pass.
+    fn node(&self) -> impl Future<Output = Result<Stats, gantry_cri::CriError>> + Send;
+    /// The usage of `pods` (by UID): for the ranking under pressure, and for the pods whose
+    /// local storage has limits.
+    fn usage(&self, pods: &[Pod]) -> impl Future<Output = Result<Usage, gantry_cri::CriError>> + Send;
 }
 
 /// What frees node-level disk before pods are evicted for it.
@@ -114,10 +120,21 @@ impl<S: StatsSource> EvictionManager<S> {
     }
 
     async fn read_stats(&mut self) -> Option<Stats> {
-        match self.stats.stats().await {
-            Ok(stats) => {
+        let stats = self.stats.node().await;
+        self.checked(stats)
+    }
+
+    async fn read_usage(&mut self, pods: &[Pod]) -> Option<Usage> {
+        let usage = self.stats.usage(pods).await;
+        self.checked(usage)
+    }
+
+    /// A read's value; a failure is logged once until a read succeeds again.
+    fn checked<T>(&mut self, read: Result<T, gantry_cri::CriError>) -> Option<T> {
+        match read {
+            Ok(value) => {
                 self.stats_failing = false;
-                Some(stats)
+                Some(value)
             }
             Err(e) => {
                 if !self.stats_failing {
@@ -138,9 +155,17 @@ impl<S: StatsSource> EvictionManager<S> {
         let pods = active_pods(&self.shared);
         let refs: Vec<&Pod> = pods.iter().collect();
         if self.config.local_storage_isolation {
-            let over = core::local_storage(&refs, &stats.usage, stats.dedicated_imagefs);
-            if !over.is_empty() {
-                return over.iter().filter_map(|e| self.evict(&pods, e)).collect();
+            // Only a pod with a limit can be over it: the others' usage is not read.
+            let limited: Vec<Pod> =
+                refs.iter().filter(|p| core::has_local_storage_limit(p)).map(|p| (*p).clone()).collect();
+            if !limited.is_empty()
+                && let Some(usage) = self.read_usage(&limited).await
+            {
+                let limited: Vec<&Pod> = limited.iter().collect();
+                let over = core::local_storage(&limited, &usage, stats.dedicated_imagefs);
+                if !over.is_empty() {
+                    return over.iter().filter_map(|e| self.evict(&pods, e)).collect();
+                }
             }
         }
         let Some(threshold) = &pass.reclaim else { return Vec::new() };
@@ -166,8 +191,8 @@ impl<S: StatsSource> EvictionManager<S> {
             tracing::error!(node = %self.node, "Eviction manager: eviction thresholds have been met, but no pods are active to evict");
             return Vec::new();
         }
-        let chosen =
-            core::choose(&self.config, &pass, &refs, &stats.usage, &stats.observations, stats.dedicated_imagefs);
+        let Some(usage) = self.read_usage(&pods).await else { return Vec::new() };
+        let chosen = core::choose(&self.config, &pass, &refs, &usage, &stats.observations, stats.dedicated_imagefs);
         match chosen {
             Some(e) => self.evict(&pods, &e).into_iter().collect(),
             None => {
@@ -180,7 +205,8 @@ impl<S: StatsSource> EvictionManager<S> {
     /// Records the `Evicted` event and hands the pod to its worker to stop.
     fn evict(&self, pods: &[Pod], e: &Eviction) -> Option<oneshot::Receiver<()>> {
         let pod = pods.iter().find(|p| spec::uid(p) == e.uid)?;
-        self.shared.events.record(pod, None, EventType::Warning, core::REASON, &e.message);
+        let annotations = e.annotations.clone();
+        self.shared.events.record_annotated(pod, None, EventType::Warning, core::REASON, &e.message, annotations);
         tracing::info!(
             node = %self.node, pod = %e.name, pod_uid = %e.uid, signal = %e.signal, grace_seconds = e.grace_seconds,
             message = %e.message, "Eviction manager: evicting pod"
@@ -189,6 +215,8 @@ impl<S: StatsSource> EvictionManager<S> {
         let why = KillReason::Evicted { message: e.message.clone(), disruption_target: e.disruption_target };
         let grace = Duration::from_secs(e.grace_seconds.max(0) as u64);
         self.kills.send(Kill { uid: e.uid.clone(), grace, why, done }).ok()?;
+        let signal = EvictionLabels { eviction_signal: e.signal.clone() };
+        self.shared.metrics.evictions.get_or_create(&signal).inc();
         Some(wait)
     }
 }

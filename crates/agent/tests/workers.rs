@@ -956,14 +956,16 @@ async fn an_image_younger_than_the_minimum_gc_age_is_kept_until_the_clock_passes
     assert!(fake.images().is_empty());
 }
 
-/// Stats a test sets: memory.available (of 4 GiB) and fixed per-pod memory usage.
+/// Stats a test sets: memory.available (of 4 GiB) and fixed per-pod memory usage; counts the
+/// passes that read the pods' usage.
 struct FakeStats {
     available: Arc<Mutex<i128>>,
     usage: gantry_pod::eviction::Usage,
+    usage_reads: Arc<Mutex<u32>>,
 }
 
 impl gantry_agent::eviction::StatsSource for FakeStats {
-    async fn stats(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
+    async fn node(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
         use gantry_pod::eviction::{Observation, Signal};
         let available = *self.available.lock().unwrap();
         // Each read is new stats, as the node's summary is.
@@ -971,9 +973,15 @@ impl gantry_agent::eviction::StatsSource for FakeStats {
         let memory = Observation { available, capacity: 4 << 30, time };
         Ok(gantry_agent::eviction::Stats {
             observations: [(Signal::MemoryAvailable, memory)].into(),
-            usage: self.usage.clone(),
             dedicated_imagefs: false,
         })
+    }
+
+    async fn usage(&self, pods: &[Pod]) -> Result<gantry_pod::eviction::Usage, gantry_cri::CriError> {
+        *self.usage_reads.lock().unwrap() += 1;
+        let mut usage = self.usage.clone();
+        usage.retain(|uid, _| pods.iter().any(|p| gantry_vocab::spec::uid(p) == uid));
+        Ok(usage)
     }
 }
 
@@ -1036,7 +1044,8 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     ]
     .into();
     let available = Arc::new(Mutex::new(50i128 << 20));
-    let stats = FakeStats { available: available.clone(), usage };
+    let usage_reads = Arc::new(Mutex::new(0));
+    let stats = FakeStats { available: available.clone(), usage, usage_reads: usage_reads.clone() };
     let cri = gantry_cri::connect(&node.fake.endpoint(), None, Duration::from_secs(10)).await.expect("CRI connects");
     // No image collector runs: a reclaim request returns at once (memory reclaims none anyway).
     let images = ImageCollector::new(cri, settings.images.clone(), None, NODE).reclaimer();
@@ -1064,10 +1073,15 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     assert!(evicted_at >= Duration::from_secs(10) && evicted_at < Duration::from_secs(12), "{evicted_at:?}");
     node.fake.advance(Duration::from_secs(20)).await;
     assert_eq!(phase(&shared, &fixed).as_deref(), Some("Running"), "a static pod is never evicted");
+    let metrics = shared.metrics.encode();
+    assert!(metrics.contains("\nkubelet_evictions{eviction_signal=\"memory.available\"} 2\n"), "{metrics}");
 
     // Pressure goes: the condition holds for the transition period after it was last seen.
     *available.lock().unwrap() = 2 << 30;
     let relieved = started.elapsed();
+    // Without pressure (and with no local storage limits) a pass reads no pod's usage.
+    node.fake.advance(Duration::from_secs(10)).await;
+    let reads = *usage_reads.lock().unwrap();
     node.fake.advance(Duration::from_secs(5)).await;
     assert!(shared.pressure.borrow().memory, "held for evictionPressureTransitionPeriod");
     let cleared = node.fake.advance_until(Duration::from_secs(40), |_| !shared.pressure.borrow().memory).await;
@@ -1075,6 +1089,7 @@ async fn memory_pressure_evicts_one_pod_per_pass_above_its_request_first_never_a
     // Last seen at the pass before relief (30 s); the first pass 25 s later is at 60 s.
     let after = started.elapsed() - relieved;
     assert!(after >= Duration::from_secs(20) && after <= Duration::from_secs(31), "cleared {after:?} after relief");
+    assert_eq!(*usage_reads.lock().unwrap(), reads, "the passes after the relief read no usage");
 }
 
 /// nodefs stats a test controls: low while the image `registry.test/old:v1` is in the runtime
@@ -1085,7 +1100,7 @@ struct DiskStats {
 }
 
 impl gantry_agent::eviction::StatsSource for DiskStats {
-    async fn stats(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
+    async fn node(&self) -> Result<gantry_agent::eviction::Stats, gantry_cri::CriError> {
         use gantry_pod::eviction::{Observation, Signal};
         let images = self.cri.images.list_images(Default::default()).await?.images;
         let old = images.iter().any(|i| i.repo_tags.iter().any(|t| t == "registry.test/old:v1"));
@@ -1094,9 +1109,12 @@ impl gantry_agent::eviction::StatsSource for DiskStats {
         let nodefs = Observation { available: if low { 5 << 30 } else { 50 << 30 }, capacity: 100 << 30, time };
         Ok(gantry_agent::eviction::Stats {
             observations: [(Signal::NodeFsAvailable, nodefs)].into(),
-            usage: Default::default(),
             dedicated_imagefs: false,
         })
+    }
+
+    async fn usage(&self, _: &[Pod]) -> Result<gantry_pod::eviction::Usage, gantry_cri::CriError> {
+        Ok(Default::default())
     }
 }
 

@@ -40,6 +40,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "featureGates",
     "runOnce",
     "maxPods",
+    "oomScoreAdj",
     "registerNode",
     "rotateCertificates",
     "registerWithTaints",

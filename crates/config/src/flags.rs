@@ -102,6 +102,10 @@ pub struct Flags {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
     pub max_pods: Option<i32>,
 
+    /// The oom_score_adj of the agent's own process, in [-1000, 1000]. (oomScoreAdj) [default: -999]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
+    pub oom_score_adj: Option<i32>,
+
     /// Log verbosity level (klog style). (logging.verbosity) [default: 0]
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u8>,
@@ -509,7 +513,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "memory-manager-policy",
     "minimum-container-ttl-duration",
     "node-status-max-images",
-    "oom-score-adj",
     "pod-cidr",
     "provider-id",
     "qos-reserved",
@@ -985,8 +988,6 @@ mod tests {
             "--pod-cidr=10.0.0.0/24",
             "--register-schedulable=false",
             "--fail-swap-on",
-            "--oom-score-adj",
-            "-999",
             "--provider-id=x",
             "--pod-cidr",
             "10.0.0.0/16",
@@ -995,7 +996,7 @@ mod tests {
         assert_eq!(f.max_pods, Some(5));
         assert_eq!(
             f.compat.unimplemented,
-            vec!["--pod-cidr", "--register-schedulable", "--fail-swap-on", "--oom-score-adj", "--provider-id"]
+            vec!["--pod-cidr", "--register-schedulable", "--fail-swap-on", "--provider-id"]
         );
         let e = parse(&["--fail-swap-on=perhaps"]).unwrap_err();
         assert!(matches!(&e, ConfigError::InvalidFlagValue { flag, .. } if flag == "--fail-swap-on"), "{e:?}");

@@ -61,6 +61,7 @@ pub const DEFAULT_HTTP_CHECK_FREQUENCY: Duration = Duration::from_secs(20);
 pub const DEFAULT_SYNC_FREQUENCY: Duration = Duration::from_secs(60);
 pub const DEFAULT_RUNTIME_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_PODS: u32 = 110;
+pub const DEFAULT_OOM_SCORE_ADJ: i32 = -999;
 pub const DEFAULT_KUBE_API_QPS: i32 = 50;
 pub const DEFAULT_KUBE_API_BURST: i32 = 100;
 pub const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
@@ -125,6 +126,9 @@ pub struct Settings {
     pub verbosity: u8,
     /// `maxPods` / `--max-pods`, default 110.
     pub max_pods: u32,
+    /// `oomScoreAdj` / `--oom-score-adj`, default -999: the agent's own `oom_score_adj`, in
+    /// [-1000, 1000].
+    pub oom_score_adj: i32,
     /// What `--config` pointed at.
     pub config_file: Option<PathBuf>,
 
@@ -217,6 +221,7 @@ impl Default for Settings {
             feature_gates: FeatureGates::default(),
             verbosity: 0,
             max_pods: DEFAULT_MAX_PODS,
+            oom_score_adj: DEFAULT_OOM_SCORE_ADJ,
             config_file: None,
             node_ips: Vec::new(),
             node_labels: BTreeMap::new(),
@@ -365,6 +370,7 @@ impl fmt::Debug for Settings {
             .field("feature_gates", &self.feature_gates)
             .field("verbosity", &self.verbosity)
             .field("max_pods", &self.max_pods)
+            .field("oom_score_adj", &self.oom_score_adj)
             .field("config_file", &self.config_file)
             .field("node_ips", &self.node_ips)
             .field("node_labels", &self.node_labels)
@@ -600,6 +606,9 @@ fn apply_file(
         Some(0) | None => {}
         Some(n) => s.max_pods = n as u32,
     }
+    if let Some(n) = c.oom_score_adj {
+        s.oom_score_adj = check_oom_score_adj(n).map_err(|e| invalid("oomScoreAdj", e))?;
+    }
     if let Some(v) = c.logging.as_ref().and_then(|l| l.verbosity) {
         s.verbosity = u8::try_from(v).map_err(|_| {
             invalid("logging.verbosity", format!("{v} is too large; verbosity levels go up to 255").into())
@@ -762,6 +771,15 @@ fn check_port(p: i32) -> Result<u16, ValueError> {
     u16::try_from(p).ok().filter(|p| *p > 0).ok_or(ValueError::Port(p))
 }
 
+/// The range the kernel takes for `oom_score_adj`, which upstream's validation checks.
+fn check_oom_score_adj(n: i32) -> Result<i32, Problem> {
+    if (-1000..=1000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} must be between -1000 and 1000, inclusive").into())
+    }
+}
+
 fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>) -> Result<(), ConfigError> {
     let invalid = |flag: &str, problem: Problem| ConfigError::InvalidValue {
         input: Input::CommandLine,
@@ -868,6 +886,9 @@ fn apply_flags(s: &mut Settings, f: &Flags, run_once_source: &mut Option<String>
     if let Some(n) = f.max_pods {
         s.max_pods =
             u32::try_from(n).map_err(|_| invalid("--max-pods", format!("{n} must not be a negative number").into()))?;
+    }
+    if let Some(n) = f.oom_score_adj {
+        s.oom_score_adj = check_oom_score_adj(n).map_err(|e| invalid("--oom-score-adj", e))?;
     }
     if let Some(v) = f.verbosity {
         s.verbosity = v;

@@ -164,6 +164,29 @@ fn zero_values_in_the_file_mean_default() {
 }
 
 #[test]
+fn oom_score_adj_defaults_to_upstreams_and_the_flag_wins_over_the_file() {
+    assert_eq!(ok(&[], None).oom_score_adj, -999);
+    assert_eq!(ok(&[], Some("oomScoreAdj: -500\n")).oom_score_adj, -500);
+    assert_eq!(ok(&["--oom-score-adj=10"], Some("oomScoreAdj: -500\n")).oom_score_adj, 10);
+    assert_eq!(ok(&["--oom-score-adj", "-1000"], None).oom_score_adj, -1000);
+}
+
+#[test]
+fn oom_score_adj_out_of_the_kernels_range_is_rejected_naming_its_source() {
+    let e = err(&[], Some("oomScoreAdj: 1001\n"));
+    assert!(
+        matches!(&e, ConfigError::InvalidValue { input: Input::ConfigFile(_), field, .. } if field == "oomScoreAdj"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("1001 must be between -1000 and 1000, inclusive"), "{e}");
+    let e = err(&["--oom-score-adj=-1001"], None);
+    assert!(
+        matches!(&e, ConfigError::InvalidValue { input: Input::CommandLine, field, .. } if field == "--oom-score-adj"),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn max_pods_zero_from_a_flag_is_kept() {
     assert_eq!(ok(&["--max-pods=0"], Some("maxPods: 20\n")).max_pods, 0);
 }

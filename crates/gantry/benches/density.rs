@@ -12,7 +12,9 @@
 //! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
 //! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60); `GANTRY_BENCH_FLOOR_WORKERS`: the
-//! raw floor's numbers of concurrent workers (`8`; e.g. `2,4,8,16`).
+//! raw floor's numbers of concurrent workers (`8`; e.g. `2,4,8,16`); `GANTRY_BENCH_BIN`: another
+//! gantry binary to measure; `GANTRY_BENCH_ARGS`: more flags for it (e.g. eviction thresholds
+//! this machine's disk does not meet).
 
 mod common;
 
@@ -117,6 +119,7 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
     }
     let mut args = common::cluster_node_args(ctd, &server, &dir, NODE);
     args.push(format!("--cgroup-root={}", ctd.cgroup_root()));
+    args.extend(std::env::var("GANTRY_BENCH_ARGS").unwrap_or_default().split_whitespace().map(String::from));
     let mut agent = common::spawn(&dir, "gantry.log", &args);
     common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin, "default");

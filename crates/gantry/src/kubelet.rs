@@ -71,6 +71,7 @@ fn limit_malloc_arenas() {
 
 async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     tracing::info!(node = %settings.node_name, "starting gantry kubelet: {}", settings.redacted_summary());
+    apply_oom_score_adj(settings.oom_score_adj);
     if settings.run_once {
         tracing::warn!("{RUNONCE_DEPRECATION}");
         let results = gantry_node::run_once(&settings).await?;
@@ -90,6 +91,21 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     };
     Node::new(settings).run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Makes the agent one of the last processes the kernel's OOM killer picks (`oomScoreAdj`,
+/// -999 by default), as upstream does at start-up. Like upstream, a failure (no privilege to
+/// lower the score, no /proc) is logged and the agent goes on.
+fn apply_oom_score_adj(value: i32) {
+    const FILE: &str = "/proc/self/oom_score_adj";
+    let current = std::fs::read_to_string(FILE);
+    if current.as_deref().is_ok_and(|c| c.trim() == value.to_string()) {
+        return;
+    }
+    match std::fs::write(FILE, value.to_string()) {
+        Ok(()) => tracing::debug!(oom_score_adj = value, "applied the agent's oom_score_adj"),
+        Err(e) => tracing::info!(oom_score_adj = value, error = %e, "Failed to ApplyOOMScoreAdj"),
+    }
 }
 
 async fn shutdown_signal() -> &'static str {

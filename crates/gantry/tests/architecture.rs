@@ -217,6 +217,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("featureGates", "feature_gates", "crates/agent/src/node/status.rs"),
     ("runOnce", "run_once", "crates/gantry/src/kubelet.rs"),
     ("maxPods", "max_pods", "crates/agent/src/node/status.rs"),
+    ("oomScoreAdj", "oom_score_adj", "crates/gantry/src/kubelet.rs"),
     ("registerNode", "register_node", "crates/agent/src/node/controller.rs"),
     ("rotateCertificates", "rotate_certificates", "crates/agent/src/api/mod.rs"),
     ("registerWithTaints", "register_with_taints", "crates/agent/src/node/status.rs"),

@@ -101,6 +101,7 @@ async fn an_empty_dir_over_its_size_limit_evicts_its_pod_only() {
     let events: Api<Event> = Api::namespaced(admin.clone(), "default");
     let event = eventually("the Evicted event", &gantry, || evicted_event(&events, "filler")).await;
     assert_eq!((event.type_.as_deref(), event.message.as_deref()), (Some("Warning"), Some(message)));
+    assert_eq!(event.metadata.annotations, None, "local storage evictions annotate nothing, as upstream");
     assert!(env.running("filler").await.is_empty(), "the evicted pod's containers are stopped");
 
     let bystander = pods.get("bystander").await.unwrap();
@@ -219,6 +220,16 @@ async fn memory_pressure_evicts_the_pod_above_its_request_and_the_node_recovers(
     let events: Api<Event> = Api::namespaced(admin, "default");
     let event = eventually("the Evicted event", &gantry, || evicted_event(&events, "hog")).await;
     assert_eq!((event.type_.as_deref(), event.message.as_deref()), (Some("Warning"), Some(message.as_str())));
+    // Upstream's annotations: the container over its request, its usage as the message says it.
+    let used =
+        message.split(". Container main was using ").nth(1).and_then(|m| m.split(',').next()).unwrap_or_default();
+    let annotations = event.metadata.annotations.unwrap_or_default();
+    let annotation = |k: &str| annotations.get(k).map(String::as_str);
+    assert_eq!(
+        (annotation("offending_containers"), annotation("offending_containers_usage"), annotation("starved_resource")),
+        (Some("main"), Some(used), Some("memory")),
+        "{annotations:?}"
+    );
 
     // The pressure went with the hog: the condition clears after the transition period.
     let recovered = eventually("MemoryPressure cleared", &gantry, || async {

@@ -377,3 +377,46 @@ async fn reserved_cgroups_get_their_reservations_as_limits() {
     );
     assert!(gantry.log().contains(&expected), "{}", common::tail(&gantry.log(), 20));
 }
+
+/// The agent sets its own `oom_score_adj` at start (`oomScoreAdj`, -999 by default, as
+/// upstream), so that the OOM killer picks the pods' processes before it; `--oom-score-adj`
+/// sets another value. Lowering the score takes CAP_SYS_RESOURCE: where the agent lacks it (as
+/// in some containers), it logs upstream's message and goes on, as upstream does. (The VM tests
+/// check -999 on a host that has it.)
+#[tokio::test]
+async fn the_agent_sets_its_own_oom_score_adj() {
+    let Some(env) = Env::start().await else { return };
+    let score =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok()?.trim().parse::<i32>().ok();
+    let inherited = score(std::process::id()).unwrap();
+    assert!(inherited < 500, "the test runs at {inherited}; the agent must raise its score to show the flag works");
+
+    // Raising needs no privilege.
+    let mut gantry = env.kubelet(&["--oom-score-adj=500"]);
+    let pid = gantry.pid();
+    eventually("the agent's oom_score_adj 500", &gantry, || async { (score(pid)? == 500).then_some(()) }).await;
+    gantry.kill();
+
+    let mut gantry = env.kubelet(&[]);
+    let pid = gantry.pid();
+    if may_lower_oom_score() {
+        eventually("the agent's oom_score_adj -999", &gantry, || async { (score(pid)? == -999).then_some(()) }).await;
+    } else {
+        eventually("the agent ready after it could not lower its score", &gantry, || async {
+            let log = gantry.log();
+            (log.contains("Failed to ApplyOOMScoreAdj oom_score_adj=-999") && log.contains("node agent ready"))
+                .then_some(())
+        })
+        .await;
+        assert_eq!(score(pid), Some(inherited), "the score is left as it was");
+    }
+    gantry.kill();
+}
+
+/// Whether this process (and so the agent it starts) has CAP_SYS_RESOURCE.
+fn may_lower_oom_score() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+    u64::from_str_radix(effective, 16).unwrap() & (1 << CAP_SYS_RESOURCE) != 0
+}

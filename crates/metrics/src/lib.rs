@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -38,6 +39,42 @@ pub struct ProbeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
     pub resource_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    pub eviction_signal: String,
+}
+
+/// A counter shown under its own name. prometheus-client appends `_total` to every counter
+/// (the OpenMetrics rule), but upstream names a few counters without it, as the Prometheus
+/// text format allows (`kubelet_evictions`): this one's samples are written the way a gauge's
+/// are, bare, under a `counter` TYPE line, which is what Go's client prints for them.
+#[derive(Clone, Debug, Default)]
+pub struct UnsuffixedCounter(Counter);
+
+impl UnsuffixedCounter {
+    pub fn inc(&self) -> u64 {
+        self.0.inc()
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl TypedMetric for UnsuffixedCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for UnsuffixedCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +108,8 @@ pub struct Metrics {
     pub device_plugin_registrations: Family<ResourceLabels, Counter>,
     /// How long device plugins take to answer `Allocate`, by resource.
     pub device_plugin_alloc_duration: Family<ResourceLabels, Histogram>,
+    /// Pods evicted by the eviction manager, by signal (or local storage limit).
+    pub evictions: Family<EvictionLabels, UnsuffixedCounter>,
 }
 
 /// Prometheus' default buckets (Go's `prometheus.DefBuckets`), which upstream's device plugin
@@ -156,6 +195,12 @@ impl Metrics {
             "[ALPHA] Duration in seconds to serve a device plugin Allocation request. Broken down by resource name.",
             device_plugin_alloc_duration.clone(),
         );
+        let evictions = Family::<EvictionLabels, UnsuffixedCounter>::default();
+        registry.register(
+            "kubelet_evictions",
+            "[ALPHA] Cumulative number of pod evictions by eviction signal",
+            evictions.clone(),
+        );
         let mut probe_registry = Registry::default();
         let probes = Family::<ProbeLabels, Counter>::default();
         probe_registry.register(
@@ -178,6 +223,7 @@ impl Metrics {
             graceful_shutdown_end_time,
             device_plugin_registrations,
             device_plugin_alloc_duration,
+            evictions,
         }
     }
 
@@ -311,6 +357,19 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn evictions_under_upstreams_exact_name() {
+        let m = Metrics::new();
+        assert!(!m.encode().contains("kubelet_evictions"), "no sample, no metric (as Go's empty vector)");
+        let memory = EvictionLabels { eviction_signal: "memory.available".into() };
+        m.evictions.get_or_create(&memory).inc();
+        m.evictions.get_or_create(&memory).inc();
+        let text = m.encode();
+        assert!(text.contains("# TYPE kubelet_evictions counter\n"), "{text}");
+        assert!(text.contains("\nkubelet_evictions{eviction_signal=\"memory.available\"} 2\n"), "{text}");
+        assert!(!text.contains("kubelet_evictions_total"), "{text}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The eviction manager's stats: the node API's summary, as upstream's eviction manager reads
-//! its summary provider (`makeSignalObservations`).
+//! its summary provider (`makeSignalObservations`): the node's part every pass, the pods' part
+//! only for the pods a pass asks about.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -10,6 +11,7 @@ use gantry_pod::eviction::{ContainerUsage, Observation, Observations, PodUsage, 
 use gantry_server::ServerState;
 use gantry_server::stats::Summary;
 use gantry_server::stats::types::{FsStats, MemoryStats};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 pub struct SummaryStats {
@@ -17,13 +19,17 @@ pub struct SummaryStats {
 }
 
 impl StatsSource for SummaryStats {
-    async fn stats(&self) -> Result<Stats, CriError> {
-        let summary = gantry_server::stats::http::collect(&self.state, false).await?;
+    async fn node(&self) -> Result<Stats, CriError> {
+        let summary = gantry_server::stats::http::collect_for(&self.state, Vec::new()).await?;
         let info = self.state.cri().images.image_fs_info(api::ImageFsInfoRequest::default()).await?;
         let image_mount =
             info.image_filesystems.iter().find_map(|fs| fs.fs_id.as_ref().map(|id| id.mountpoint.clone()));
         let dedicated_imagefs = image_mount.is_some_and(|m| !same_device(self.state.root_dir(), Path::new(&m)));
-        Ok(Stats { observations: observations(&summary), usage: usage(&summary), dedicated_imagefs })
+        Ok(Stats { observations: observations(&summary), dedicated_imagefs })
+    }
+
+    async fn usage(&self, pods: &[Pod]) -> Result<gantry_pod::eviction::Usage, CriError> {
+        Ok(usage(&gantry_server::stats::http::collect_for(&self.state, pods.to_vec()).await?))
     }
 }
 

@@ -33,6 +33,11 @@ pub const IMMEDIATE_GRACE_SECONDS: i64 = 1;
 pub const REASON: &str = "Evicted";
 /// The Node event recorded when a threshold makes the manager reclaim.
 pub const THRESHOLD_MET_EVENT: &str = "EvictionThresholdMet";
+/// The `Evicted` event's annotations of a pressure eviction (upstream's keys): the containers
+/// using more than their request, their usage, and the resource the node lacked.
+pub const OFFENDING_CONTAINERS: &str = "offending_containers";
+pub const OFFENDING_CONTAINERS_USAGE: &str = "offending_containers_usage";
+pub const STARVED_RESOURCE: &str = "starved_resource";
 /// Upstream's `scheduling.SystemCriticalPriority`.
 const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
@@ -587,6 +592,9 @@ pub struct Eviction {
     pub disruption_target: bool,
     /// The signal (or local storage limit) that evicted it, for logs and metrics.
     pub signal: String,
+    /// The `Evicted` event's annotations ([`OFFENDING_CONTAINERS`] …; none for local storage
+    /// evictions, as upstream).
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Go's canonical form of a quantity as written in a spec (`0.5Gi` prints as `512Mi`).
@@ -612,14 +620,16 @@ fn request_text(c: &Container, resource: &str) -> String {
 }
 
 /// Upstream's eviction message for a pressure eviction: the resource, the threshold and
-/// what was available, and every container using more than its request.
+/// what was available, and every container using more than its request; with the event's
+/// annotations naming those containers, their usage and the resource (none when the pod's
+/// usage is unknown, as upstream).
 pub fn message(
     resource: Resource,
     pod: &Pod,
     usage: Option<&PodUsage>,
     pass: &Pass,
     observations: &Observations,
-) -> String {
+) -> (String, BTreeMap<String, String>) {
     let mut message = format!("The node was low on resource: {resource}. ");
     let met = pass.thresholds.iter().find(|t| t.signal.resource() == resource);
     if let Some(t) = met
@@ -628,7 +638,8 @@ pub fn message(
         let available = quantity::format_binary_bytes(o.available);
         message += &format!("Threshold quantity: {}, available: {available}. ", t.value.display(o.capacity));
     }
-    let Some(usage) = usage else { return message };
+    let Some(usage) = usage else { return (message, BTreeMap::new()) };
+    let (mut offending, mut offending_usage) = (Vec::new(), Vec::new());
     for stats in &usage.containers {
         let Some(c) = spec::containers(pod).iter().find(|c| c.name == stats.name) else { continue };
         let (used, request) = match resource {
@@ -643,15 +654,22 @@ pub fn message(
             _ => continue,
         };
         if used > container_request(c, request) {
+            let used = quantity::format_binary_bytes(used);
             message += &format!(
-                "Container {} was using {}, request is {}, has larger consumption of {resource}. ",
+                "Container {} was using {used}, request is {}, has larger consumption of {resource}. ",
                 c.name,
-                quantity::format_binary_bytes(used),
                 request_text(c, request),
             );
+            offending.push(c.name.as_str());
+            offending_usage.push(used);
         }
     }
-    message
+    let annotations = [
+        (OFFENDING_CONTAINERS, offending.join(",")),
+        (OFFENDING_CONTAINERS_USAGE, offending_usage.join(",")),
+        (STARVED_RESOURCE, resource.to_string()),
+    ];
+    (message, annotations.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 /// The pod to evict for a pressure pass, if any: the first non-critical pod in rank order.
@@ -667,14 +685,32 @@ pub fn choose(
     let threshold = pass.reclaim.as_ref()?;
     let grace_seconds = if threshold.is_hard() { IMMEDIATE_GRACE_SECONDS } else { config.max_pod_grace_seconds };
     let resource = threshold.signal.resource();
-    rank(pods, usage, threshold.signal, dedicated_imagefs).into_iter().find(|p| !is_critical(p)).map(|pod| Eviction {
+    let pod = rank(pods, usage, threshold.signal, dedicated_imagefs).into_iter().find(|p| !is_critical(p))?;
+    let (message, annotations) = message(resource, pod, usage.get(spec::uid(pod)), pass, observations);
+    Some(Eviction {
         uid: spec::uid(pod).to_string(),
         name: spec::full_name(pod),
         grace_seconds,
-        message: message(resource, pod, usage.get(spec::uid(pod)), pass, observations),
+        message,
         disruption_target: true,
         signal: threshold.signal.name().to_string(),
+        annotations,
     })
+}
+
+/// Whether [`local_storage`] can find the pod over a limit: a pod that is not critical with an
+/// emptyDir `sizeLimit` or a container with an `ephemeral-storage` limit. Only these pods'
+/// usage needs reading when no threshold is met.
+pub fn has_local_storage_limit(pod: &Pod) -> bool {
+    let size_limit = || {
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
+        volumes.iter().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+    };
+    let ephemeral_limit = || {
+        let all = spec::containers(pod).iter().chain(spec::init_containers(pod));
+        all.clone().any(|c| container_quantity(c, "limits", "ephemeral-storage").is_some())
+    };
+    !is_critical(pod) && (size_limit() || ephemeral_limit())
 }
 
 /// Pods over their local storage limits, regardless of node pressure (upstream's
@@ -697,6 +733,7 @@ pub fn local_storage(pods: &[&Pod], usage: &Usage, dedicated_imagefs: bool) -> V
                 message,
                 disruption_target: false,
                 signal: signal.to_string(),
+                annotations: BTreeMap::new(),
             })
         })
         .collect()

@@ -3,6 +3,8 @@
 //! Event, written as the Go kubelet's recorder writes it (`source` and `reporting*` =
 //! kubelet on this node, `firstTimestamp`/`lastTimestamp`/`count` from upstream's correlator).
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -44,9 +46,23 @@ impl Recorder {
     }
 
     pub fn record(&self, pod: &Pod, container: Option<&str>, kind: EventType, reason: &str, message: &str) {
+        self.record_annotated(pod, container, kind, reason, message, BTreeMap::new());
+    }
+
+    /// An event with annotations (upstream's `AnnotatedEventf`, as the eviction manager's).
+    pub fn record_annotated(
+        &self,
+        pod: &Pod,
+        container: Option<&str>,
+        kind: EventType,
+        reason: &str,
+        message: &str,
+        annotations: BTreeMap<String, String>,
+    ) {
         log(pod, container, kind, reason, message);
         let Some((queue, node)) = &self.api else { return };
-        let event = event_object(node, pod, container, kind, reason, message, Timestamp::now());
+        let mut event = event_object(node, pod, container, kind, reason, message, Timestamp::now());
+        event.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
         // Events are best effort and must never hold up the pod's worker.
         let _ = queue.send(event);
     }

@@ -11,19 +11,21 @@ use gantry_testkit::Containerd;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
-/// Runs `gantry args…` with its stderr in `dir/log`; under the command
-/// `GANTRY_BENCH_AGENT_WRAPPER` when set (e.g. `heaptrack -o /tmp/agent` to see where its
-/// memory goes; the figures measured from the child's pid are then the wrapper's).
+/// Runs `gantry args…` with its stderr in `dir/log`: this tree's binary, or `GANTRY_BENCH_BIN`
+/// (another build, to compare two versions on the same machine in the same conditions); under
+/// the command `GANTRY_BENCH_AGENT_WRAPPER` when set (e.g. `heaptrack -o /tmp/agent` to see
+/// where its memory goes; the figures measured from the child's pid are then the wrapper's).
 pub fn spawn(dir: &Path, log: &str, args: &[String]) -> Child {
+    let binary = std::env::var_os("GANTRY_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_gantry").into());
     let wrapper = std::env::var("GANTRY_BENCH_AGENT_WRAPPER").unwrap_or_default();
     let mut words = wrapper.split_whitespace();
     let mut command = match words.next() {
         Some(program) => {
             let mut c = Command::new(program);
-            c.args(words).arg(env!("CARGO_BIN_EXE_gantry"));
+            c.args(words).arg(&binary);
             c
         }
-        None => Command::new(env!("CARGO_BIN_EXE_gantry")),
+        None => Command::new(&binary),
     };
     command
         .args(args)

@@ -238,11 +238,19 @@ fn messages_are_upstreams() {
     let c = config(&[("memory.available", "100Mi")]);
     let obs: Observations = [(Signal::MemoryAvailable, observation(91_244 * 1024, 4096 * MI, 0))].into();
     let pass = Manager::default().synchronize(&c, &obs, t(0));
+    let (text, annotations) = message(Resource::Memory, &p, Some(&usage), &pass, &obs);
     assert_eq!(
-        message(Resource::Memory, &p, Some(&usage), &pass, &obs),
+        text,
         "The node was low on resource: memory. Threshold quantity: 100Mi, available: 91244Ki. \
          Container batch was using 1843Mi, request is 256Mi, has larger consumption of memory. "
     );
+    let annotation = |a: &std::collections::BTreeMap<String, String>, k: &str| a.get(k).cloned().unwrap_or_default();
+    assert_eq!(
+        [OFFENDING_CONTAINERS, OFFENDING_CONTAINERS_USAGE, STARVED_RESOURCE].map(|k| annotation(&annotations, k)),
+        ["batch", "1843Mi", "memory"].map(String::from),
+        "the event's annotations, as upstream"
+    );
+    assert!(message(Resource::Memory, &p, None, &pass, &obs).1.is_empty(), "no usage, no annotations");
     // A percentage threshold prints its amount (a float32 fraction of the capacity, as
     // upstream: 10% of 1Gi is 107374184); a container without a request prints 0.
     let c = config(&[("nodefs.available", "10%")]);
@@ -258,7 +266,7 @@ fn messages_are_upstreams() {
         ..Default::default()
     };
     assert_eq!(
-        message(Resource::EphemeralStorage, &p, Some(&disk), &pass, &obs),
+        message(Resource::EphemeralStorage, &p, Some(&disk), &pass, &obs).0,
         "The node was low on resource: ephemeral-storage. Threshold quantity: 107374184, available: 50Mi. \
          Container idle was using 2Mi, request is 0, has larger consumption of ephemeral-storage. "
     );
@@ -372,6 +380,19 @@ fn local_storage_limits() {
     );
     // With a dedicated image fs the writable layer does not count against the container limit.
     assert!(local_storage(&[&limited], &usage, true).is_empty());
+
+    // Only pods with a limit need their usage read.
+    for p in [&empty_dir, &limited, &two, &fine] {
+        assert!(has_local_storage_limit(p), "{:?}", p.metadata.name);
+    }
+    let plain = pod("plain", 0, vec![container("c", &[], &[("memory", "1Gi")])]);
+    let critical = pod("critical", 2_000_000_000, vec![container("c", &[], &[("ephemeral-storage", "5Mi")])]);
+    let mut no_size_limit = plain.clone();
+    no_size_limit.spec.as_mut().unwrap().volumes =
+        Some(vec![Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() }]);
+    for p in [&plain, &critical, &no_size_limit] {
+        assert!(!has_local_storage_limit(p), "{:?}", p.metadata.name);
+    }
 }
 
 #[test]

@@ -6,13 +6,29 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::summary::{self, Sources};
 use super::{Summary, resource_metrics};
 use crate::ServerState;
 
-/// The summary for `state`'s node (also what the eviction manager reads each pass).
+/// The summary for `state`'s node and all its pods.
 pub async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summary, gantry_cri::CriError> {
+    collect_pods(state, state.pods(), true, only_cpu_and_memory).await
+}
+
+/// The full summary of the node and of `pods` only (the eviction manager's reads: the node's
+/// signals every pass with no pod, the pods' usage only when a pass needs it).
+pub async fn collect_for(state: &ServerState, pods: Vec<Pod>) -> Result<Summary, gantry_cri::CriError> {
+    collect_pods(state, pods, false, false).await
+}
+
+async fn collect_pods(
+    state: &ServerState,
+    pods: Vec<Pod>,
+    all_pods: bool,
+    only_cpu_and_memory: bool,
+) -> Result<Summary, gantry_cri::CriError> {
     let cri = state.cri();
     let sources = Sources {
         node_name: state.node_name(),
@@ -25,7 +41,8 @@ pub async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<S
         cgroups: state.cgroups(),
         runtime_socket: state.runtime_socket().map(PathBuf::from),
         psi: state.psi(),
-        pods: state.pods(),
+        pods,
+        all_pods,
         cache: state.stats_cache(),
     };
     summary::collect(&sources, only_cpu_and_memory).await

@@ -57,8 +57,11 @@ pub struct Sources<'a> {
     /// The `KubeletPSI` gate: without it the summary has no pressure figures (nor `io`, which
     /// carries only pressure).
     pub psi: bool,
-    /// The pods this node runs (from the status store).
+    /// The pods to report: all those this node runs (from the status store), or some of them.
     pub pods: Vec<Pod>,
+    /// Whether `pods` are all the node's pods: only then are the CPU samples of containers and
+    /// pods not in the summary dropped (a partial read keeps the others' for the next scrape).
+    pub all_pods: bool,
     pub cache: &'a StatsCache,
 }
 
@@ -81,15 +84,27 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
         label_selector: owned.clone(),
         ..Default::default()
     };
-    let containers =
-        src.runtime.list_containers(api::ListContainersRequest { filter: Some(running) }).await?.containers;
-    let filter = api::ContainerStatsFilter { label_selector: owned.clone(), ..Default::default() };
-    let stats = src.runtime.list_container_stats(api::ListContainerStatsRequest { filter: Some(filter) }).await?.stats;
+    // Without pods to report, the runtime's container and sandbox stats are not needed.
+    let with_pods = !src.pods.is_empty();
+    let containers = if with_pods {
+        src.runtime.list_containers(api::ListContainersRequest { filter: Some(running) }).await?.containers
+    } else {
+        Vec::new()
+    };
+    let stats = if with_pods {
+        let filter = api::ContainerStatsFilter { label_selector: owned.clone(), ..Default::default() };
+        src.runtime.list_container_stats(api::ListContainerStatsRequest { filter: Some(filter) }).await?.stats
+    } else {
+        Vec::new()
+    };
     let stats: HashMap<String, api::ContainerStats> =
         stats.into_iter().filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s))).collect();
     let hierarchy = cgroup::hierarchy(&src.cgroup_mount);
-    let sandbox_stats =
-        if only_cpu_and_memory { HashMap::new() } else { sandbox_stats(src.runtime, &owned, src.cache).await };
+    let sandbox_stats = if only_cpu_and_memory || !with_pods {
+        HashMap::new()
+    } else {
+        sandbox_stats(src.runtime, &owned, src.cache).await
+    };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
 
@@ -163,7 +178,9 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
         .map(|c| c.id.clone())
         .chain(src.pods.iter().map(|p| format!("pod/{}", spec::uid(p))))
         .collect();
-    rates.retain(|k| k == "node" || k.starts_with("sys/") || alive.contains(k));
+    if src.all_pods {
+        rates.retain(|k| k == "node" || k.starts_with("sys/") || alive.contains(k));
+    }
     let mut summary = Summary { node, pods };
     if !src.psi {
         without_psi(&mut summary);

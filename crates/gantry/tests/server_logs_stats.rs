@@ -298,7 +298,14 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
     let runtime_flag = format!("--runtime-cgroups={}/kubepods", env.ctd.cgroup_root());
     let gantry = api.start_agent(&env, &["--authorization-mode=AlwaysAllow", &kubelet_flag, &runtime_flag]).await;
     let alice = api.ca.client("alice", &["dev"]);
-    eventually("pod hog running", &gantry, || async { gantry.pod_in_phase(&static_name("hog"), "Running") }).await;
+    // Ready once both writes are done: the emptyDir's 2 MiB come after the 40 MiB the
+    // summary's own wait below sees, so without this the volume figures race the second dd.
+    eventually("pod hog ready (both writes done)", &gantry, || async {
+        let pod = gantry.pod_in_phase(&static_name("hog"), "Running")?;
+        let conditions = pod.status?.conditions?;
+        conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True").then_some(())
+    })
+    .await;
     eventually("the agent in its kubeletCgroups (memory hierarchy)", &gantry, || async {
         let own = std::fs::read_to_string(format!("/proc/{}/cgroup", gantry.pid())).ok()?;
         let memory = own.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")))?;

@@ -95,19 +95,24 @@ async fn rotate_all(
     let running: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
     paths.retain(|id, _| running.contains(id.as_str()));
     let workers = settings.max_workers.max(1) as usize;
-    let new = containers.iter().filter(|c| !paths.contains_key(&c.id));
+    let new: Vec<(String, String, String)> = containers
+        .iter()
+        .filter(|c| !paths.contains_key(&c.id))
+        .map(|c| {
+            let label = |key: &str| c.labels.get(key).cloned().unwrap_or_default();
+            (c.id.clone(), label(labels::CONTAINER_NAME), label(labels::POD_NAME))
+        })
+        .collect();
     let found: Vec<(String, Option<Log>)> = futures::stream::iter(new)
-        .map(|c| async move {
-            let container = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
-            let pod = c.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
-            let path = match log_path(runtime, &c.id).await {
+        .map(|(id, container, pod)| async move {
+            let path = match log_path(runtime, &id).await {
                 Ok(path) => path,
                 Err(e) => {
-                    tracing::warn!(container = %container, pod = %pod, container_id = %c.id, error = %e, "failed to rotate container log");
+                    tracing::warn!(container = %container, pod = %pod, container_id = %id, error = %e, "failed to rotate container log");
                     None
                 }
             };
-            (c.id.clone(), path.map(|path| Log { path, container, pod }))
+            (id, path.map(|path| Log { path, container, pod }))
         })
         .buffer_unordered(workers)
         .collect()
@@ -119,27 +124,26 @@ async fn rotate_all(
     })
     .await
     .unwrap_or_default();
-    let full = sizes.into_iter().filter_map(|(id, size)| match size {
-        Ok(size) => (size >= settings.max_size).then_some(Ok(id)),
-        // Not created yet, or renamed and being reopened.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => Some(Err((id, e))),
-    });
-    let paths = &*paths;
-    futures::stream::iter(full)
-        .for_each_concurrent(workers, |item| async move {
-            let (id, result) = match item {
-                Ok(id) => {
-                    let result = rotate_one(runtime, &id, &paths[&id].path, settings).await;
-                    (id, result)
-                }
-                Err((id, e)) => {
-                    let result = Err(io_err(&paths[&id].path)(e));
-                    (id, result)
-                }
+    // The logs to rotate, and those that could not be measured (with why).
+    let due: Vec<(&Log, String, Option<io::Error>)> = sizes
+        .into_iter()
+        .filter_map(|(id, size)| {
+            let log = paths.get(&id)?;
+            match size {
+                Ok(size) => (size >= settings.max_size).then_some((log, id, None)),
+                // Not created yet, or renamed and being reopened.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => Some((log, id, Some(e))),
+            }
+        })
+        .collect();
+    futures::stream::iter(due)
+        .for_each_concurrent(workers, |(log, id, failed)| async move {
+            let result = match failed {
+                None => rotate_one(runtime, &id, &log.path, settings).await,
+                Some(e) => Err(io_err(&log.path)(e)),
             };
             if let Err(e) = result {
-                let log = &paths[&id];
                 tracing::warn!(container = %log.container, pod = %log.pod, container_id = %id, error = %e, "failed to rotate container log");
             }
         })

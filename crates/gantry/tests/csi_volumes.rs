@@ -12,6 +12,7 @@ mod common;
 use std::path::Path;
 
 use common::cluster::{self, Cluster};
+use common::node_api::NodeApi;
 use common::{Env, container_output, eventually};
 use gantry_testkit::{CsiCall, TestCsiDriver};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -351,5 +352,89 @@ async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() 
     eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_published_volume_is_measured_and_reported_in_use() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.stats.gantry.test");
+    let pv = format!("{node}-stats-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    // No CSIDriver object: attach is required, so the volume is one the node reports in use.
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    let attachment = gantry_agent::runtime::csi::attachment_name("vol-1", &driver_name, node);
+    let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": attachment},
+        "spec": {"attacher": driver_name, "nodeName": node, "source": {"persistentVolumeName": pv}},
+    }))
+    .unwrap();
+    attachments.create(&PostParams::default(), &va).await.unwrap();
+    let attached = Patch::Merge(json!({"status": {"attached": true}}));
+    attachments.patch_status(&attachment, &PatchParams::default(), &attached).await.unwrap();
+
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), node).display());
+    let gantry = api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow"]).await;
+    let reader = api.ca.client("stats-reader", &[]);
+    let get = |path: &'static str| {
+        let request = api.client(Some(&reader)).get(api.url(path));
+        async move { request.send().await.ok()?.text().await.ok() }
+    };
+    let write = "dd if=/dev/zero of=/data/blob bs=1024 count=1024 && echo wrote; sleep 3600";
+    pods.create(&PostParams::default(), &claim_pod(node, "measured", write, false)).await.unwrap();
+    running(&gantry, &pods, "measured").await;
+    eventually("the pod wrote", &gantry, || async {
+        container_output(&env, "measured").contains("wrote").then_some(())
+    })
+    .await;
+
+    // /stats/summary: the pod's volume by its name, with its claim, as the driver measures it.
+    let volume = eventually("the claim's volume in /stats/summary", &gantry, || async {
+        let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await?).ok()?;
+        let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "measured")?.clone();
+        pod["volume"].as_array()?.iter().find(|v| v["name"] == "data").cloned()
+    })
+    .await;
+    let [bytes, inodes] = gantry_testkit::csi_driver::statvfs_usage(&driver.volume_dir("vol-1")).unwrap();
+    assert_eq!(volume["pvcRef"], json!({"name": "data", "namespace": "default"}), "{volume}");
+    assert_eq!(volume["capacityBytes"], bytes.total, "{volume}");
+    assert_eq!(volume["inodes"], inodes.total, "{volume}");
+    assert!(volume["usedBytes"].as_i64().unwrap() >= 1024 * 1024, "the 1 MiB written counts: {volume}");
+    assert!(volume["availableBytes"].as_i64().unwrap() > 0 && volume["inodesFree"].as_i64().unwrap() > 0);
+    assert!(volume["inodesUsed"].as_i64().unwrap() > 0, "{volume}");
+    assert!(volume["time"].as_str().is_some_and(|t| !t.is_empty()), "{volume}");
+    let uid = pods.get("measured").await.unwrap().metadata.uid.unwrap();
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}/mount"));
+    assert!(
+        driver.calls().contains(&CsiCall::NodeGetVolumeStats { volume: "vol-1".into(), path: target }),
+        "asked about the published path: {:?}",
+        driver.calls()
+    );
+
+    // /metrics: upstream's gauges by claim.
+    let metrics = get("/metrics").await.unwrap();
+    let claim = r#"{namespace="default",persistentvolumeclaim="data"}"#;
+    let sample = |name: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix(&format!("{name}{claim} "))).map(|v| v.parse::<i64>().unwrap())
+    };
+    assert_eq!(sample("kubelet_volume_stats_capacity_bytes"), Some(bytes.total), "{metrics}");
+    assert_eq!(sample("kubelet_volume_stats_inodes"), Some(inodes.total), "{metrics}");
+    assert!(sample("kubelet_volume_stats_used_bytes").unwrap() >= 1024 * 1024, "{metrics}");
+    for name in ["available_bytes", "inodes_free", "inodes_used"] {
+        assert!(sample(&format!("kubelet_volume_stats_{name}")).is_some(), "{name} in {metrics}");
+    }
+
+    deleted(&gantry, &pods, "measured").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    let metrics = get("/metrics").await.unwrap();
+    assert!(!metrics.contains(claim), "a claim no pod mounts is not measured: {metrics}");
+    let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

@@ -20,8 +20,8 @@ use crate::api::csi::node_client::NodeClient;
 use crate::api::csi::node_service_capability::{self, rpc};
 use crate::api::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use crate::api::csi::{
-    NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
-    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+    NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability, volume_usage,
 };
 use crate::devices::GrpcError;
 
@@ -72,6 +72,22 @@ impl From<Status> for CsiError {
     fn from(status: Status) -> Self {
         CsiError::Rpc(GrpcError(status))
     }
+}
+
+/// `NodeGetVolumeStats`' answer, as upstream's `MetricsCSI` reads it: bytes and inodes (each
+/// `None` when the driver did not report that unit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub bytes: Option<Usage>,
+    pub inodes: Option<Usage>,
+}
+
+/// One unit of a volume's usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub total: u64,
+    pub available: u64,
+    pub used: u64,
 }
 
 /// One volume as the node calls of its driver need it.
@@ -229,6 +245,29 @@ impl CsiDrivers {
         let request = NodeUnstageVolumeRequest { volume_id: handle.to_string(), staging_target_path: path(staging) };
         let mut c = self.client(driver).await?;
         call(c.node_unstage_volume(request)).await
+    }
+
+    /// `NodeGetVolumeStats` of the volume published at `target`.
+    pub async fn volume_stats(&self, driver: &str, handle: &str, target: &Path) -> Result<VolumeUsage, CsiError> {
+        let request = NodeGetVolumeStatsRequest {
+            volume_id: handle.to_string(),
+            volume_path: path(target),
+            staging_target_path: String::new(),
+        };
+        let mut c = self.client(driver).await?;
+        let answer = tokio::time::timeout(CALL_TIMEOUT, c.node_get_volume_stats(request))
+            .await
+            .map_err(|_| Status::deadline_exceeded("context deadline exceeded"))??
+            .into_inner();
+        let unit = |wanted: volume_usage::Unit| {
+            answer.usage.iter().find(|u| u.unit == wanted as i32).map(|u| Usage {
+                // Negative figures are a driver's bug; upstream would show them, zero is kinder.
+                total: u.total.max(0) as u64,
+                available: u.available.max(0) as u64,
+                used: u.used.max(0) as u64,
+            })
+        };
+        Ok(VolumeUsage { bytes: unit(volume_usage::Unit::Bytes), inodes: unit(volume_usage::Unit::Inodes) })
     }
 
     async fn client(&self, driver: &str) -> Result<NodeClient<tonic::transport::Channel>, CsiError> {

@@ -21,7 +21,7 @@ use gantry_plugins::api::csi::{
     NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest,
-    NodeUnstageVolumeResponse, ProbeRequest, ProbeResponse, Topology,
+    NodeUnstageVolumeResponse, ProbeRequest, ProbeResponse, Topology, VolumeUsage,
 };
 use gantry_plugins::api::registration::registration_server::{Registration, RegistrationServer};
 use gantry_plugins::api::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
@@ -40,6 +40,7 @@ pub enum CsiCall {
     NodePublishVolume { volume: String, staging: Option<PathBuf>, target: PathBuf, read_only: bool },
     NodeUnpublishVolume { volume: String, target: PathBuf },
     NodeUnstageVolume { volume: String, staging: PathBuf },
+    NodeGetVolumeStats { volume: String, path: PathBuf },
 }
 
 /// The topology key the driver reports, with the node ID as its value.
@@ -155,6 +156,29 @@ fn bind(source: &Path, target: &Path, read_only: bool) -> std::result::Result<()
         mount(libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY)?;
     }
     Ok(())
+}
+
+/// Bytes and inodes of the file system at `path` as a CSI driver reports them.
+pub fn statvfs_usage(path: &Path) -> std::io::Result<[VolumeUsage; 2]> {
+    let p = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(p.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let block = st.f_frsize as i64;
+    let (blocks, free, avail) = (st.f_blocks as i64, st.f_bfree as i64, st.f_bavail as i64);
+    let (files, ffree) = (st.f_files as i64, st.f_ffree as i64);
+    use gantry_plugins::api::csi::volume_usage::Unit;
+    Ok([
+        VolumeUsage {
+            total: blocks * block,
+            available: avail * block,
+            used: (blocks - free) * block,
+            unit: Unit::Bytes as i32,
+        },
+        VolumeUsage { total: files, available: ffree, used: files - ffree, unit: Unit::Inodes as i32 },
+    ])
 }
 
 /// Unmounts `target` when it is mounted (CSI's calls are idempotent).
@@ -285,11 +309,19 @@ impl Node for Service {
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
+    /// The file system of the published volume, from `statvfs` (bytes and inodes).
     async fn node_get_volume_stats(
         &self,
-        _: Request<NodeGetVolumeStatsRequest>,
+        request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        Err(Status::unimplemented("NodeGetVolumeStats"))
+        let r = request.into_inner();
+        let path = PathBuf::from(&r.volume_path);
+        self.record(CsiCall::NodeGetVolumeStats { volume: r.volume_id.clone(), path: path.clone() });
+        if !path.exists() {
+            return Err(Status::not_found(format!("volume path {} does not exist", path.display())));
+        }
+        let usage = statvfs_usage(&path).map_err(|e| Status::internal(format!("statvfs {}: {e}", path.display())))?;
+        Ok(Response::new(NodeGetVolumeStatsResponse { usage: usage.to_vec(), volume_condition: None }))
     }
 
     async fn node_expand_volume(
@@ -307,7 +339,10 @@ impl Node for Service {
         let capability = |t: rpc::Type| NodeServiceCapability {
             r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc { r#type: t as i32 })),
         };
-        let capabilities = if self.stages { vec![capability(rpc::Type::StageUnstageVolume)] } else { vec![] };
+        let mut capabilities = vec![capability(rpc::Type::GetVolumeStats)];
+        if self.stages {
+            capabilities.push(capability(rpc::Type::StageUnstageVolume));
+        }
         Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
     }
 

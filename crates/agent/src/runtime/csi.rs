@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gantry_plugins::csi::{CsiDrivers, CsiError};
+use gantry_plugins::csi::{CsiDrivers, CsiError, VolumeUsage};
 use gantry_pod::claim::{self, ClaimError};
 use gantry_vocab::{paths, spec};
 use k8s_openapi::api::core::v1::{Pod, Volume};
@@ -71,6 +71,10 @@ struct VolData {
     attachment_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     volume_lifecycle_mode: String,
+    /// Gantry's own key (upstream keeps it in memory): the pod's name for the volume, under
+    /// which its stats are reported, also after a restart.
+    #[serde(rename = "gantry.dev/podVolumeName", default, skip_serializing_if = "String::is_empty")]
+    pod_volume_name: String,
 }
 
 /// Upstream's `VolumeAttachment` name for a volume on a node: `csi-<sha256(handle+driver+node)>`.
@@ -199,6 +203,7 @@ impl CsiVolumes {
             node_name: self.node.clone(),
             attachment_id: attachment,
             volume_lifecycle_mode: "Persistent".into(),
+            pod_volume_name: v.name.clone(),
         };
         write_vol_data(&dir, &data).map_err(|e| io("cannot write", &dir, e))?;
         tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume published");
@@ -281,6 +286,29 @@ impl CsiVolumes {
     }
 }
 
+/// The usage of the pod `uid`'s published CSI volumes whose driver reports it
+/// (`GET_VOLUME_STATS`), by the pod's volume name; a volume whose driver cannot answer now is
+/// left out (as upstream leaves out a volume whose metrics fail).
+pub async fn volume_stats(drivers: &CsiDrivers, root_dir: &Path, uid: &str) -> Vec<(String, VolumeUsage)> {
+    let plugin = paths::pod_dir(root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
+    let published = std::fs::read_dir(plugin).into_iter().flatten().flatten().map(|e| e.path());
+    let mut out = Vec::new();
+    for dir in published {
+        let Some(data) = read_vol_data(&dir).filter(|d| !d.pod_volume_name.is_empty()) else { continue };
+        if !drivers.driver(&data.driver_name).is_ok_and(|d| d.volume_stats) {
+            continue;
+        }
+        match drivers.volume_stats(&data.driver_name, &data.volume_handle, &dir.join("mount")).await {
+            Ok(usage) => out.push((data.pod_volume_name, usage)),
+            // Every scrape asks again: debug, not a warning per scrape.
+            Err(e) => {
+                tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+            }
+        }
+    }
+    out
+}
+
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
@@ -340,12 +368,13 @@ mod tests {
             node_name: "n".into(),
             attachment_id: String::new(),
             volume_lifecycle_mode: "Persistent".into(),
+            pod_volume_name: "data".into(),
         };
         let json = serde_json::to_value(&data).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"specVolID": "pv1", "volumeHandle": "h1", "driverName": "d", "nodeName": "n",
-                "volumeLifecycleMode": "Persistent"})
+                "volumeLifecycleMode": "Persistent", "gantry.dev/podVolumeName": "data"})
         );
         let staged = VolData { volume_handle: "h1".into(), driver_name: "d".into(), ..Default::default() };
         assert_eq!(

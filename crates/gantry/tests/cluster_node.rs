@@ -59,7 +59,7 @@ impl Harness {
             .expect("CRI connects");
         let (shutting_down, pressure) =
             (tokio::sync::watch::channel(false).1, tokio::sync::watch::channel(Default::default()).1);
-        node::start(settings, cri, Startup::RequireServer, &Default::default(), shutting_down, pressure, None)
+        node::start(settings, cri, Startup::RequireServer, &Default::default(), shutting_down, pressure, None, None)
             .await
             .unwrap_or_else(|e| panic!("node side starts: {e}"))
     }

@@ -389,6 +389,14 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     };
     let write = "dd if=/dev/zero of=/data/blob bs=1024 count=1024 && echo wrote; sleep 3600";
     pods.create(&PostParams::default(), &claim_pod(node, "measured", write, false)).await.unwrap();
+    // In use from the moment the node knows it needs the attached volume (upstream's unique name).
+    let unique = format!("kubernetes.io/csi/{driver_name}^vol-1");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let in_use = || async { nodes.get(node).await.ok()?.status?.volumes_in_use };
+    eventually("the Node reports the volume in use", &gantry, || async {
+        (in_use().await? == [unique.clone()]).then_some(())
+    })
+    .await;
     running(&gantry, &pods, "measured").await;
     eventually("the pod wrote", &gantry, || async {
         container_output(&env, "measured").contains("wrote").then_some(())
@@ -435,6 +443,7 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
     let metrics = get("/metrics").await.unwrap();
     assert!(!metrics.contains(claim), "a claim no pod mounts is not measured: {metrics}");
+    eventually("the volume is no longer in use", &gantry, || async { in_use().await.is_none().then_some(()) }).await;
     let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

@@ -358,6 +358,7 @@ async fn join_cluster(
     let shutting_down = shared.shutting_down.subscribe();
     let pressure = shared.pressure.subscribe();
     let devices = shared.driver.devices().cloned();
+    let volumes_in_use = shared.driver.csi().map(|c| c.volumes_in_use());
     let node = node_side::start(
         settings,
         shared.driver.cri().clone(),
@@ -366,6 +367,7 @@ async fn join_cluster(
         shutting_down,
         pressure,
         devices,
+        volumes_in_use,
     )
     .await?;
     supervisor.adopt("node-status", node.task);

@@ -102,6 +102,7 @@ pub async fn start(
     shutting_down: watch::Receiver<bool>,
     pressure: watch::Receiver<status::Pressure>,
     devices: Option<gantry_plugins::devices::DeviceManager>,
+    volumes_in_use: Option<watch::Receiver<Vec<String>>>,
 ) -> Result<NodeAgent, NodeError> {
     if let Some(paths) = bootstrap_paths(settings) {
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
@@ -125,6 +126,9 @@ pub async fn start(
         NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
     if let Some(devices) = devices {
         controller = controller.with_devices(devices);
+    }
+    if let Some(volumes) = volumes_in_use {
+        controller = controller.with_volumes_in_use(volumes);
     }
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();

@@ -10,7 +10,7 @@
 //! published for a pod when `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json`
 //! does. Each file is written once its call succeeded (upstream writes it before the call).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use gantry_plugins::csi::{CsiDrivers, CsiError, VolumeUsage};
@@ -82,6 +82,11 @@ pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
     format!("csi-{}", hex::encode(Sha256::digest(format!("{handle}{driver}{node}"))))
 }
 
+/// Upstream's unique name of a CSI volume (`status.volumesInUse`, `volumesAttached`).
+pub fn unique_name(driver: &str, handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{handle}")
+}
+
 /// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>`: the staged volume's directory
 /// (its `globalmount` is the staging path).
 pub fn staging_dir(root_dir: &Path, driver: &str, handle: &str) -> PathBuf {
@@ -108,11 +113,60 @@ pub struct CsiVolumes {
     /// Volume operations one at a time: a pod's containers start concurrently and each sets up
     /// the pod's volumes, and unstaging must not race a publish of the same volume.
     one_at_a_time: tokio::sync::Mutex<()>,
+    /// Per pod UID, the attachable volumes (unique names) it uses or is about to: from the
+    /// moment the node knows the volume needs attaching until its teardown is done.
+    in_use: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// Their union, sorted: the Node's `status.volumesInUse`.
+    in_use_tx: tokio::sync::watch::Sender<Vec<String>>,
 }
 
 impl CsiVolumes {
+    /// Volumes an earlier run published with an attachment count as in use from the start, as
+    /// upstream's reconstructed volumes do.
     pub fn new(drivers: CsiDrivers, root_dir: PathBuf, node: String) -> Self {
-        CsiVolumes { drivers, root_dir, node, one_at_a_time: tokio::sync::Mutex::new(()) }
+        let csi = CsiVolumes {
+            in_use: std::sync::Mutex::new(published_attachable(&root_dir)),
+            drivers,
+            root_dir,
+            node,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+            in_use_tx: tokio::sync::watch::Sender::new(Vec::new()),
+        };
+        csi.publish_in_use();
+        csi
+    }
+
+    /// The node's `status.volumesInUse`, now and as it changes.
+    pub fn volumes_in_use(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
+        self.in_use_tx.subscribe()
+    }
+
+    fn mark_in_use(&self, uid: &str, name: String) {
+        let inserted = self.lock_in_use().entry(uid.to_string()).or_default().insert(name);
+        if inserted {
+            self.publish_in_use();
+        }
+    }
+
+    fn forget_in_use(&self, uid: &str) {
+        if self.lock_in_use().remove(uid).is_some() {
+            self.publish_in_use();
+        }
+    }
+
+    fn lock_in_use(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeSet<String>>> {
+        self.in_use.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish_in_use(&self) {
+        let all: BTreeSet<String> = self.lock_in_use().values().flatten().cloned().collect();
+        self.in_use_tx.send_if_modified(|v| {
+            let changed = v.iter().ne(all.iter());
+            if changed {
+                *v = all.into_iter().collect();
+            }
+            changed
+        });
     }
 
     /// Sets up the pod's claim volume `v` (idempotent: a volume already published for the pod
@@ -161,6 +215,7 @@ impl CsiVolumes {
             source,
         };
         let attachment = if attach_required {
+            self.mark_in_use(spec::uid(pod), unique_name(&volume.driver, &volume.handle));
             let name = attachment_name(&volume.handle, &volume.driver, &self.node);
             volume.publish_context = self.attached(objects, &pv_name, &name).await?;
             name
@@ -237,12 +292,20 @@ impl CsiVolumes {
     pub async fn tear_down(&self, uid: &str) -> bool {
         let _guard = self.one_at_a_time.lock().await;
         let plugin = paths::pod_dir(&self.root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
-        let Ok(entries) = std::fs::read_dir(&plugin) else { return true };
-        let mut clean = true;
-        for dir in entries.flatten().map(|e| e.path()) {
-            clean &= self.tear_down_volume(uid, &dir).await;
+        let clean = match std::fs::read_dir(&plugin) {
+            Ok(entries) => {
+                let mut clean = true;
+                for dir in entries.flatten().map(|e| e.path()) {
+                    clean &= self.tear_down_volume(uid, &dir).await;
+                }
+                clean && std::fs::remove_dir(&plugin).is_ok()
+            }
+            Err(_) => true,
+        };
+        if clean {
+            self.forget_in_use(uid);
         }
-        clean && std::fs::remove_dir(&plugin).is_ok()
+        clean
     }
 
     async fn tear_down_volume(&self, uid: &str, dir: &Path) -> bool {
@@ -303,6 +366,22 @@ pub async fn volume_stats(drivers: &CsiDrivers, root_dir: &Path, uid: &str) -> V
             // Every scrape asks again: debug, not a warning per scrape.
             Err(e) => {
                 tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+            }
+        }
+    }
+    out
+}
+
+/// Per pod UID, the volumes published on disk with an attachment (a restarted node's volumes
+/// in use).
+fn published_attachable(root_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in std::fs::read_dir(root_dir.join("pods")).into_iter().flatten().flatten() {
+        let volumes = std::fs::read_dir(pod.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten();
+        for data in volumes.flatten().filter_map(|v| read_vol_data(&v.path())) {
+            if !data.attachment_id.is_empty() {
+                let uid = pod.file_name().to_string_lossy().into_owned();
+                out.entry(uid).or_default().insert(unique_name(&data.driver_name, &data.volume_handle));
             }
         }
     }
@@ -403,5 +482,31 @@ mod tests {
         write_vol_data(&dir, &data).unwrap();
         assert!(!csi.tear_down("u1").await);
         assert_eq!(std::fs::read_to_string(dir.join("mount/data")).unwrap(), "keep");
+    }
+
+    #[tokio::test]
+    async fn attached_volumes_an_earlier_run_published_are_in_use_until_torn_down() {
+        let root = tempfile::tempdir().unwrap();
+        let attached = publish_dir(root.path(), "u1", "pv1");
+        let local = publish_dir(root.path(), "u2", "pv2");
+        for (dir, attachment) in [(&attached, "csi-abc"), (&local, "")] {
+            std::fs::create_dir_all(dir).unwrap();
+            let data = VolData {
+                volume_handle: "h".into(),
+                driver_name: "d".into(),
+                attachment_id: attachment.into(),
+                ..Default::default()
+            };
+            write_vol_data(dir, &data).unwrap();
+        }
+        let csi = CsiVolumes::new(CsiDrivers::default(), root.path().to_path_buf(), "n".into());
+        let in_use = csi.volumes_in_use();
+        assert_eq!(*in_use.borrow(), ["kubernetes.io/csi/d^h"], "only the volume that needs attaching");
+        // The driver is gone, so the volume stays mounted: still in use.
+        assert!(!csi.tear_down("u1").await);
+        assert_eq!(*in_use.borrow(), ["kubernetes.io/csi/d^h"]);
+        std::fs::remove_file(attached.join(VOL_DATA)).unwrap();
+        assert!(csi.tear_down("u1").await);
+        assert!(in_use.borrow().is_empty());
     }
 }

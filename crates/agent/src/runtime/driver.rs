@@ -141,6 +141,11 @@ impl Driver {
         Driver { csi: Some(Arc::new(csi)), ..self }
     }
 
+    /// The node's CSI volumes, when claim volumes are served.
+    pub fn csi(&self) -> Option<&CsiVolumes> {
+        self.csi.as_deref()
+    }
+
     pub fn devices(&self) -> Option<&DeviceManager> {
         self.devices.as_ref()
     }

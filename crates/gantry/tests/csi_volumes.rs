@@ -447,3 +447,107 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }
+
+#[tokio::test]
+async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.inline.gantry.test");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    // A driver that stages its persistent volumes: an inline one is still never staged.
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let csi_driver = |modes: &[&str]| -> CSIDriver {
+        serde_json::from_value(json!({
+            "metadata": {"name": driver_name},
+            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": modes},
+        }))
+        .unwrap()
+    };
+    let drivers: Api<CSIDriver> = Api::all(admin.clone());
+    drivers.create(&PostParams::default(), &csi_driver(&["Persistent"])).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "inline"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "echo inline > /scratch/file && echo wrote; sleep 3600"],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            }],
+            "volumes": [{"name": "scratch", "csi": {"driver": driver_name, "volumeAttributes": {"size": "1Mi"}}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // The driver does not serve ephemeral volumes: the pod waits, with upstream's message.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let refused = eventually("the FailedMount event of the unsupported mode", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.involved_object.name.as_deref() == Some("inline") && e.reason.as_deref() == Some("FailedMount"))
+    })
+    .await;
+    assert_eq!(
+        refused.message.as_deref(),
+        Some(
+            format!(
+                "MountVolume.SetUp failed for volume \"scratch\" : kubernetes.io/csi: mounter.SetupAt failed to check \
+             volume lifecycle mode: volume mode \"Ephemeral\" not supported by driver {driver_name} (only supports \
+             [\"Persistent\"])"
+            )
+            .as_str()
+        )
+    );
+    assert!(volume_calls(&driver).is_empty(), "nothing is published for an unsupported mode");
+
+    // Now it does (the modes cannot change in place): published once, for the pod, unstaged.
+    drivers.delete(&driver_name, &DeleteParams::default()).await.unwrap();
+    drivers.create(&PostParams::default(), &csi_driver(&["Persistent", "Ephemeral"])).await.unwrap();
+    running(&gantry, &pods, "inline").await;
+    eventually("the pod wrote", &gantry, || async { container_output(&env, "inline").contains("wrote").then_some(()) })
+        .await;
+    let uid = pods.get("inline").await.unwrap().metadata.uid.unwrap();
+    let id = gantry_agent::runtime::csi::inline_volume_id(&uid, "scratch");
+    assert_eq!(std::fs::read_to_string(driver.volume_dir(&id).join("file")).unwrap(), "inline\n");
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/scratch"));
+    let target = published.join("mount");
+    assert!(driver.calls().contains(&CsiCall::NodePublishVolume {
+        volume: id.clone(),
+        staging: None,
+        target: target.clone(),
+        read_only: false,
+    }));
+    assert_eq!(volume_calls(&driver), ["publish"]);
+    let context = driver.publish_context(&target).unwrap();
+    assert_eq!(context["size"], "1Mi", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/ephemeral"], "true", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/pod.name"], "inline", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/pod.namespace"], "default", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/pod.uid"], uid, "{context:?}");
+    assert!(context.contains_key("csi.storage.k8s.io/serviceAccount.name"), "{context:?}");
+    let vol_data: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(published.join("vol_data.json")).unwrap()).unwrap();
+    assert_eq!(vol_data["volumeLifecycleMode"], "Ephemeral");
+    assert_eq!(vol_data["specVolID"], "scratch");
+    assert_eq!(vol_data["volumeHandle"], id.as_str());
+
+    deleted(&gantry, &pods, "inline").await;
+    eventually("the volume is unpublished", &gantry, || async { (volume_calls(&driver).len() == 2).then_some(()) })
+        .await;
+    assert_eq!(volume_calls(&driver), ["publish", "unpublish"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    assert!(!published.exists());
+    let _ = drivers.delete(&driver_name, &DeleteParams::default()).await;
+    let _ = Api::<CSINode>::all(admin.clone()).delete(node, &DeleteParams::default()).await;
+    cluster.cleanup(node).await;
+}

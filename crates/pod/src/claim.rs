@@ -3,7 +3,10 @@
 //! not be deleting, be `Bound` to a volume, and that volume's `claimRef` must point back at the
 //! claim. Until then the pod waits in `ContainerCreating` with upstream's message.
 
-use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSIDriver;
 
 /// Why the claim does not (yet) give a usable volume; shown as
 /// `error processing PVC <ns>/<claim>: <this>`.
@@ -87,6 +90,69 @@ fn kind(pv: &PersistentVolume) -> String {
     names.next().cloned().unwrap_or_else(|| "unknown".into())
 }
 
+/// A volume lifecycle mode (`CSIDriver` `spec.volumeLifecycleModes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    Persistent,
+    Ephemeral,
+}
+
+impl Lifecycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Persistent => "Persistent",
+            Lifecycle::Ephemeral => "Ephemeral",
+        }
+    }
+}
+
+/// Why the driver does not serve volumes of a lifecycle mode (upstream's texts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("volume mode {:?} not supported by driver {driver} (no CSIDriver object)", mode.as_str())]
+    NoDriverObject { mode: Lifecycle, driver: String },
+    #[error("volume mode {:?} not supported by driver {driver} (only supports {})", mode.as_str(), go_quoted(supported))]
+    NotSupported { mode: Lifecycle, driver: String, supported: Vec<String> },
+}
+
+/// A list as Go's `%q` prints a `[]string`: `["a" "b"]`.
+fn go_quoted(list: &[String]) -> String {
+    format!("[{}]", list.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(" "))
+}
+
+/// Upstream's `supportsVolumeLifecycleMode`: without a `CSIDriver` object only persistent
+/// volumes; with one, the modes it lists (the API's default: `Persistent`).
+pub fn check_lifecycle(mode: Lifecycle, driver: &str, object: Option<&CSIDriver>) -> Result<(), LifecycleError> {
+    let Some(object) = object else {
+        return match mode {
+            Lifecycle::Persistent => Ok(()),
+            Lifecycle::Ephemeral => Err(LifecycleError::NoDriverObject { mode, driver: driver.to_string() }),
+        };
+    };
+    let supported =
+        object.spec.volume_lifecycle_modes.clone().unwrap_or_else(|| vec![Lifecycle::Persistent.as_str().into()]);
+    if supported.iter().any(|m| m == mode.as_str()) {
+        return Ok(());
+    }
+    Err(LifecycleError::NotSupported { mode, driver: driver.to_string(), supported })
+}
+
+/// The volume context keys upstream adds when the `CSIDriver` asks for `podInfoOnMount`.
+pub fn pod_info(pod: &Pod, mode: Lifecycle) -> BTreeMap<String, String> {
+    let spec = pod.spec.as_ref();
+    let account = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default();
+    [
+        ("csi.storage.k8s.io/pod.name", pod.metadata.name.clone().unwrap_or_default()),
+        ("csi.storage.k8s.io/pod.namespace", gantry_vocab::spec::namespace(pod).to_string()),
+        ("csi.storage.k8s.io/pod.uid", pod.metadata.uid.clone().unwrap_or_default()),
+        ("csi.storage.k8s.io/serviceAccount.name", account),
+        ("csi.storage.k8s.io/ephemeral", (mode == Lifecycle::Ephemeral).to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 /// The access mode upstream hands the driver: the PV's first, `ReadWriteOnce` without one.
 pub fn access_mode(pv: &PersistentVolume) -> String {
     let modes = pv.spec.as_ref().and_then(|s| s.access_modes.as_deref()).unwrap_or_default();
@@ -167,6 +233,43 @@ mod tests {
             "found PV object pv1 but its pv.Spec.ClaimRef.UID (c2) does not point to claim.UID (c1)"
         );
         assert!(e.is_wait());
+    }
+
+    #[test]
+    fn ephemeral_volumes_need_a_driver_object_that_lists_them() {
+        let driver = |modes: Option<Vec<&str>>| {
+            let mut d = CSIDriver::default();
+            d.spec.volume_lifecycle_modes = modes.map(|m| m.into_iter().map(String::from).collect());
+            d
+        };
+        assert_eq!(check_lifecycle(Lifecycle::Persistent, "d", None), Ok(()));
+        assert_eq!(
+            check_lifecycle(Lifecycle::Ephemeral, "d", None).unwrap_err().to_string(),
+            r#"volume mode "Ephemeral" not supported by driver d (no CSIDriver object)"#
+        );
+        assert_eq!(
+            check_lifecycle(Lifecycle::Ephemeral, "d", Some(&driver(None))).unwrap_err().to_string(),
+            r#"volume mode "Ephemeral" not supported by driver d (only supports ["Persistent"])"#
+        );
+        let both = driver(Some(vec!["Persistent", "Ephemeral"]));
+        assert_eq!(check_lifecycle(Lifecycle::Ephemeral, "d", Some(&both)), Ok(()));
+        assert!(check_lifecycle(Lifecycle::Persistent, "d", Some(&driver(Some(vec!["Ephemeral"])))).is_err());
+    }
+
+    #[test]
+    fn the_pod_info_keys_are_upstreams() {
+        let pod: Pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"serviceAccountName": "sa", "containers": []},
+        }))
+        .unwrap();
+        let info = pod_info(&pod, Lifecycle::Ephemeral);
+        assert_eq!(info["csi.storage.k8s.io/pod.name"], "p");
+        assert_eq!(info["csi.storage.k8s.io/pod.namespace"], "ns");
+        assert_eq!(info["csi.storage.k8s.io/pod.uid"], "u1");
+        assert_eq!(info["csi.storage.k8s.io/serviceAccount.name"], "sa");
+        assert_eq!(info["csi.storage.k8s.io/ephemeral"], "true");
+        assert_eq!(pod_info(&pod, Lifecycle::Persistent)["csi.storage.k8s.io/ephemeral"], "false");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! that does not stage, the volume's directory) there, read-only when asked; unpublish and
 //! unstage unmount. Every call is recorded, in order.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -56,6 +57,8 @@ struct Service {
     max_volumes: i64,
     volumes: PathBuf,
     calls: Arc<Mutex<Vec<CsiCall>>>,
+    /// The volume context of each publish, by target path.
+    contexts: Arc<Mutex<BTreeMap<PathBuf, BTreeMap<String, String>>>>,
 }
 
 impl Service {
@@ -93,6 +96,7 @@ impl TestCsiDriver {
             max_volumes,
             volumes: volumes.path().to_path_buf(),
             calls: Arc::default(),
+            contexts: Arc::default(),
         };
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
@@ -125,6 +129,11 @@ impl TestCsiDriver {
     /// Every call received so far, in order.
     pub fn calls(&self) -> Vec<CsiCall> {
         self.service.calls.lock().unwrap().clone()
+    }
+
+    /// The volume context `NodePublishVolume` last got for `target`.
+    pub fn publish_context(&self, target: &Path) -> Option<BTreeMap<String, String>> {
+        self.service.contexts.lock().unwrap().get(target).cloned()
     }
 
     pub fn socket(&self) -> &Path {
@@ -282,7 +291,12 @@ impl Node for Service {
             target: target.clone(),
             read_only: r.readonly,
         });
-        let source = match (&staging, self.stages) {
+        let context: BTreeMap<String, String> = r.volume_context.into_iter().collect();
+        // An inline ephemeral volume is never staged (the node says which it is when the
+        // CSIDriver asks for pod info, as real drivers require).
+        let ephemeral = context.get("csi.storage.k8s.io/ephemeral").map(String::as_str) == Some("true");
+        self.contexts.lock().unwrap().insert(target.clone(), context);
+        let source = match (&staging, self.stages && !ephemeral) {
             (Some(s), true) => s.clone(),
             (None, true) => return Err(Status::failed_precondition("staging target path is required")),
             (_, false) => self.volume_dir(&r.volume_id)?,

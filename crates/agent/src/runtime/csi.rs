@@ -14,9 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use gantry_plugins::csi::{CsiDrivers, CsiError, VolumeUsage};
-use gantry_pod::claim::{self, ClaimError};
+use gantry_pod::claim::{self, ClaimError, Lifecycle};
 use gantry_vocab::{paths, spec};
 use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -35,6 +36,10 @@ pub enum CsiVolumeError {
     Read { namespace: String, claim: String, source: ObjectError },
     #[error("persistentVolumeClaim volumes need an API server")]
     NoApiServer,
+    #[error(
+        "MountVolume.SetUp failed for volume {volume:?} : kubernetes.io/csi: mounter.SetupAt failed to check volume lifecycle mode: {why}"
+    )]
+    Lifecycle { volume: String, why: String },
     #[error("MountVolume.WaitForAttach failed for volume {pv:?} : {why}")]
     Attach { pv: String, why: String },
     #[error("MountVolume.MountDevice failed for volume {pv:?} : {source}")]
@@ -82,6 +87,11 @@ pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
     format!("csi-{}", hex::encode(Sha256::digest(format!("{handle}{driver}{node}"))))
 }
 
+/// Upstream's volume ID of an inline ephemeral volume: `csi-<sha256(pod UID + volume name)>`.
+pub fn inline_volume_id(pod_uid: &str, volume: &str) -> String {
+    format!("csi-{}", hex::encode(Sha256::digest(format!("{pod_uid}{volume}"))))
+}
+
 /// Upstream's unique name of a CSI volume (`status.volumesInUse`, `volumesAttached`).
 pub fn unique_name(driver: &str, handle: &str) -> String {
     format!("kubernetes.io/csi/{driver}^{handle}")
@@ -103,6 +113,17 @@ pub fn publish_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
 pub struct Published {
     pub path: PathBuf,
     pub read_only: bool,
+}
+
+/// What publishing one volume for a pod takes.
+struct Plan {
+    /// The PV's name (an inline volume's: the pod's volume name): the publish directory's.
+    spec_vol_id: String,
+    dir: PathBuf,
+    volume: gantry_plugins::csi::Volume,
+    /// Whether to wait for the `VolumeAttachment` first.
+    attach: bool,
+    lifecycle: Lifecycle,
 }
 
 /// The node's CSI volumes.
@@ -189,17 +210,11 @@ impl CsiVolumes {
         let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
         let read_only = source.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false);
         let dir = publish_dir(&self.root_dir, spec::uid(pod), &pv_name);
-        let target = dir.join("mount");
-        let _guard = self.one_at_a_time.lock().await;
         if read_vol_data(&dir).is_some() {
-            return Ok(Published { path: target, read_only });
+            return Ok(Published { path: dir.join("mount"), read_only });
         }
-        let attach_required = match objects.csi_driver(&csi.driver).await.map_err(read)? {
-            Some(d) => d.spec.attach_required.unwrap_or(true),
-            // Upstream: without a CSIDriver object the volume is attachable.
-            None => true,
-        };
-        let mut volume = gantry_plugins::csi::Volume {
+        let driver_object = objects.csi_driver(&csi.driver).await.map_err(read)?;
+        let volume = gantry_plugins::csi::Volume {
             driver: csi.driver.clone(),
             handle: csi.volume_handle.clone(),
             fs_type: csi.fs_type.clone().unwrap_or_default(),
@@ -208,13 +223,69 @@ impl CsiVolumes {
             attributes: csi.volume_attributes.clone().unwrap_or_default(),
             ..Default::default()
         };
+        // Upstream: without a CSIDriver object the volume is attachable.
+        let attach = driver_object.as_ref().is_none_or(|d| d.spec.attach_required.unwrap_or(true));
+        let plan = Plan { spec_vol_id: pv_name, dir, volume, attach, lifecycle: Lifecycle::Persistent };
+        self.publish(pod, v, plan, driver_object.as_ref(), objects).await
+    }
+
+    /// Sets up the pod's CSI ephemeral inline volume `v` (`csi:` in the pod spec): published
+    /// for the pod alone, never staged nor attached, under the volume's own name.
+    pub async fn set_up_inline(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        objects: Option<&ObjectSource>,
+    ) -> Result<Published, CsiVolumeError> {
+        let source = v.csi.as_ref().expect("called for inline CSI volumes");
+        let objects = objects.ok_or(CsiVolumeError::NoApiServer)?;
+        let read_only = source.read_only.unwrap_or(false);
+        let dir = publish_dir(&self.root_dir, spec::uid(pod), &v.name);
+        if read_vol_data(&dir).is_some() {
+            return Ok(Published { path: dir.join("mount"), read_only });
+        }
+        let lifecycle = |why: String| CsiVolumeError::Lifecycle { volume: v.name.clone(), why };
+        let driver_object = objects.csi_driver(&source.driver).await.map_err(|e| lifecycle(e.to_string()))?;
+        claim::check_lifecycle(Lifecycle::Ephemeral, &source.driver, driver_object.as_ref())
+            .map_err(|e| lifecycle(e.to_string()))?;
+        let volume = gantry_plugins::csi::Volume {
+            driver: source.driver.clone(),
+            handle: inline_volume_id(spec::uid(pod), &v.name),
+            fs_type: source.fs_type.clone().unwrap_or_default(),
+            read_only,
+            attributes: source.volume_attributes.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let plan = Plan { spec_vol_id: v.name.clone(), dir, volume, attach: false, lifecycle: Lifecycle::Ephemeral };
+        self.publish(pod, v, plan, driver_object.as_ref(), objects).await
+    }
+
+    /// Attaches (waits for the attacher), stages and publishes the planned volume for the pod.
+    async fn publish(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        plan: Plan,
+        driver_object: Option<&CSIDriver>,
+        objects: &ObjectSource,
+    ) -> Result<Published, CsiVolumeError> {
+        let Plan { spec_vol_id: pv_name, dir, mut volume, attach, lifecycle } = plan;
+        let target = dir.join("mount");
+        let _guard = self.one_at_a_time.lock().await;
+        // Another container of the pod may have published it meanwhile.
+        if read_vol_data(&dir).is_some() {
+            return Ok(Published { path: target, read_only: volume.read_only });
+        }
+        if driver_object.is_some_and(|d| d.spec.pod_info_on_mount == Some(true)) {
+            volume.attributes.extend(claim::pod_info(pod, lifecycle));
+        }
         let io = |action, path: &Path, source| CsiVolumeError::Io {
             pv: pv_name.clone(),
             action,
             path: path.to_path_buf(),
             source,
         };
-        let attachment = if attach_required {
+        let attachment = if attach {
             self.mark_in_use(spec::uid(pod), unique_name(&volume.driver, &volume.handle));
             let name = attachment_name(&volume.handle, &volume.driver, &self.node);
             volume.publish_context = self.attached(objects, &pv_name, &name).await?;
@@ -226,7 +297,9 @@ impl CsiVolumes {
             .drivers
             .driver(&volume.driver)
             .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
-        let staging = driver.stages.then(|| staging_dir(&self.root_dir, &volume.driver, &volume.handle));
+        // Inline volumes are never staged (upstream stages only persistent volumes).
+        let stages = driver.stages && lifecycle == Lifecycle::Persistent;
+        let staging = stages.then(|| staging_dir(&self.root_dir, &volume.driver, &volume.handle));
         if let Some(staged) = &staging
             && read_vol_data(staged).is_none()
         {
@@ -257,12 +330,12 @@ impl CsiVolumes {
             driver_name: volume.driver.clone(),
             node_name: self.node.clone(),
             attachment_id: attachment,
-            volume_lifecycle_mode: "Persistent".into(),
+            volume_lifecycle_mode: lifecycle.as_str().into(),
             pod_volume_name: v.name.clone(),
         };
         write_vol_data(&dir, &data).map_err(|e| io("cannot write", &dir, e))?;
         tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume published");
-        Ok(Published { path: target, read_only })
+        Ok(Published { path: target, read_only: volume.read_only })
     }
 
     /// The attachment's metadata once the `VolumeAttachment` `name` says attached.
@@ -425,6 +498,8 @@ mod tests {
         let name = attachment_name("h1", "d.example.com", "node-a");
         assert_eq!(name, format!("csi-{}", hex::encode(Sha256::digest("h1d.example.comnode-a"))));
         assert_eq!(name.len(), 4 + 64);
+        let id = inline_volume_id("u1", "scratch");
+        assert_eq!(id, format!("csi-{}", hex::encode(Sha256::digest("u1scratch"))));
         assert_eq!(
             staging_dir(Path::new("/var/lib/kubelet"), "d.example.com", "h1"),
             PathBuf::from(format!(

@@ -1,7 +1,7 @@
 //! A pod's volumes on the host: `hostPath` (with its `type` checks), `emptyDir` (disk, or tmpfs
 //! for `medium: Memory`), and the API-backed `configMap`, `secret`, `downwardAPI` and
 //! `projected` volumes written through the atomic writer, and `persistentVolumeClaim` volumes
-//! whose PV a CSI driver serves (`super::csi`). Other types are refused with a reason naming
+//! whose PV a CSI driver serves and CSI ephemeral inline volumes (`super::csi`). Other types are refused with a reason naming
 //! the volume.
 
 use std::collections::HashMap;
@@ -88,8 +88,13 @@ pub async fn prepare(
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
             Prepared { path, read_only: true }
-        } else if let (Some(_), Some(csi)) = (&v.persistent_volume_claim, csi) {
-            let published = csi.set_up(pod, v, objects).await.map_err(|e| {
+        } else if let (true, Some(csi)) = (v.persistent_volume_claim.is_some() || v.csi.is_some(), csi) {
+            let published = if v.csi.is_some() {
+                csi.set_up_inline(pod, v, objects).await
+            } else {
+                csi.set_up(pod, v, objects).await
+            };
+            let published = published.map_err(|e| {
                 let reason = if e.is_wait() {
                     StartFailure::ContainerCreating
                 } else {

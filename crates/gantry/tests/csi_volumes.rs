@@ -80,9 +80,14 @@ async fn deleted(gantry: &common::Gantry, pods: &Api<Pod>, name: &str) {
 
 /// The claim `data` and its PV `pv` (CSI `driver`, handle `vol-1`), the claim not yet bound.
 async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentVolumeClaim {
+    claim_and_volume_named(admin, driver, pv, "data").await
+}
+
+/// The claim `claim` and its PV `pv` (CSI `driver`, handle `vol-1`), the claim not yet bound.
+async fn claim_and_volume_named(admin: &Client, driver: &str, pv: &str, claim: &str) -> PersistentVolumeClaim {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data"},
+        "metadata": {"name": claim},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
                  "resources": {"requests": {"storage": "1Mi"}}},
     }))
@@ -93,7 +98,7 @@ async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentV
         "spec": {
             "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": "",
             "persistentVolumeReclaimPolicy": "Retain",
-            "claimRef": {"namespace": "default", "name": "data", "uid": claim.metadata.uid.clone().unwrap()},
+            "claimRef": {"namespace": "default", "name": claim.metadata.name.clone().unwrap(), "uid": claim.metadata.uid.clone().unwrap()},
             "csi": {"driver": driver, "volumeHandle": "vol-1", "fsType": "ext4", "volumeAttributes": {"kind": "dir"}},
         },
     }))
@@ -104,10 +109,14 @@ async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentV
 
 /// Binds them as the PV controller would.
 async fn bind(admin: &Client, pv: &str) {
+    bind_named(admin, pv, "data").await
+}
+
+async fn bind_named(admin: &Client, pv: &str, claim: &str) {
     let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
     Api::<PersistentVolume>::all(admin.clone()).patch_status(pv, &PatchParams::default(), &bound).await.unwrap();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
-    claims.patch_status("data", &PatchParams::default(), &bound).await.unwrap();
+    claims.patch_status(claim, &PatchParams::default(), &bound).await.unwrap();
 }
 
 /// Removes the cluster-scoped objects a real cluster keeps after the test.
@@ -550,4 +559,84 @@ async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
     let _ = drivers.delete(&driver_name, &DeleteParams::default()).await;
     let _ = Api::<CSINode>::all(admin.clone()).delete(node, &DeleteParams::default()).await;
     cluster.cleanup(node).await;
+}
+
+#[tokio::test]
+async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.generic.gantry.test");
+    let pv = format!("{node}-generic-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    // The test plays the binder, and the ephemeral volume controller only in part: a claim of
+    // the right name (`<pod>-<volume>`) that the pod does not control yet.
+    claim_and_volume_named(&admin, &driver_name, &pv, "eph-data").await;
+    bind_named(&admin, &pv, "eph-data").await;
+    let gantry = cluster::start_node(&env, &cluster);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "eph"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "echo generic > /data/file && echo wrote; sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                "resources": {"requests": {"storage": "1Mi"}},
+            }}}}],
+        },
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let refused = eventually("the FailedMount event of the claim the pod does not own", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("eph")
+                && e.reason.as_deref() == Some("FailedMount")
+                && e.message.as_deref().is_some_and(|m| m.contains("not owner"))
+        })
+    })
+    .await;
+    assert_eq!(
+        refused.message.as_deref(),
+        Some("PVC default/eph-data was not created for pod default/eph (pod is not owner)")
+    );
+    assert!(volume_calls(&driver).is_empty(), "someone else's claim is never mounted");
+
+    // The controller's part: the pod controls its claim. Then it is a claim like any other.
+    let owner = json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "v1", "kind": "Pod", "name": "eph", "uid": pod.metadata.uid.clone().unwrap(),
+        "controller": true, "blockOwnerDeletion": true,
+    }]}});
+    claims.patch("eph-data", &PatchParams::default(), &Patch::Merge(owner)).await.unwrap();
+    running(&gantry, &pods, "eph").await;
+    eventually("the pod wrote", &gantry, || async { container_output(&env, "eph").contains("wrote").then_some(()) })
+        .await;
+    assert_eq!(std::fs::read_to_string(driver.volume_dir("vol-1").join("file")).unwrap(), "generic\n");
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+    let uid = pod.metadata.uid.unwrap();
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}"));
+    assert!(published.join("vol_data.json").exists(), "published under the PV's name, as a claim's volume");
+
+    deleted(&gantry, &pods, "eph").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let _ = claims.delete("eph-data", &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

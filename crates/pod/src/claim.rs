@@ -55,6 +55,31 @@ pub fn bound_volume(
     Ok((volume, claim.metadata.uid.clone().unwrap_or_default()))
 }
 
+/// A generic ephemeral volume's claim exists but the pod does not control it (upstream's
+/// `ephemeral.VolumeIsForPod`): someone else's claim is never used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PVC {namespace}/{claim} was not created for pod {namespace}/{pod} (pod is not owner)")]
+pub struct NotForPod {
+    pub namespace: String,
+    pub claim: String,
+    pub pod: String,
+}
+
+/// Whether the claim is controlled by the pod (an owner reference with `controller: true` and
+/// the pod's UID).
+pub fn claim_for_pod(pod: &Pod, claim: &PersistentVolumeClaim) -> Result<(), NotForPod> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let owners = claim.metadata.owner_references.as_deref().unwrap_or_default();
+    if owners.iter().any(|o| o.controller == Some(true) && o.uid == uid) {
+        return Ok(());
+    }
+    Err(NotForPod {
+        namespace: gantry_vocab::spec::namespace(pod).to_string(),
+        claim: claim.metadata.name.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+    })
+}
+
 /// The CSI source of the volume `pv_name` bound to the claim with UID `claim_uid`.
 pub fn csi_source<'a>(
     pv_name: &str,
@@ -254,6 +279,33 @@ mod tests {
         let both = driver(Some(vec!["Persistent", "Ephemeral"]));
         assert_eq!(check_lifecycle(Lifecycle::Ephemeral, "d", Some(&both)), Ok(()));
         assert!(check_lifecycle(Lifecycle::Persistent, "d", Some(&driver(Some(vec!["Ephemeral"])))).is_err());
+    }
+
+    #[test]
+    fn an_ephemeral_volumes_claim_must_be_controlled_by_the_pod() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let pod: Pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": {"containers": []},
+        }))
+        .unwrap();
+        let mut c = claim("Bound", "pv1");
+        c.metadata.name = Some("p-data".into());
+        assert_eq!(
+            claim_for_pod(&pod, &c).unwrap_err().to_string(),
+            "PVC ns/p-data was not created for pod ns/p (pod is not owner)"
+        );
+        let owner = |uid: &str, controller| OwnerReference {
+            uid: uid.into(),
+            controller: Some(controller),
+            kind: "Pod".into(),
+            name: "p".into(),
+            api_version: "v1".into(),
+            ..Default::default()
+        };
+        c.metadata.owner_references = Some(vec![owner("u1", false), owner("u2", true)]);
+        assert!(claim_for_pod(&pod, &c).is_err(), "an owner that is not the controller, or another pod");
+        c.metadata.owner_references = Some(vec![owner("u1", true)]);
+        assert_eq!(claim_for_pod(&pod, &c), Ok(()));
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum CsiVolumeError {
     Claim { namespace: String, claim: String, source: ClaimError },
     #[error("error processing PVC {namespace}/{claim}: {source}")]
     Read { namespace: String, claim: String, source: ObjectError },
+    #[error(transparent)]
+    NotForPod(#[from] claim::NotForPod),
     #[error("persistentVolumeClaim volumes need an API server")]
     NoApiServer,
     #[error(
@@ -190,7 +192,8 @@ impl CsiVolumes {
         });
     }
 
-    /// Sets up the pod's claim volume `v` (idempotent: a volume already published for the pod
+    /// Sets up the pod's claim volume `v`, a `persistentVolumeClaim` or a generic ephemeral
+    /// volume (whose claim the pod must control) (idempotent: a volume already published for the pod
     /// is only looked up).
     pub async fn set_up(
         &self,
@@ -198,17 +201,21 @@ impl CsiVolumes {
         v: &Volume,
         objects: Option<&ObjectSource>,
     ) -> Result<Published, CsiVolumeError> {
-        let source = v.persistent_volume_claim.as_ref().expect("called for claim volumes");
-        let (ns, claim_name) = (spec::namespace(pod), source.claim_name.as_str());
+        let claim_name = spec::claim_name(pod, v).expect("called for claim volumes");
+        let (ns, claim_name) = (spec::namespace(pod), claim_name.as_str());
+        let claim_read_only = v.persistent_volume_claim.as_ref().and_then(|c| c.read_only).unwrap_or(false);
         let objects = objects.ok_or(CsiVolumeError::NoApiServer)?;
         let read = |source| CsiVolumeError::Read { namespace: ns.to_string(), claim: claim_name.to_string(), source };
         let claim_err =
             |source| CsiVolumeError::Claim { namespace: ns.to_string(), claim: claim_name.to_string(), source };
         let pvc = objects.claim(ns, claim_name).await.map_err(read)?;
         let (pv_name, claim_uid) = claim::bound_volume(ns, claim_name, pvc.as_ref()).map_err(claim_err)?;
+        if let (Some(_), Some(pvc)) = (&v.ephemeral, &pvc) {
+            claim::claim_for_pod(pod, pvc)?;
+        }
         let pv = objects.persistent_volume(&pv_name).await.map_err(read)?;
         let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
-        let read_only = source.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false);
+        let read_only = claim_read_only || csi.read_only.unwrap_or(false);
         let dir = publish_dir(&self.root_dir, spec::uid(pod), &pv_name);
         if read_vol_data(&dir).is_some() {
             return Ok(Published { path: dir.join("mount"), read_only });

@@ -1,7 +1,8 @@
 //! A pod's volumes on the host: `hostPath` (with its `type` checks), `emptyDir` (disk, or tmpfs
 //! for `medium: Memory`), and the API-backed `configMap`, `secret`, `downwardAPI` and
 //! `projected` volumes written through the atomic writer, and `persistentVolumeClaim` volumes
-//! whose PV a CSI driver serves and CSI ephemeral inline volumes (`super::csi`). Other types are refused with a reason naming
+//! whose PV a CSI driver serves, generic ephemeral volumes (the same, through the claim the
+//! ephemeral volume controller creates) and CSI ephemeral inline volumes (`super::csi`). Other types are refused with a reason naming
 //! the volume.
 
 use std::collections::HashMap;
@@ -88,7 +89,9 @@ pub async fn prepare(
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
             Prepared { path, read_only: true }
-        } else if let (true, Some(csi)) = (v.persistent_volume_claim.is_some() || v.csi.is_some(), csi) {
+        } else if let (true, Some(csi)) =
+            (v.persistent_volume_claim.is_some() || v.ephemeral.is_some() || v.csi.is_some(), csi)
+        {
             let published = if v.csi.is_some() {
                 csi.set_up_inline(pod, v, objects).await
             } else {

@@ -18,7 +18,7 @@ use tonic::Status;
 
 use crate::api::csi::node_client::NodeClient;
 use crate::api::csi::node_service_capability::{self, rpc};
-use crate::api::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+use crate::api::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode};
 use crate::api::csi::{
     NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
     NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability, volume_usage,
@@ -98,6 +98,8 @@ pub struct Volume {
     pub handle: String,
     pub fs_type: String,
     pub read_only: bool,
+    /// `volumeMode: Block`: a raw block device rather than a mounted file system.
+    pub block: bool,
     /// The PV's first access mode (`ReadWriteOnce` when it has none), as upstream passes it.
     pub access_mode: String,
     /// The PV's `spec.csi.volumeAttributes`.
@@ -110,7 +112,7 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// A mounted file system with the PV's access mode in CSI's terms (upstream
+    /// A mounted file system (or a block device) with the PV's access mode in CSI's terms (upstream
     /// `asCSIAccessModeV1`; `ReadWriteOncePod` has no CSI 1.3 mode of its own).
     fn capability(&self) -> VolumeCapability {
         let mode = match self.access_mode.as_str() {
@@ -118,10 +120,12 @@ impl Volume {
             "ReadWriteMany" => access_mode::Mode::MultiNodeMultiWriter,
             _ => access_mode::Mode::SingleNodeWriter,
         };
-        VolumeCapability {
-            access_mode: Some(AccessMode { mode: mode as i32 }),
-            access_type: Some(AccessType::Mount(MountVolume { fs_type: self.fs_type.clone(), mount_flags: vec![] })),
-        }
+        let access_type = if self.block {
+            AccessType::Block(BlockVolume {})
+        } else {
+            AccessType::Mount(MountVolume { fs_type: self.fs_type.clone(), mount_flags: vec![] })
+        };
+        VolumeCapability { access_mode: Some(AccessMode { mode: mode as i32 }), access_type: Some(access_type) }
     }
 }
 
@@ -315,6 +319,8 @@ mod tests {
         assert!(matches!(rwo.access_type, Some(AccessType::Mount(m)) if m.fs_type == "ext4"));
         let rox = Volume { access_mode: "ReadOnlyMany".into(), ..Default::default() }.capability();
         assert_eq!(rox.access_mode.unwrap().mode, access_mode::Mode::MultiNodeReaderOnly as i32);
+        let block = Volume { block: true, ..Default::default() }.capability();
+        assert!(matches!(block.access_type, Some(AccessType::Block(_))));
         let rwx = Volume { access_mode: "ReadWriteMany".into(), ..Default::default() }.capability();
         assert_eq!(rwx.access_mode.unwrap().mode, access_mode::Mode::MultiNodeMultiWriter as i32);
     }

@@ -105,6 +105,54 @@ pub fn staging_dir(root_dir: &Path, driver: &str, handle: &str) -> PathBuf {
     root_dir.join("plugins/kubernetes.io/csi").join(driver).join(hex::encode(Sha256::digest(handle)))
 }
 
+/// Upstream's directory of the CSI plugin's block volumes.
+const BLOCK_DIR: &str = "plugins/kubernetes.io/csi/volumeDevices";
+
+/// Where one volume is staged and published, as upstream lays it out for each volume mode.
+struct Layout {
+    /// The pod's record of the published volume (its `vol_data.json`).
+    record: PathBuf,
+    /// `NodePublishVolume`'s target: a directory for a file system, a file for a block device.
+    target: PathBuf,
+    /// The staged volume's record, and `NodeStageVolume`'s staging path.
+    staged: PathBuf,
+    staging: PathBuf,
+}
+
+impl Layout {
+    /// A file system: `pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, staged at
+    /// `plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount`. A block device:
+    /// recorded under `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>`, published on the file
+    /// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`, staged at
+    /// `.../volumeDevices/staging/<pv>` with its record in `.../volumeDevices/<pv>/data`.
+    fn new(root_dir: &Path, uid: &str, pv: &str, block: bool, driver: &str, handle: &str) -> Layout {
+        if block {
+            let devices = root_dir.join(BLOCK_DIR);
+            Layout {
+                record: block_record_dir(root_dir, uid, pv),
+                target: devices.join("publish").join(pv).join(uid),
+                staged: devices.join(pv).join("data"),
+                staging: devices.join("staging").join(pv),
+            }
+        } else {
+            let staged = staging_dir(root_dir, driver, handle);
+            let record = publish_dir(root_dir, uid, pv);
+            Layout { target: record.join("mount"), record, staging: staged.join("globalmount"), staged }
+        }
+    }
+}
+
+/// `<root>/pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>`: the pod's record of a block volume.
+fn block_record_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
+    paths::pod_dir(root_dir, uid).join("volumeDevices").join(POD_PLUGIN_DIR).join(pv)
+}
+
+/// The pod's directories of published CSI volumes: file systems, then block devices.
+fn pod_plugin_dirs(root_dir: &Path, uid: &str) -> [(PathBuf, bool); 2] {
+    let pod = paths::pod_dir(root_dir, uid);
+    [(pod.join("volumes").join(POD_PLUGIN_DIR), false), (pod.join("volumeDevices").join(POD_PLUGIN_DIR), true)]
+}
+
 /// `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`: the published volume's directory (its
 /// `mount` is the target path).
 pub fn publish_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
@@ -115,13 +163,15 @@ pub fn publish_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
 pub struct Published {
     pub path: PathBuf,
     pub read_only: bool,
+    /// A block device (for the container's `volumeDevices`), not a directory.
+    pub block: bool,
 }
 
 /// What publishing one volume for a pod takes.
 struct Plan {
     /// The PV's name (an inline volume's: the pod's volume name): the publish directory's.
     spec_vol_id: String,
-    dir: PathBuf,
+    layout: Layout,
     volume: gantry_plugins::csi::Volume,
     /// Whether to wait for the `VolumeAttachment` first.
     attach: bool,
@@ -216,9 +266,10 @@ impl CsiVolumes {
         let pv = objects.persistent_volume(&pv_name).await.map_err(read)?;
         let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
         let read_only = claim_read_only || csi.read_only.unwrap_or(false);
-        let dir = publish_dir(&self.root_dir, spec::uid(pod), &pv_name);
-        if read_vol_data(&dir).is_some() {
-            return Ok(Published { path: dir.join("mount"), read_only });
+        let block = pv.as_ref().and_then(|p| p.spec.as_ref()?.volume_mode.as_deref()) == Some("Block");
+        let layout = Layout::new(&self.root_dir, spec::uid(pod), &pv_name, block, &csi.driver, &csi.volume_handle);
+        if read_vol_data(&layout.record).is_some() {
+            return Ok(Published { path: layout.target, read_only, block });
         }
         let driver_object = objects.csi_driver(&csi.driver).await.map_err(read)?;
         let volume = gantry_plugins::csi::Volume {
@@ -226,13 +277,14 @@ impl CsiVolumes {
             handle: csi.volume_handle.clone(),
             fs_type: csi.fs_type.clone().unwrap_or_default(),
             read_only,
+            block,
             access_mode: pv.as_ref().map(claim::access_mode).unwrap_or_default(),
             attributes: csi.volume_attributes.clone().unwrap_or_default(),
             ..Default::default()
         };
         // Upstream: without a CSIDriver object the volume is attachable.
         let attach = driver_object.as_ref().is_none_or(|d| d.spec.attach_required.unwrap_or(true));
-        let plan = Plan { spec_vol_id: pv_name, dir, volume, attach, lifecycle: Lifecycle::Persistent };
+        let plan = Plan { spec_vol_id: pv_name, layout, volume, attach, lifecycle: Lifecycle::Persistent };
         self.publish(pod, v, plan, driver_object.as_ref(), objects).await
     }
 
@@ -247,9 +299,10 @@ impl CsiVolumes {
         let source = v.csi.as_ref().expect("called for inline CSI volumes");
         let objects = objects.ok_or(CsiVolumeError::NoApiServer)?;
         let read_only = source.read_only.unwrap_or(false);
-        let dir = publish_dir(&self.root_dir, spec::uid(pod), &v.name);
-        if read_vol_data(&dir).is_some() {
-            return Ok(Published { path: dir.join("mount"), read_only });
+        let handle = inline_volume_id(spec::uid(pod), &v.name);
+        let layout = Layout::new(&self.root_dir, spec::uid(pod), &v.name, false, &source.driver, &handle);
+        if read_vol_data(&layout.record).is_some() {
+            return Ok(Published { path: layout.target, read_only, block: false });
         }
         let lifecycle = |why: String| CsiVolumeError::Lifecycle { volume: v.name.clone(), why };
         let driver_object = objects.csi_driver(&source.driver).await.map_err(|e| lifecycle(e.to_string()))?;
@@ -257,13 +310,13 @@ impl CsiVolumes {
             .map_err(|e| lifecycle(e.to_string()))?;
         let volume = gantry_plugins::csi::Volume {
             driver: source.driver.clone(),
-            handle: inline_volume_id(spec::uid(pod), &v.name),
+            handle,
             fs_type: source.fs_type.clone().unwrap_or_default(),
             read_only,
             attributes: source.volume_attributes.clone().unwrap_or_default(),
             ..Default::default()
         };
-        let plan = Plan { spec_vol_id: v.name.clone(), dir, volume, attach: false, lifecycle: Lifecycle::Ephemeral };
+        let plan = Plan { spec_vol_id: v.name.clone(), layout, volume, attach: false, lifecycle: Lifecycle::Ephemeral };
         self.publish(pod, v, plan, driver_object.as_ref(), objects).await
     }
 
@@ -276,12 +329,12 @@ impl CsiVolumes {
         driver_object: Option<&CSIDriver>,
         objects: &ObjectSource,
     ) -> Result<Published, CsiVolumeError> {
-        let Plan { spec_vol_id: pv_name, dir, mut volume, attach, lifecycle } = plan;
-        let target = dir.join("mount");
+        let Plan { spec_vol_id: pv_name, layout, mut volume, attach, lifecycle } = plan;
+        let (read_only, block) = (volume.read_only, volume.block);
         let _guard = self.one_at_a_time.lock().await;
         // Another container of the pod may have published it meanwhile.
-        if read_vol_data(&dir).is_some() {
-            return Ok(Published { path: target, read_only: volume.read_only });
+        if read_vol_data(&layout.record).is_some() {
+            return Ok(Published { path: layout.target, read_only, block });
         }
         if driver_object.is_some_and(|d| d.spec.pod_info_on_mount == Some(true)) {
             volume.attributes.extend(claim::pod_info(pod, lifecycle));
@@ -306,14 +359,11 @@ impl CsiVolumes {
             .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
         // Inline volumes are never staged (upstream stages only persistent volumes).
         let stages = driver.stages && lifecycle == Lifecycle::Persistent;
-        let staging = stages.then(|| staging_dir(&self.root_dir, &volume.driver, &volume.handle));
-        if let Some(staged) = &staging
-            && read_vol_data(staged).is_none()
-        {
-            let globalmount = staged.join("globalmount");
-            create_dir(&globalmount).map_err(|e| io("cannot create", &globalmount, e))?;
+        if stages && read_vol_data(&layout.staged).is_none() {
+            create_dir(&layout.staging).map_err(|e| io("cannot create", &layout.staging, e))?;
+            create_dir(&layout.staged).map_err(|e| io("cannot create", &layout.staged, e))?;
             self.drivers
-                .stage(&volume, &globalmount)
+                .stage(&volume, &layout.staging)
                 .await
                 .map_err(|source| CsiVolumeError::Stage { pv: pv_name.clone(), source })?;
             let data = VolData {
@@ -321,14 +371,15 @@ impl CsiVolumes {
                 driver_name: volume.driver.clone(),
                 ..Default::default()
             };
-            write_vol_data(staged, &data).map_err(|e| io("cannot write", staged, e))?;
+            write_vol_data(&layout.staged, &data).map_err(|e| io("cannot write", &layout.staged, e))?;
             tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume staged");
         }
         // The driver creates the target itself; its parent is the node's.
-        create_dir(&dir).map_err(|e| io("cannot create", &dir, e))?;
-        let staging_path = staging.as_ref().map(|s| s.join("globalmount"));
+        let parent = layout.target.parent().unwrap_or(&layout.record);
+        create_dir(parent).map_err(|e| io("cannot create", parent, e))?;
+        create_dir(&layout.record).map_err(|e| io("cannot create", &layout.record, e))?;
         self.drivers
-            .publish(&volume, staging_path.as_deref(), &target)
+            .publish(&volume, stages.then_some(layout.staging.as_path()), &layout.target)
             .await
             .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
         let data = VolData {
@@ -340,9 +391,9 @@ impl CsiVolumes {
             volume_lifecycle_mode: lifecycle.as_str().into(),
             pod_volume_name: v.name.clone(),
         };
-        write_vol_data(&dir, &data).map_err(|e| io("cannot write", &dir, e))?;
-        tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume published");
-        Ok(Published { path: target, read_only: volume.read_only })
+        write_vol_data(&layout.record, &data).map_err(|e| io("cannot write", &layout.record, e))?;
+        tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, block, "volume published");
+        Ok(Published { path: layout.target, read_only, block })
     }
 
     /// The attachment's metadata once the `VolumeAttachment` `name` says attached.
@@ -371,61 +422,72 @@ impl CsiVolumes {
     /// and its data must not be deleted with the directory).
     pub async fn tear_down(&self, uid: &str) -> bool {
         let _guard = self.one_at_a_time.lock().await;
-        let plugin = paths::pod_dir(&self.root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
-        let clean = match std::fs::read_dir(&plugin) {
-            Ok(entries) => {
-                let mut clean = true;
-                for dir in entries.flatten().map(|e| e.path()) {
-                    clean &= self.tear_down_volume(uid, &dir).await;
-                }
-                clean && std::fs::remove_dir(&plugin).is_ok()
+        let mut clean = true;
+        for (plugin, block) in pod_plugin_dirs(&self.root_dir, uid) {
+            let Ok(entries) = std::fs::read_dir(&plugin) else { continue };
+            let mut all = true;
+            for dir in entries.flatten().map(|e| e.path()) {
+                all &= self.tear_down_volume(uid, &dir, block).await;
             }
-            Err(_) => true,
-        };
+            clean &= all && std::fs::remove_dir(&plugin).is_ok();
+        }
         if clean {
             self.forget_in_use(uid);
         }
         clean
     }
 
-    async fn tear_down_volume(&self, uid: &str, dir: &Path) -> bool {
-        let target = dir.join("mount");
+    async fn tear_down_volume(&self, uid: &str, dir: &Path, block: bool) -> bool {
         let Some(data) = read_vol_data(dir) else {
             // Never published: only the directories the node made, if nothing is mounted there.
-            return remove_empty(&[&target, dir], uid);
+            return if block { remove_empty(&[dir], uid) } else { remove_empty(&[&dir.join("mount"), dir], uid) };
         };
-        let (driver, handle) = (data.driver_name.as_str(), data.volume_handle.as_str());
-        if let Err(e) = self.drivers.unpublish(driver, handle, &target).await {
-            tracing::warn!(pod_uid = uid, volume = %data.spec_vol_id, driver, error = %e, "UnmountVolume.TearDown failed");
+        let (driver, handle, pv) = (data.driver_name.as_str(), data.volume_handle.as_str(), data.spec_vol_id.as_str());
+        let layout = Layout::new(&self.root_dir, uid, pv, block, driver, handle);
+        if let Err(e) = self.drivers.unpublish(driver, handle, &layout.target).await {
+            tracing::warn!(pod_uid = uid, volume = %pv, driver, error = %e, "UnmountVolume.TearDown failed");
             return false;
         }
-        tracing::info!(pod_uid = uid, volume = %data.spec_vol_id, driver, "volume unpublished");
+        tracing::info!(pod_uid = uid, volume = %pv, driver, "volume unpublished");
         let _ = std::fs::remove_file(dir.join(VOL_DATA));
-        if !remove_empty(&[&target, dir], uid) {
+        let unpublished = if block {
+            // The device file, if the driver left it; its directory once no pod's is left.
+            let file = match std::fs::remove_file(&layout.target) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(pod_uid = uid, file = %layout.target.display(), error = %e, "cannot remove the device file");
+                    false
+                }
+                _ => true,
+            };
+            if let Some(publish) = layout.target.parent() {
+                let _ = std::fs::remove_dir(publish);
+            }
+            file && remove_empty(&[dir], uid)
+        } else {
+            remove_empty(&[&layout.target, dir], uid)
+        };
+        if !unpublished {
             return false;
         }
-        let staged = staging_dir(&self.root_dir, driver, handle);
-        if read_vol_data(&staged).is_none() || self.published_anywhere(driver, handle) {
+        if read_vol_data(&layout.staged).is_none() || self.published_anywhere(driver, handle) {
             return true;
         }
-        let globalmount = staged.join("globalmount");
-        if let Err(e) = self.drivers.unstage(driver, handle, &globalmount).await {
-            tracing::warn!(volume = %data.spec_vol_id, driver, error = %e, "UnmountDevice failed");
+        if let Err(e) = self.drivers.unstage(driver, handle, &layout.staging).await {
+            tracing::warn!(volume = %pv, driver, error = %e, "UnmountDevice failed");
             return false;
         }
-        tracing::info!(volume = %data.spec_vol_id, driver, "volume unstaged");
-        let _ = std::fs::remove_file(staged.join(VOL_DATA));
-        remove_empty(&[&globalmount, &staged], uid)
+        tracing::info!(volume = %pv, driver, "volume unstaged");
+        let _ = std::fs::remove_file(layout.staged.join(VOL_DATA));
+        let removed = remove_empty(&[&layout.staging, &layout.staged], uid);
+        if block && let Some(volume_dir) = layout.staged.parent() {
+            let _ = std::fs::remove_dir(volume_dir);
+        }
+        removed
     }
 
     /// Whether any pod on the node still has the volume published.
     fn published_anywhere(&self, driver: &str, handle: &str) -> bool {
-        let pods = std::fs::read_dir(self.root_dir.join("pods")).into_iter().flatten().flatten();
-        pods.flat_map(|p| {
-            std::fs::read_dir(p.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten().flatten()
-        })
-        .filter_map(|v| read_vol_data(&v.path()))
-        .any(|d| d.driver_name == driver && d.volume_handle == handle)
+        published(&self.root_dir).any(|(_, d)| d.driver_name == driver && d.volume_handle == handle)
     }
 }
 
@@ -456,16 +518,23 @@ pub async fn volume_stats(drivers: &CsiDrivers, root_dir: &Path, uid: &str) -> V
 /// in use).
 fn published_attachable(root_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for pod in std::fs::read_dir(root_dir.join("pods")).into_iter().flatten().flatten() {
-        let volumes = std::fs::read_dir(pod.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten();
-        for data in volumes.flatten().filter_map(|v| read_vol_data(&v.path())) {
-            if !data.attachment_id.is_empty() {
-                let uid = pod.file_name().to_string_lossy().into_owned();
-                out.entry(uid).or_default().insert(unique_name(&data.driver_name, &data.volume_handle));
-            }
-        }
+    for (uid, data) in published(root_dir).filter(|(_, d)| !d.attachment_id.is_empty()) {
+        out.entry(uid).or_default().insert(unique_name(&data.driver_name, &data.volume_handle));
     }
     out
+}
+
+/// Every volume published for a pod on the node (file systems and block devices), by pod UID.
+fn published(root_dir: &Path) -> impl Iterator<Item = (String, VolData)> + '_ {
+    let pods = std::fs::read_dir(root_dir.join("pods")).into_iter().flatten().flatten();
+    pods.flat_map(move |p| {
+        let uid = p.file_name().to_string_lossy().into_owned();
+        pod_plugin_dirs(root_dir, &uid).into_iter().flat_map(move |(dir, _)| {
+            let uid = uid.clone();
+            let volumes = std::fs::read_dir(dir).into_iter().flatten().flatten();
+            volumes.filter_map(move |v| Some((uid.clone(), read_vol_data(&v.path())?)))
+        })
+    })
 }
 
 fn create_dir(dir: &Path) -> std::io::Result<()> {

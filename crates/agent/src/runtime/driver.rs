@@ -24,7 +24,7 @@ use crate::events::{EventType, Recorder};
 use crate::image::puller::ImagePuller;
 use gantry_config::CgroupDriver;
 use gantry_config::PodSettings;
-use gantry_plugins::devices::{AdmitError, DeviceManager};
+use gantry_plugins::devices::{AdmitError, DeviceManager, RunOptions};
 use gantry_pod::ObservedPod;
 use gantry_pod::resize::Amounts;
 use gantry_pod::resources::CgroupValues;
@@ -588,13 +588,16 @@ impl Driver {
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
         let image_user = self.image_user(c).await?;
-        let devices = match &self.devices {
+        let mut devices: RunOptions = match &self.devices {
             Some(d) => d
                 .run_options(pod, &c.name)
                 .await
                 .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?,
             None => Default::default(),
         };
+        let block_devices = volumes::devices(c, &volumes)
+            .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
+        devices.devices.extend(block_devices);
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
         let ctx = ContainerContext {
             node: &self.node,

@@ -28,6 +28,8 @@ pub struct Prepared {
     pub path: PathBuf,
     /// API-backed volumes are always mounted read-only, as upstream does.
     pub read_only: bool,
+    /// A block device (`volumeMode: Block`), for the containers' `volumeDevices`.
+    pub block: bool,
 }
 
 pub use paths::pod_dir;
@@ -56,7 +58,7 @@ pub async fn prepare(
         let prepared = if let Some(host) = &v.host_path {
             let path = PathBuf::from(&host.path);
             check_host_path(&path, host.type_.as_deref().unwrap_or_default()).await.map_err(failed)?;
-            Prepared { path, read_only: false }
+            Prepared { path, read_only: false, block: false }
         } else if let Some(e) = &v.empty_dir {
             let path = volume_dir(root_dir, pod, "empty-dir", &v.name);
             let memory = e.medium.as_deref() == Some("Memory");
@@ -64,7 +66,7 @@ pub async fn prepare(
                 e.size_limit.as_ref().map(|q| quantity::parse_units(&q.0)).transpose().map_err(|e| failed(e.into()))?;
             let size = resources::memory_volume_size(pod, size_limit, fields.node_memory_bytes);
             setup_empty_dir(&path, memory, size, fs_group.map(|g| g as u32)).map_err(failed)?;
-            Prepared { path, read_only: false }
+            Prepared { path, read_only: false, block: false }
         } else if projection::is_projection(v) {
             let plugin = plugin_name(v);
             let path = volume_dir(root_dir, pod, plugin, &v.name);
@@ -88,7 +90,7 @@ pub async fn prepare(
             if changed {
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
-            Prepared { path, read_only: true }
+            Prepared { path, read_only: true, block: false }
         } else if let (true, Some(csi)) =
             (v.persistent_volume_claim.is_some() || v.ephemeral.is_some() || v.csi.is_some(), csi)
         {
@@ -105,7 +107,7 @@ pub async fn prepare(
                 };
                 StartError::new(reason, e.to_string())
             })?;
-            Prepared { path: published.path, read_only: published.read_only }
+            Prepared { path: published.path, read_only: published.read_only, block: published.block }
         } else {
             return Err(StartError::new(
                 StartFailure::CreateContainerConfigError,
@@ -180,6 +182,8 @@ pub enum MountError {
     NoSuchVolume { container: String, mount: String },
     #[error("container {container:?}: volumeMount {mount:?} subPath: {source}")]
     SubPath { container: String, mount: String, source: projection::PathError },
+    #[error("container {container:?}: volumeDevice {device:?} names no block volume of the pod")]
+    NoSuchDevice { container: String, device: String },
     #[error("container {container:?}: volumeMount {mount:?}: invalid mountPropagation {propagation:?}")]
     Propagation { container: String, mount: String, propagation: String },
 }
@@ -262,6 +266,24 @@ fn is_tmpfs(path: &Path) -> bool {
 }
 
 /// The CRI mounts for a container's `volumeMounts`.
+/// The container's `volumeDevices`: each block volume's device file on the host, created at
+/// its `devicePath` in the container (upstream's permissions, `mrw`).
+pub fn devices(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Device>, MountError> {
+    let no_device = |name: &str| MountError::NoSuchDevice { container: c.name.clone(), device: name.to_string() };
+    c.volume_devices
+        .iter()
+        .flatten()
+        .map(|d| {
+            let v = volumes.get(&d.name).filter(|v| v.block).ok_or_else(|| no_device(&d.name))?;
+            Ok(api::Device {
+                container_path: d.device_path.clone(),
+                host_path: v.path.to_string_lossy().into_owned(),
+                permissions: "mrw".into(),
+            })
+        })
+        .collect()
+}
+
 pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Mount>, MountError> {
     c.volume_mounts
         .iter()
@@ -338,13 +360,37 @@ mod tests {
 
     fn vols() -> HashMap<String, Prepared> {
         HashMap::from([
-            ("data".to_string(), Prepared { path: "/v/data".into(), read_only: false }),
-            ("cfg".to_string(), Prepared { path: "/v/cfg".into(), read_only: true }),
+            ("data".to_string(), Prepared { path: "/v/data".into(), read_only: false, block: false }),
+            ("cfg".to_string(), Prepared { path: "/v/cfg".into(), read_only: true, block: false }),
         ])
     }
 
     fn mount(name: &str, path: &str) -> VolumeMount {
         VolumeMount { name: name.into(), mount_path: path.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn volume_devices_map_block_volumes_to_cri_devices() {
+        let mut volumes = vols();
+        volumes.insert("disk".into(), Prepared { path: "/p/disk/u1".into(), read_only: false, block: true });
+        let device = |name: &str| k8s_openapi::api::core::v1::VolumeDevice {
+            name: name.into(),
+            device_path: "/dev/xvda".into(),
+        };
+        let c = Container { name: "c".into(), volume_devices: Some(vec![device("disk")]), ..Default::default() };
+        assert_eq!(
+            devices(&c, &volumes).unwrap(),
+            [api::Device {
+                container_path: "/dev/xvda".into(),
+                host_path: "/p/disk/u1".into(),
+                permissions: "mrw".into()
+            }]
+        );
+        let c = Container { name: "c".into(), volume_devices: Some(vec![device("data")]), ..Default::default() };
+        assert_eq!(
+            devices(&c, &volumes).unwrap_err().to_string(),
+            r#"container "c": volumeDevice "data" names no block volume of the pod"#
+        );
     }
 
     #[test]

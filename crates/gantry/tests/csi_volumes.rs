@@ -640,3 +640,94 @@ async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
     let _ = claims.delete("eph-data", &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }
+
+#[tokio::test]
+async fn a_block_volume_is_a_device_in_the_container() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.block.gantry.test");
+    let pv = format!("{node}-block-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "disk"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv, "volumeMode": "Block",
+                 "resources": {"requests": {"storage": "16Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Block",
+            "claimRef": {"namespace": "default", "name": "disk", "uid": claim.metadata.uid.clone().unwrap()},
+            "csi": {"driver": driver_name, "volumeHandle": "blk-1"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    bind_named(&admin, &pv, "disk").await;
+    let gantry = cluster::start_node(&env, &cluster);
+
+    // The container writes the raw device and reads it back.
+    let script = "echo written-to-the-device | dd of=/dev/xvda conv=fsync 2>/dev/null && \
+                  dd if=/dev/xvda bs=24 count=1 2>/dev/null; echo; echo done; sleep 3600";
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "raw"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", script],
+                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}],
+            }],
+            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&gantry, &pods, "raw").await;
+    let output = eventually("the pod used its device", &gantry, || async {
+        let out = container_output(&env, "raw");
+        out.contains("done").then_some(out)
+    })
+    .await;
+    assert!(output.contains("written-to-the-device"), "read back in the container: {output}");
+    let backing = std::fs::read(driver.block_file("blk-1")).unwrap();
+    assert!(backing.starts_with(b"written-to-the-device\n"), "the loop device's file holds what was written");
+
+    // Staged and published as a block device, in upstream's volumeDevices layout.
+    let uid = pods.get("raw").await.unwrap().metadata.uid.unwrap();
+    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
+    let (staging, target) = (devices.join(format!("staging/{pv}")), devices.join(format!("publish/{pv}/{uid}")));
+    assert!(driver.calls().contains(&CsiCall::NodeStageVolume { volume: "blk-1".into(), staging: staging.clone() }));
+    assert!(driver.calls().contains(&CsiCall::NodePublishVolume {
+        volume: "blk-1".into(),
+        staging: Some(staging.clone()),
+        target: target.clone(),
+        read_only: false,
+    }));
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+    let record = root.join(format!("pods/{uid}/volumeDevices/kubernetes.io~csi/{pv}/vol_data.json"));
+    assert!(record.exists(), "the pod's record of its block volume");
+
+    deleted(&gantry, &pods, "raw").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    assert!(!target.exists() && !staging.exists() && !record.exists(), "the node's files are removed");
+    let _ = claims.delete("disk", &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}

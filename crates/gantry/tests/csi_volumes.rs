@@ -470,7 +470,8 @@ async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
     let csi_driver = |modes: &[&str]| -> CSIDriver {
         serde_json::from_value(json!({
             "metadata": {"name": driver_name},
-            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": modes},
+            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": modes,
+                     "fsGroupPolicy": "File"},
         }))
         .unwrap()
     };
@@ -485,6 +486,7 @@ async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
             "nodeName": node,
             "terminationGracePeriodSeconds": 1,
             "automountServiceAccountToken": false,
+            "securityContext": {"fsGroup": 2345},
             "containers": [{
                 "name": "main",
                 "image": gantry_testkit::BUSYBOX_IMAGE,
@@ -528,6 +530,12 @@ async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
     let uid = pods.get("inline").await.unwrap().metadata.uid.unwrap();
     let id = gantry_agent::runtime::csi::inline_volume_id(&uid, "scratch");
     assert_eq!(std::fs::read_to_string(driver.volume_dir(&id).join("file")).unwrap(), "inline\n");
+    // The CSIDriver's fsGroupPolicy File: the volume belongs to the pod's fsGroup, setgid, so
+    // what the container writes does too.
+    use std::os::unix::fs::MetadataExt;
+    let root_meta = std::fs::metadata(driver.volume_dir(&id)).unwrap();
+    assert_eq!((root_meta.gid(), root_meta.mode() & 0o2070), (2345, 0o2070));
+    assert_eq!(std::fs::metadata(driver.volume_dir(&id).join("file")).unwrap().gid(), 2345);
     let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/scratch"));
     let target = published.join("mount");
     assert!(driver.calls().contains(&CsiCall::NodePublishVolume {

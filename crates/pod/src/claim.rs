@@ -178,6 +178,21 @@ pub fn pod_info(pod: &Pod, mode: Lifecycle) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// Whether the node applies the pod's `fsGroup` to a published CSI volume (upstream's
+/// `supportsFSGroup`), by the `CSIDriver`'s `fsGroupPolicy` (`policy`; the API's default:
+/// `ReadWriteOnceWithFSType`): `None` never, `File` always, `ReadWriteOnceWithFSType` only with
+/// an fsType and a `ReadWriteOnce` volume (an inline volume always counts as one). Never for a
+/// read-only volume. `access_modes`: the PV's, `None` for an inline volume.
+pub fn applies_fs_group(policy: Option<&str>, fs_type: &str, access_modes: Option<&[String]>, read_only: bool) -> bool {
+    match policy.unwrap_or("ReadWriteOnceWithFSType") {
+        _ if read_only => false,
+        "None" => false,
+        "File" => true,
+        _ if fs_type.is_empty() => false,
+        _ => access_modes.is_none_or(|modes| modes.iter().any(|m| m == "ReadWriteOnce")),
+    }
+}
+
 /// The access mode upstream hands the driver: the PV's first, `ReadWriteOnce` without one.
 pub fn access_mode(pv: &PersistentVolume) -> String {
     let modes = pv.spec.as_ref().and_then(|s| s.access_modes.as_deref()).unwrap_or_default();
@@ -306,6 +321,19 @@ mod tests {
         assert!(claim_for_pod(&pod, &c).is_err(), "an owner that is not the controller, or another pod");
         c.metadata.owner_references = Some(vec![owner("u1", true)]);
         assert_eq!(claim_for_pod(&pod, &c), Ok(()));
+    }
+
+    #[test]
+    fn fs_group_follows_the_drivers_policy() {
+        let rwo = ["ReadWriteOnce".to_string()];
+        let rox = ["ReadOnlyMany".to_string()];
+        assert!(applies_fs_group(Some("File"), "", Some(&rox), false));
+        assert!(!applies_fs_group(Some("File"), "ext4", Some(&rwo), true), "never on a read-only volume");
+        assert!(!applies_fs_group(Some("None"), "ext4", Some(&rwo), false));
+        assert!(applies_fs_group(None, "ext4", Some(&rwo), false), "the default: with fsType and RWO");
+        assert!(!applies_fs_group(None, "", Some(&rwo), false), "no fsType");
+        assert!(!applies_fs_group(Some("ReadWriteOnceWithFSType"), "ext4", Some(&rox), false), "not RWO");
+        assert!(applies_fs_group(None, "ext4", None, false), "an inline volume counts as RWO");
     }
 
     #[test]

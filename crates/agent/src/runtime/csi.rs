@@ -176,6 +176,8 @@ struct Plan {
     /// Whether to wait for the `VolumeAttachment` first.
     attach: bool,
     lifecycle: Lifecycle,
+    /// The PV's access modes (`None` for an inline volume), for the fsGroup policy.
+    access_modes: Option<Vec<String>>,
 }
 
 /// The node's CSI volumes.
@@ -284,7 +286,9 @@ impl CsiVolumes {
         };
         // Upstream: without a CSIDriver object the volume is attachable.
         let attach = driver_object.as_ref().is_none_or(|d| d.spec.attach_required.unwrap_or(true));
-        let plan = Plan { spec_vol_id: pv_name, layout, volume, attach, lifecycle: Lifecycle::Persistent };
+        let access_modes = Some(pv.as_ref().and_then(|p| p.spec.as_ref()?.access_modes.clone()).unwrap_or_default());
+        let plan =
+            Plan { spec_vol_id: pv_name, layout, volume, attach, lifecycle: Lifecycle::Persistent, access_modes };
         self.publish(pod, v, plan, driver_object.as_ref(), objects).await
     }
 
@@ -316,7 +320,14 @@ impl CsiVolumes {
             attributes: source.volume_attributes.clone().unwrap_or_default(),
             ..Default::default()
         };
-        let plan = Plan { spec_vol_id: v.name.clone(), layout, volume, attach: false, lifecycle: Lifecycle::Ephemeral };
+        let plan = Plan {
+            spec_vol_id: v.name.clone(),
+            layout,
+            volume,
+            attach: false,
+            lifecycle: Lifecycle::Ephemeral,
+            access_modes: None,
+        };
         self.publish(pod, v, plan, driver_object.as_ref(), objects).await
     }
 
@@ -329,7 +340,7 @@ impl CsiVolumes {
         driver_object: Option<&CSIDriver>,
         objects: &ObjectSource,
     ) -> Result<Published, CsiVolumeError> {
-        let Plan { spec_vol_id: pv_name, layout, mut volume, attach, lifecycle } = plan;
+        let Plan { spec_vol_id: pv_name, layout, mut volume, attach, lifecycle, access_modes } = plan;
         let (read_only, block) = (volume.read_only, volume.block);
         let _guard = self.one_at_a_time.lock().await;
         // Another container of the pod may have published it meanwhile.
@@ -382,6 +393,19 @@ impl CsiVolumes {
             .publish(&volume, stages.then_some(layout.staging.as_path()), &layout.target)
             .await
             .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
+        let security = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+        let policy = driver_object.and_then(|d| d.spec.fs_group_policy.as_deref());
+        if let Some(group) = security.and_then(|s| s.fs_group)
+            && !block
+            && claim::applies_fs_group(policy, &volume.fs_type, access_modes.as_deref(), read_only)
+        {
+            let on_mismatch = security.and_then(|s| s.fs_group_change_policy.as_deref()) == Some("OnRootMismatch");
+            let (target, group) = (layout.target.clone(), group as u32);
+            tokio::task::spawn_blocking(move || set_ownership(&target, group, on_mismatch))
+                .await
+                .expect("the ownership walk does not panic")
+                .map_err(|e| io("cannot apply fsGroup to", &layout.target, e))?;
+        }
         let data = VolData {
             spec_vol_id: pv_name.clone(),
             volume_handle: volume.handle.clone(),
@@ -537,6 +561,36 @@ fn published(root_dir: &Path) -> impl Iterator<Item = (String, VolData)> + '_ {
     })
 }
 
+/// Upstream's `SetVolumeOwnership`: every file under `root` (symlinks aside) gets group `gid`
+/// and group read/write (directories also search and setgid); with `on_root_mismatch`, nothing
+/// is changed when the root already has them.
+fn set_ownership(root: &Path, gid: u32, on_root_mismatch: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(root)?;
+    let wanted = super::projection::fs_group_mode(0, meta.is_dir(), false);
+    if on_root_mismatch && meta.gid() == gid && meta.mode() & wanted == wanted {
+        return Ok(());
+    }
+    walk_ownership(root, gid)
+}
+
+fn walk_ownership(path: &Path, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, None, Some(gid))?;
+    let mode = super::projection::fs_group_mode(meta.mode() & 0o7777, meta.is_dir(), false);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            walk_ownership(&entry?.path(), gid)?;
+        }
+    }
+    Ok(())
+}
+
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
@@ -659,5 +713,25 @@ mod tests {
         std::fs::remove_file(attached.join(VOL_DATA)).unwrap();
         assert!(csi.tear_down("u1").await);
         assert!(in_use.borrow().is_empty());
+    }
+
+    #[test]
+    fn fs_group_ownership_is_upstreams_and_skipped_when_the_root_matches() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = tempfile::tempdir().unwrap();
+        let (sub, file) = (root.path().join("sub"), root.path().join("sub/file"));
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(&file, "x").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set_ownership(root.path(), 4321, false).unwrap();
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
+        assert_eq!((meta(&sub).gid(), meta(&sub).mode() & 0o7777 & 0o2070), (4321, 0o2070));
+        assert_eq!((meta(&file).gid(), meta(&file).mode() & 0o7777), (4321, 0o660));
+        // The root already right: OnRootMismatch changes nothing below it.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set_ownership(root.path(), 4321, true).unwrap();
+        assert_eq!(meta(&file).mode() & 0o7777, 0o600);
+        set_ownership(root.path(), 4321, false).unwrap();
+        assert_eq!(meta(&file).mode() & 0o7777, 0o660);
     }
 }

@@ -509,6 +509,11 @@ impl CsiVolumes {
         removed
     }
 
+    /// The pods (UIDs) with a record of a published CSI volume on disk.
+    pub fn pods_with_volumes(&self) -> BTreeSet<String> {
+        published(&self.root_dir).map(|(uid, _)| uid).collect()
+    }
+
     /// Whether any pod on the node still has the volume published.
     fn published_anywhere(&self, driver: &str, handle: &str) -> bool {
         published(&self.root_dir).any(|(_, d)| d.driver_name == driver && d.volume_handle == handle)

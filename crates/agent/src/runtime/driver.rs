@@ -806,6 +806,19 @@ impl Driver {
         }
     }
 
+    /// Tears down the CSI volumes still published for pods that are gone (a teardown that
+    /// failed, or a pod removed while the agent was down), then their directories; `keep` holds
+    /// the UIDs of every pod that exists in the runtime or is wanted.
+    pub async fn tear_down_orphaned_volumes(&self, keep: &std::collections::HashSet<String>) {
+        let Some(csi) = &self.csi else { return };
+        for uid in csi.pods_with_volumes().into_iter().filter(|uid| !keep.contains(uid)) {
+            tracing::info!(pod_uid = %uid, "tearing down the CSI volumes of a pod that is gone");
+            if csi.tear_down(&uid).await {
+                volumes::cleanup(&self.root_dir, &uid).await;
+            }
+        }
+    }
+
     /// Removes the cgroups of pods that are gone (e.g. removed while the agent was down); `keep`
     /// holds the UIDs of every pod that exists in the runtime or is wanted.
     pub async fn remove_orphaned_cgroups(&self, keep: std::collections::HashSet<String>) {

@@ -330,7 +330,8 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<
 pub async fn cleanup(root_dir: &Path, uid: &str) {
     let dir = pod_dir(root_dir, uid);
     let csi = dir.join("volumes").join(super::csi::POD_PLUGIN_DIR);
-    if csi.exists() {
+    let csi_devices = dir.join("volumeDevices").join(super::csi::POD_PLUGIN_DIR);
+    if csi.exists() || csi_devices.exists() {
         // A CSI volume not torn down (or set up by an agent without CSI) may still be mounted
         // there: its data is not the node's to delete.
         tracing::warn!(pod_uid = uid, dir = %csi.display(), "CSI volumes not torn down; keeping the pod directory");

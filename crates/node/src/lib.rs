@@ -357,8 +357,10 @@ async fn join_cluster(
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let shutting_down = shared.shutting_down.subscribe();
     let pressure = shared.pressure.subscribe();
-    let devices = shared.driver.devices().cloned();
-    let volumes_in_use = shared.driver.csi().map(|c| c.volumes_in_use());
+    let plugins = node_side::PluginStatus {
+        devices: shared.driver.devices().cloned(),
+        volumes_in_use: shared.driver.csi().map(|c| c.volumes_in_use()),
+    };
     let node = node_side::start(
         settings,
         shared.driver.cri().clone(),
@@ -366,8 +368,7 @@ async fn join_cluster(
         &shared.metrics,
         shutting_down,
         pressure,
-        devices,
-        volumes_in_use,
+        plugins,
     )
     .await?;
     supervisor.adopt("node-status", node.task);

@@ -739,3 +739,37 @@ async fn a_block_volume_is_a_device_in_the_container() {
     let _ = claims.delete("disk", &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }
+
+#[tokio::test]
+async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.down.gantry.test");
+    let pv = format!("{node}-down-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    let mut gantry = cluster::start_node(&env, &cluster);
+    pods.create(&PostParams::default(), &claim_pod(node, "gone", "sleep 3600", false)).await.unwrap();
+    running(&gantry, &pods, "gone").await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    // Gantry is down while the pod is deleted for good: the next run finds only the runtime's
+    // pod and the records on disk, and tears the volume down from them.
+    gantry.kill();
+    pods.delete("gone", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    assert!(pods.get_opt("gone").await.unwrap().is_none());
+    let gantry = cluster::start_node(&env, &cluster);
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let pod_dirs = || std::fs::read_dir(root.join("pods")).into_iter().flatten().count();
+    eventually("the pod's directory is removed", &gantry, || async { (pod_dirs() == 0).then_some(()) }).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}

@@ -1,14 +1,18 @@
-//! A pod's PersistentVolumeClaims served by CSI drivers (upstream's CSI volume plugin, node
-//! side): the claim's bound PV (`gantry_pod::claim`), the `VolumeAttachment` when the driver's
-//! `CSIDriver` object requires attach, `NodeStageVolume` once per volume on the node, then
-//! `NodePublishVolume` per pod; on the pod's removal `NodeUnpublishVolume`, and
-//! `NodeUnstageVolume` once no pod on the node publishes the volume any more.
+//! A pod's volumes served by CSI drivers (upstream's CSI volume plugin, node side):
+//! PersistentVolumeClaims and generic ephemeral volumes (the claim's bound PV,
+//! `gantry_pod::claim`), and CSI ephemeral inline volumes. The `VolumeAttachment` when the
+//! driver's `CSIDriver` object requires attach, `NodeStageVolume` once per volume on the node,
+//! then `NodePublishVolume` per pod (a directory, or a device file for `volumeMode: Block`), the
+//! pod's `fsGroup` as the driver's `fsGroupPolicy` says; on the pod's removal
+//! `NodeUnpublishVolume`, and `NodeUnstageVolume` once no pod on the node publishes the volume
+//! any more. Volumes that need attaching are reported in use (`volumes_in_use`) meanwhile.
 //!
-//! The state is on disk, in upstream's layout, so that a restarted agent tears down what an
-//! earlier one set up: a volume is staged when
-//! `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/vol_data.json` exists, and
-//! published for a pod when `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json`
-//! does. Each file is written once its call succeeded (upstream writes it before the call).
+//! The state is on disk, in upstream's layouts (`Layout`), so that a restarted agent tears down
+//! what an earlier one set up: a volume is staged when its staged record's `vol_data.json`
+//! exists (`<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>` for a file system), and
+//! published for a pod when the pod's record has one
+//! (`<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`, or `volumeDevices/...` for a block
+//! device). Each file is written once its call succeeded (upstream writes it before the call).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

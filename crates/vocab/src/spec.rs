@@ -1,6 +1,6 @@
 //! Read-only views of a pod spec with the defaults the API server would have applied.
 
-use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec, Volume};
 use md5::{Digest, Md5};
 
 /// Pod restart policy (`spec.restartPolicy`, default Always).
@@ -157,6 +157,17 @@ pub fn namespace(pod: &Pod) -> &str {
 /// `namespace/name`, the way pods are named in logs.
 pub fn full_name(pod: &Pod) -> String {
     format!("{}/{}", namespace(pod), name(pod))
+}
+
+/// The claim behind the pod's volume `v`: a `persistentVolumeClaim`'s, or the one the ephemeral
+/// volume controller creates for a generic ephemeral volume (upstream's `ephemeral.VolumeClaimName`,
+/// `<pod name>-<volume name>`).
+pub fn claim_name(pod: &Pod, v: &Volume) -> Option<String> {
+    if let Some(claim) = &v.persistent_volume_claim {
+        Some(claim.claim_name.clone())
+    } else {
+        v.ephemeral.as_ref().map(|_| format!("{}-{}", name(pod), v.name))
+    }
 }
 
 #[cfg(test)]

@@ -534,7 +534,10 @@ impl Agent {
             self.collect_garbage(&snapshot.pods).await;
             if sources_ready {
                 let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
-                self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
+                let known: std::collections::HashSet<String> = known.cloned().collect();
+                // Upstream's reconciler retries unmounting until it succeeds; here every GC pass.
+                self.shared.driver.tear_down_orphaned_volumes(&known).await;
+                self.shared.driver.remove_orphaned_cgroups(known).await;
             }
         }
     }

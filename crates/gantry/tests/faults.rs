@@ -104,7 +104,8 @@ async fn api_server_failing_then_hanging() {
         "  restartPolicy: Never\n  volumes:\n  - name: signal\n    hostPath:\n      path: {}\n",
         signal.display()
     );
-    let mut finisher = bound_pod(&env.node, "finisher", "until [ -f /signal/done ]; do sleep 0.1; done", &finisher_spec);
+    let mut finisher =
+        bound_pod(&env.node, "finisher", "until [ -f /signal/done ]; do sleep 0.1; done", &finisher_spec);
     finisher.spec.as_mut().unwrap().containers[0].volume_mounts =
         Some(vec![serde_json::from_value(serde_json::json!({"name": "signal", "mountPath": "/signal"})).unwrap()]);
     pods.create(&PostParams::default(), &finisher).await.unwrap();
@@ -171,12 +172,18 @@ async fn api_server_failing_then_hanging() {
 /// Starts `gantry kubelet` against the CRI proxy in front of the environment's containerd.
 async fn node_behind_proxy(env: &Env, cluster: &Cluster) -> (CriProxy, common::Gantry) {
     let proxy = CriProxy::start(&env.ctd.dir().join("proxy.sock"), &env.ctd.socket_path()).await.unwrap();
+    let gantry = node_behind_proxy_again(env, cluster, &proxy);
+    (proxy, gantry)
+}
+
+/// Starts (another) `gantry kubelet` against `proxy`.
+fn node_behind_proxy_again(env: &Env, cluster: &Cluster, proxy: &CriProxy) -> common::Gantry {
     let kubeconfig = cluster.node_kubeconfig(&env.ctd.dir(), &env.node);
     let mut args: Vec<String> =
         env.args().into_iter().filter(|a| !a.starts_with("--container-runtime-endpoint=")).collect();
     args.push(format!("--container-runtime-endpoint={}", proxy.endpoint()));
     args.push(format!("--kubeconfig={}", kubeconfig.display()));
-    (proxy, common::Gantry::start(&args, &env.root.join("gantry.log")))
+    common::Gantry::start(&args, &env.root.join("gantry.log"))
 }
 
 /// Case b: CreateContainer hangs for one pod. Only that pod waits, for no longer than
@@ -228,5 +235,96 @@ async fn a_hung_cri_call_holds_only_its_pod() {
     .await;
     let containers = running_containers(&env).await;
     assert_eq!(containers.get("stuck").map(Vec::len), Some(1), "one container, no leftover: {containers:?}");
+    cluster.cleanup(&env.node).await;
+}
+
+/// Case d, first half: `gantry kubelet` killed with SIGKILL while it starts 30 pods. The new
+/// agent finishes the job: every pod Running, one sandbox and one container each.
+#[tokio::test]
+async fn agent_killed_while_starting_pods() {
+    const CASE: &str = "kill-9-while-starting-30-pods";
+    const PODS: usize = 30;
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let mut gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let names: Vec<String> = (0..PODS).map(|i| format!("many-{i}")).collect();
+    for name in &names {
+        pods.create(&PostParams::default(), &bound_pod(&env.node, name, "sleep 3600", "")).await.unwrap();
+    }
+    let sandboxes = eventually("half of the sandboxes created", &gantry, || async {
+        let sandboxes = env.sandboxes().await.len();
+        (sandboxes >= PODS / 2).then_some(sandboxes)
+    })
+    .await;
+    let running = env.containers().await.iter().filter(|c| c.running).count();
+    gantry.kill();
+    eprintln!("killed with {sandboxes} sandboxes and {running} running containers");
+    assert!(running < PODS, "killed in the middle of starting the pods");
+
+    let restarted = Instant::now();
+    let gantry = cluster::start_node(&env, &cluster);
+    for name in &names {
+        eventually(&format!("{name} Running after the restart"), &gantry, || async {
+            (phase(&pods, name).await? == "Running").then_some(())
+        })
+        .await;
+    }
+    figure(CASE, restarted.elapsed());
+    let mut sandboxes_per_pod: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, pod, _) in env.sandboxes().await {
+        *sandboxes_per_pod.entry(pod).or_default() += 1;
+    }
+    let mut containers_per_pod: BTreeMap<String, usize> = BTreeMap::new();
+    for c in env.containers().await {
+        *containers_per_pod.entry(c.pod).or_default() += 1;
+    }
+    for name in &names {
+        assert_eq!(sandboxes_per_pod.get(name), Some(&1), "{name}: one sandbox: {sandboxes_per_pod:?}");
+        assert_eq!(containers_per_pod.get(name), Some(&1), "{name}: one container: {containers_per_pod:?}");
+    }
+    cluster.cleanup(&env.node).await;
+}
+
+/// Case d, second half: SIGKILL in the middle of a pod's termination (30 s grace, the process
+/// ignores SIGTERM). The new agent lets the original grace period run out, it does not start
+/// a new one.
+#[tokio::test]
+async fn agent_killed_while_a_pod_terminates() {
+    const CASE: &str = "kill-9-mid-termination-grace-30s";
+    const GRACE: Duration = Duration::from_secs(30);
+    const KILLED_AFTER: Duration = Duration::from_secs(10);
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let (proxy, mut gantry) = node_behind_proxy(&env, &cluster).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let mut pod = bound_pod(&env.node, "slowstop", "trap '' TERM; while true; do sleep 1; done", "");
+    pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(GRACE.as_secs() as i64);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("slowstop Running", &gantry, || async { (phase(&pods, "slowstop").await? == "Running").then_some(()) })
+        .await;
+
+    let deleted = Instant::now();
+    pods.delete("slowstop", &Default::default()).await.unwrap();
+    eventually("the agent stopping the container", &gantry, || async {
+        (!proxy.calls_of("StopContainer").is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep_until((deleted + KILLED_AFTER).into()).await;
+    assert_eq!(env.running("slowstop").await.len(), 1, "still in its grace period");
+    gantry.kill();
+
+    let gantry = node_behind_proxy_again(&env, &cluster, &proxy);
+    let stopped = eventually("the container stopped", &gantry, || async {
+        env.running("slowstop").await.is_empty().then(|| deleted.elapsed())
+    })
+    .await;
+    figure(CASE, stopped);
+    assert!(
+        stopped >= GRACE - Duration::from_secs(1) && stopped < GRACE + Duration::from_secs(5),
+        "stopped {stopped:?} after the deletion: the original {GRACE:?} grace period, not a new one from the restart"
+    );
+    eventually("the pod gone from the API", &gantry, || async {
+        pods.get_opt("slowstop").await.ok()?.is_none().then_some(())
+    })
+    .await;
     cluster.cleanup(&env.node).await;
 }

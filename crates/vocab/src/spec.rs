@@ -75,6 +75,21 @@ pub fn termination_grace_seconds(pod: &Pod) -> i64 {
 
 pub const MIN_GRACE_SECONDS: i64 = 2;
 
+/// The grace period left to stop a pod, at `now_nanos` (since the Unix epoch). A pod the API
+/// is deleting must be gone by its `deletionTimestamp` (the API server sets it to the deletion
+/// time plus the grace period), so an agent that restarts in the middle of a termination
+/// finishes the original grace period instead of starting a new one. Never more than
+/// [`termination_grace_seconds`] (a node clock behind the API server's gains nothing), never
+/// less than the 2 s minimum; other pods get the full grace period.
+pub fn remaining_grace_seconds(pod: &Pod, now_nanos: i64) -> i64 {
+    let full = termination_grace_seconds(pod);
+    let Some(deadline) = &pod.metadata.deletion_timestamp else { return full };
+    let left = i128::from(deadline.0.as_nanosecond()) - i128::from(now_nanos);
+    // Whole seconds, rounded up: the deadline itself has whole seconds only.
+    let left = i64::try_from(left.div_euclid(1_000_000_000) + i128::from(left.rem_euclid(1_000_000_000) > 0));
+    left.unwrap_or(full).clamp(MIN_GRACE_SECONDS, full)
+}
+
 /// A stable hash of a container's spec; a running container whose hash differs from its
 /// spec's is replaced. Resources are left out, as upstream hashes containers since in-place
 /// resize: a resize is applied to the running container, not by replacing it.
@@ -206,6 +221,26 @@ mod tests {
         pod.spec = None;
         pod.metadata.deletion_grace_period_seconds = None;
         assert_eq!(termination_grace_seconds(&pod), 30);
+    }
+
+    #[test]
+    fn a_deleted_pod_gets_what_is_left_of_its_grace_period() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let second = 1_000_000_000;
+        let mut pod = Pod {
+            spec: Some(PodSpec { termination_grace_period_seconds: Some(30), ..Default::default() }),
+            ..Default::default()
+        };
+        let deleted_at = 1_700_000_000 * second;
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at), 30, "not being deleted: the full period");
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        let deadline = k8s_openapi::jiff::Timestamp::from_second(1_700_000_030).unwrap();
+        pod.metadata.deletion_timestamp = Some(Time(deadline));
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at), 30);
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 10 * second + 1), 20, "rounded up");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 29 * second), 2, "at least the minimum");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 3600 * second), 2, "past the deadline");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at - 60 * second), 30, "a clock behind gains nothing");
     }
 
     #[test]

@@ -328,3 +328,54 @@ async fn agent_killed_while_a_pod_terminates() {
     .await;
     cluster.cleanup(&env.node).await;
 }
+
+/// Case c: containerd restarted (SIGTERM, then started on the same directories) under 30
+/// running pods. No container is restarted, and afterwards a deletion and a new pod both
+/// complete within 15 s.
+#[tokio::test]
+async fn containerd_restarted_under_running_pods() {
+    const CASE: &str = "containerd-restart-under-30-pods";
+    const PODS: usize = 30;
+    let Some((mut env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let names: Vec<String> = (0..PODS).map(|i| format!("steady-{i}")).collect();
+    for name in &names {
+        pods.create(&PostParams::default(), &bound_pod(&env.node, name, "sleep 3600", "")).await.unwrap();
+    }
+    for name in &names {
+        eventually(&format!("{name} Running"), &gantry, || async {
+            (phase(&pods, name).await? == "Running").then_some(())
+        })
+        .await;
+    }
+    let before = running_containers(&env).await;
+    assert_eq!(before.len(), PODS);
+
+    let down = env.ctd.restart().await.unwrap();
+    eprintln!("containerd was down for {down:?}");
+    let back = Instant::now();
+    pods.delete(&names[0], &Default::default()).await.unwrap();
+    pods.create(&PostParams::default(), &bound_pod(&env.node, "after", "sleep 3600", "")).await.unwrap();
+    loop {
+        let gone = pods.get_opt(&names[0]).await.unwrap().is_none();
+        if gone && phase(&pods, "after").await.as_deref() == Some("Running") {
+            break;
+        }
+        assert!(
+            back.elapsed() < CATCH_UP,
+            "deletion and new pod not done {CATCH_UP:?} after containerd came back\n{}",
+            common::tail(&gantry.log(), 80)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    figure(CASE, back.elapsed());
+
+    let after = running_containers(&env).await;
+    for name in &names[1..] {
+        assert_eq!(after.get(name), before.get(name), "{name}: the same container still runs");
+        assert_eq!(restarts(&pods, name).await, 0, "{name}: no restart reported");
+    }
+    assert!(!after.contains_key(&names[0]), "the deleted pod's container is gone");
+    cluster.cleanup(&env.node).await;
+}

@@ -379,3 +379,114 @@ async fn containerd_restarted_under_running_pods() {
     assert!(!after.contains_key(&names[0]), "the deleted pod's container is gone");
     cluster.cleanup(&env.node).await;
 }
+
+/// A tmpfs mounted on a directory for the test's lifetime (unmounted, lazily, on drop).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount a tmpfs on {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// Writes zeros to `name` until the file system is full.
+    fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.0.join(name)).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        loop {
+            match file.write(&block) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                Err(e) => panic!("filling {}: {e}", self.0.display()),
+            }
+        }
+        let _ = file.sync_all();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Case f: the root dir's file system (a small tmpfs) is full. Writing the status file fails
+/// with a logged error (once, then at a backoff's pace), the pods keep running, the API still
+/// gets their statuses, nothing panics; once there is room the file catches up by itself.
+#[tokio::test]
+async fn root_dir_disk_full() {
+    const CASE: &str = "root-dir-disk-full-status-file-catches-up";
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let disk = Tmpfs::mount(&env.root, "16m");
+    // A full node file system is disk pressure, for which a kubelet evicts pods: thresholds
+    // for memory only (the listed ones replace the defaults), so that this case sees the
+    // failing writes rather than evictions.
+    configure(&env, "evictionHard: {memory.available: 1Mi}");
+    let mut gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    let signal = host_dir(&env, "signal");
+    let steady = ["steady-0", "steady-1"];
+    for name in steady {
+        pods.create(&PostParams::default(), &bound_pod(&env.node, name, "sleep 3600", "")).await.unwrap();
+    }
+    let finisher_spec = format!(
+        "  restartPolicy: Never\n  volumes:\n  - name: signal\n    hostPath:\n      path: {}\n",
+        signal.display()
+    );
+    let mut finisher =
+        bound_pod(&env.node, "finisher", "until [ -f /signal/done ]; do sleep 0.1; done", &finisher_spec);
+    finisher.spec.as_mut().unwrap().containers[0].volume_mounts =
+        Some(vec![serde_json::from_value(serde_json::json!({"name": "signal", "mountPath": "/signal"})).unwrap()]);
+    pods.create(&PostParams::default(), &finisher).await.unwrap();
+    for name in steady.iter().chain(&["finisher"]) {
+        eventually(&format!("{name} Running in the status file"), &gantry, || async {
+            (gantry.phase(name)? == "Running").then_some(())
+        })
+        .await;
+    }
+    let containers = running_containers(&env).await;
+
+    disk.fill("filler");
+    std::fs::write(signal.join("done"), "").unwrap();
+    eventually("the API gets the finisher's Succeeded", &gantry, || async {
+        (phase(&pods, "finisher").await? == "Succeeded").then_some(())
+    })
+    .await;
+    eventually("a logged error for the status file", &gantry, || async {
+        let log = gantry.log();
+        (log.contains("cannot write pod status file") && log.contains("No space left on device")).then_some(())
+    })
+    .await;
+    assert_eq!(gantry.phase("finisher").as_deref(), Some("Running"), "the file could not be updated");
+
+    std::fs::remove_file(disk.0.join("filler")).unwrap();
+    let room = Instant::now();
+    loop {
+        if gantry.phase("finisher").as_deref() == Some("Succeeded") {
+            break;
+        }
+        assert!(room.elapsed() < CATCH_UP, "the status file did not catch up\n{}", common::tail(&gantry.log(), 60));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    figure(CASE, room.elapsed());
+
+    let log = gantry.log();
+    let failures = log.matches("cannot write pod status file").count();
+    assert!(failures <= 8, "the failure is logged at a backoff's pace, not per change: {failures} lines");
+    assert!(!log.contains("panicked"), "no panic:\n{}", common::tail(&log, 60));
+    assert!(gantry.try_exit().is_none(), "the agent runs on");
+    for name in steady {
+        assert_eq!(running_containers(&env).await.get(name), containers.get(name), "{name} runs on");
+        assert_eq!(restarts(&pods, name).await, 0);
+    }
+    cluster.cleanup(&env.node).await;
+    drop(gantry);
+    drop(disk);
+}

@@ -7,6 +7,8 @@
 //! server are skipped with a printed reason; the others run unchanged.
 
 mod common;
+#[path = "common/maintenance_kit.rs"]
+mod kit;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,11 +16,15 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{self, Cluster};
 use common::{Env, eventually, pod_yaml};
+use gantry_maintenance::api::{CONDITION_DRAINED, NodeMaintenance};
 use gantry_test_apiserver::{Failure, TestApiServer};
 use gantry_testkit::CriProxy;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kit::{Controller, install_crd};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
 
 /// The fault periods.
 const API_FAILING: Duration = Duration::from_secs(30);
@@ -489,4 +495,164 @@ async fn root_dir_disk_full() {
     cluster.cleanup(&env.node).await;
     drop(gantry);
     drop(disk);
+}
+
+/// Pods of `app` that count for its budget: Running, not being deleted.
+async fn healthy(pods: &Api<Pod>, app: &str) -> usize {
+    let list = pods.list(&kube::api::ListParams::default().labels(&format!("app={app}"))).await.unwrap();
+    let running = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+    list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && running(p)).count()
+}
+
+async fn set_min_available(pdbs: &Api<PodDisruptionBudget>, app: &str, min: usize) {
+    let patch = Patch::Merge(json!({"spec": {"minAvailable": min}}));
+    pdbs.patch(app, &PatchParams::default(), &patch).await.unwrap();
+}
+
+/// Case e: the maintenance controller killed (SIGKILL) three times in a row in the middle of a
+/// drain, each time just after an eviction, while the evicted pod is still terminating. Each
+/// new controller resumes the drain; no pod is evicted twice (eviction requests counted by the
+/// test API server) and the PodDisruptionBudget is never violated (watched throughout).
+#[tokio::test]
+async fn maintenance_controller_killed_mid_drain_three_times() {
+    const CASE: &str = "maintenance-controller-killed-3x-mid-drain-resume";
+    const PODS: usize = 4;
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let gantry = cluster::start_node(&env, &cluster);
+    let client = cluster.admin().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("the node to register", &gantry, || async { nodes.get_opt(&env.node).await.ok().flatten() }).await;
+    install_crd(&client).await;
+    // Another schedulable node, so the safety check does not refuse the maintenance.
+    let spare = cluster.unique_node_name("spare");
+    let _ = nodes
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": spare}})).unwrap())
+        .await;
+
+    let app = format!("web-{}", env.node);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let names: Vec<String> = (0..PODS).map(|i| format!("web-{i}")).collect();
+    for name in &names {
+        // Ignores SIGTERM: an evicted pod terminates for its whole grace period.
+        let mut pod = bound_pod(&env.node, name, "trap '' TERM; while true; do sleep 1; done", "");
+        pod.metadata.labels = Some([("app".to_string(), app.clone())].into());
+        pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(3);
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    for name in &names {
+        eventually(&format!("{name} Running"), &gantry, || async {
+            (phase(&pods, name).await? == "Running").then_some(())
+        })
+        .await;
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), "default");
+    let pdb = json!({"metadata": {"name": app}, "spec": {"minAvailable": PODS - 1, "selector": {"matchLabels": {"app": app}}}});
+    pdbs.create(&PostParams::default(), &serde_json::from_value(pdb).unwrap()).await.unwrap();
+    eventually("the PDB to allow one disruption", &gantry, || async {
+        (pdbs.get(&app).await.ok()?.status?.disruptions_allowed == 1).then_some(())
+    })
+    .await;
+
+    // The budget watch: healthy pods never fall below minAvailable. (The pods are read before
+    // the budget, which the test only ever lowers, so a lowering in between cannot fail it.)
+    let watch = {
+        let (pods, pdbs, app) = (pods.clone(), pdbs.clone(), app.clone());
+        tokio::spawn(async move {
+            loop {
+                let healthy = healthy(&pods, &app).await as i64;
+                let Ok(Some(pdb)) = pdbs.get_opt(&app).await else { return };
+                let min = pdb.spec.and_then(|s| s.min_available).map_or(0, |m| match m {
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => i64::from(n),
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(_) => 0,
+                });
+                assert!(healthy >= min, "PodDisruptionBudget violated: {healthy} healthy pods, minAvailable {min}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
+    let name = format!("maint-{}", env.node);
+    let mut maintenance: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "maintenance.gantry.dev/v1alpha1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [env.node]}
+            ]}]},
+            "stage": "Drain",
+        },
+    }))
+    .unwrap();
+    // The pods are bare (no controller): only the opt-in lets the drain evict them.
+    maintenance.spec.evict_bare_pods = true;
+    maintenances.create(&PostParams::default(), &maintenance).await.unwrap();
+
+    let dir = env.ctd.dir();
+    let terminating = |n: usize| {
+        let pods = pods.clone();
+        let names = names.clone();
+        async move {
+            let mut count = 0;
+            for name in &names {
+                match pods.get_opt(name).await.ok()? {
+                    Some(p) if p.metadata.deletion_timestamp.is_none() => {}
+                    _ => count += 1,
+                }
+            }
+            (count >= n).then_some(count)
+        }
+    };
+    let mut resume_times = Vec::new();
+    for round in 1..=3 {
+        let started = Instant::now();
+        let mut controller = Controller::start(&cluster, &dir);
+        let evicted = eventually(&format!("eviction {round}"), &gantry, || terminating(round)).await;
+        resume_times.push(started.elapsed());
+        assert_eq!(evicted, round, "the budget allows one eviction per round");
+        // Killed while the evicted pod still terminates (3 s grace, SIGTERM ignored).
+        controller.kill();
+        set_min_available(&pdbs, &app, PODS - 1 - round).await;
+    }
+    let started = Instant::now();
+    let controller = Controller::start(&cluster, &dir);
+    eventually("the drain to finish", &gantry, || async {
+        let status = maintenances.get(&name).await.ok()?.status?;
+        let drained = status.conditions.iter().any(|c| c.type_ == CONDITION_DRAINED && c.status == "True");
+        (drained && terminating(PODS).await.is_some()).then_some(())
+    })
+    .await;
+    resume_times.push(started.elapsed());
+    let slowest = resume_times.iter().max().copied().unwrap_or_default();
+    figure(CASE, slowest);
+    eprintln!("controller start to its first eviction, per round: {resume_times:?}");
+    for name in &names {
+        eventually(&format!("{name} gone"), &gantry, || async {
+            pods.get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    }
+    drop(controller);
+    watch.abort();
+    match watch.await {
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        _ => {}
+    }
+
+    match &cluster {
+        Cluster::Test(server) => {
+            let evictions = server.evictions();
+            assert!(evictions.iter().all(|e| !e.terminating), "no eviction of a terminating pod: {evictions:#?}");
+            for pod in &names {
+                let accepted = evictions.iter().filter(|e| &e.name == pod && (200..300).contains(&e.code)).count();
+                assert_eq!(accepted, 1, "{pod} evicted exactly once: {evictions:#?}");
+            }
+        }
+        Cluster::Real(_) => eprintln!("{CASE}: eviction requests are counted on the test API server only"),
+    }
+    let _ = maintenances.delete(&name, &DeleteParams::default()).await;
+    let _ = pdbs.delete(&app, &DeleteParams::default()).await;
+    let _ = nodes.delete(&spare, &DeleteParams::default()).await;
+    cluster.cleanup(&env.node).await;
 }

@@ -84,7 +84,7 @@ pub const MIN_GRACE_SECONDS: i64 = 2;
 pub fn remaining_grace_seconds(pod: &Pod, now_nanos: i64) -> i64 {
     let full = termination_grace_seconds(pod);
     let Some(deadline) = &pod.metadata.deletion_timestamp else { return full };
-    let left = i128::from(deadline.0.as_nanosecond()) - i128::from(now_nanos);
+    let left = deadline.0.as_nanosecond() - i128::from(now_nanos);
     // Whole seconds, rounded up: the deadline itself has whole seconds only.
     let left = i64::try_from(left.div_euclid(1_000_000_000) + i128::from(left.rem_euclid(1_000_000_000) > 0));
     left.unwrap_or(full).clamp(MIN_GRACE_SECONDS, full)

@@ -139,7 +139,7 @@ async fn api_server_failing_then_hanging() {
 
     faults.recovered().await;
     let recovered = Instant::now();
-    let failed_requests = faults.answered();
+    let (failed_requests, held_requests) = (faults.answered(), faults.held());
     loop {
         if phase(&pods, "finisher").await.as_deref() == Some("Succeeded")
             && phase(&pods, &mirror).await.as_deref() == Some("Running")
@@ -155,7 +155,8 @@ async fn api_server_failing_then_hanging() {
     }
     let took = recovered.elapsed();
     figure(CASE, took);
-    assert!(failed_requests > 0, "the agent met the failures");
+    assert!(failed_requests > 0 && held_requests > 0, "the agent met the failures and the hang");
+    eprintln!("{failed_requests} requests failed, {held_requests} held");
 
     // Quiet for a while: then count the writes since the fault began.
     tokio::time::sleep(Duration::from_secs(5)).await;

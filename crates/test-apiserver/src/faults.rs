@@ -62,6 +62,7 @@ pub struct Faults {
     changed: watch::Sender<u64>,
     watches: Mutex<CancellationToken>,
     answered: Mutex<u64>,
+    held: Mutex<u64>,
 }
 
 impl Default for Faults {
@@ -71,6 +72,7 @@ impl Default for Faults {
             changed: watch::Sender::new(0),
             watches: Mutex::new(CancellationToken::new()),
             answered: Mutex::new(0),
+            held: Mutex::new(0),
         }
     }
 }
@@ -141,6 +143,11 @@ impl Faults {
         *lock(&self.answered)
     }
 
+    /// How many requests a hang held so far.
+    pub fn held(&self) -> u64 {
+        *lock(&self.held)
+    }
+
     /// The token a watch stream ends on when [`drop_watches`](Self::drop_watches) is called.
     pub(crate) fn watch_token(&self) -> CancellationToken {
         lock(&self.watches).clone()
@@ -161,6 +168,7 @@ impl Faults {
     /// Applies the faults to one request: None to serve it, or the error to answer.
     pub(crate) async fn apply(&self) -> Option<ApiError> {
         let mut changes = self.changed.subscribe();
+        let mut held = false;
         loop {
             match self.verdict(Instant::now()) {
                 Verdict::Serve => return None,
@@ -173,6 +181,9 @@ impl Faults {
                     return None;
                 }
                 Verdict::HangUntil(until) => {
+                    if !std::mem::replace(&mut held, true) {
+                        *lock(&self.held) += 1;
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep_until(until) => {}
                         _ = changes.changed() => {}
@@ -213,7 +224,7 @@ mod tests {
         assert!(faults.apply().await.is_none(), "served once the hang is over");
         assert_eq!(Instant::now(), t0 + Duration::from_secs(60), "answered when the hang ended");
         assert_eq!(faults.recovery(), None);
-        assert_eq!(faults.answered(), 1);
+        assert_eq!((faults.answered(), faults.held()), (1, 1));
     }
 
     #[tokio::test(start_paused = true)]

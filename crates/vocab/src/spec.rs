@@ -77,16 +77,18 @@ pub const MIN_GRACE_SECONDS: i64 = 2;
 
 /// The grace period left to stop a pod, at `now_nanos` (since the Unix epoch). A pod the API
 /// is deleting must be gone by its `deletionTimestamp` (the API server sets it to the deletion
-/// time plus the grace period), so an agent that restarts in the middle of a termination
-/// finishes the original grace period instead of starting a new one. Never more than
-/// [`termination_grace_seconds`] (a node clock behind the API server's gains nothing), never
+/// time plus the grace period, cut to whole seconds, so the end of that second counts), so an
+/// agent that restarts in the middle of a termination finishes the original grace period
+/// instead of starting a new one. Never more than [`termination_grace_seconds`] (a fresh
+/// deletion gets all of it, and a node clock behind the API server's gains nothing), never
 /// less than the 2 s minimum; other pods get the full grace period.
 pub fn remaining_grace_seconds(pod: &Pod, now_nanos: i64) -> i64 {
+    const SECOND: i128 = 1_000_000_000;
     let full = termination_grace_seconds(pod);
     let Some(deadline) = &pod.metadata.deletion_timestamp else { return full };
-    let left = deadline.0.as_nanosecond() - i128::from(now_nanos);
-    // Whole seconds, rounded up: the deadline itself has whole seconds only.
-    let left = i64::try_from(left.div_euclid(1_000_000_000) + i128::from(left.rem_euclid(1_000_000_000) > 0));
+    let left = deadline.0.as_nanosecond() + SECOND - i128::from(now_nanos);
+    // Whole seconds, rounded up.
+    let left = i64::try_from(left.div_euclid(SECOND) + i128::from(left.rem_euclid(SECOND) > 0));
     left.unwrap_or(full).clamp(MIN_GRACE_SECONDS, full)
 }
 
@@ -237,7 +239,9 @@ mod tests {
         let deadline = k8s_openapi::jiff::Timestamp::from_second(1_700_000_030).unwrap();
         pod.metadata.deletion_timestamp = Some(Time(deadline));
         assert_eq!(remaining_grace_seconds(&pod, deleted_at), 30);
-        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 10 * second + 1), 20, "rounded up");
+        // Deleted at 0.9 s: the deadline 30.9 s reads 30 s; all of the grace period is left.
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + second * 9 / 10), 30, "a fresh deletion");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 11 * second + 1), 20, "rounded up");
         assert_eq!(remaining_grace_seconds(&pod, deleted_at + 29 * second), 2, "at least the minimum");
         assert_eq!(remaining_grace_seconds(&pod, deleted_at + 3600 * second), 2, "past the deadline");
         assert_eq!(remaining_grace_seconds(&pod, deleted_at - 60 * second), 30, "a clock behind gains nothing");

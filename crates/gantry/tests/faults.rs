@@ -44,7 +44,6 @@ fn bound_pod(node: &str, name: &str, command: &str, extra_spec: &str) -> Pod {
 
 fn figure(case: &str, took: Duration) {
     println!("FAULT {case} {:.1}", took.as_secs_f64());
-    eprintln!("FAULT {case} {:.1}", took.as_secs_f64());
 }
 
 /// The test API server, or None (with the reason printed) on a real cluster.
@@ -83,6 +82,19 @@ fn host_dir(env: &Env, name: &str) -> PathBuf {
     dir
 }
 
+/// A pod that runs until the file `done` appears in `signal` (a host directory), then
+/// succeeds: a status change the test triggers at a moment of its choosing.
+fn finisher(node: &str, signal: &std::path::Path) -> Pod {
+    let spec = format!(
+        "  restartPolicy: Never\n  volumes:\n  - name: signal\n    hostPath:\n      path: {}\n",
+        signal.display()
+    );
+    let mut pod = bound_pod(node, "finisher", "until [ -f /signal/done ]; do sleep 0.1; done", &spec);
+    pod.spec.as_mut().unwrap().containers[0].volume_mounts =
+        Some(vec![serde_json::from_value(json!({"name": "signal", "mountPath": "/signal"})).unwrap()]);
+    pod
+}
+
 /// Adds a KubeletConfiguration field to the environment's config file.
 fn configure(env: &Env, line: &str) {
     let mut yaml = std::fs::read_to_string(&env.config).unwrap();
@@ -106,15 +118,7 @@ async fn api_server_failing_then_hanging() {
     for name in steady {
         pods.create(&PostParams::default(), &bound_pod(&env.node, name, "sleep 3600", "")).await.unwrap();
     }
-    let finisher_spec = format!(
-        "  restartPolicy: Never\n  volumes:\n  - name: signal\n    hostPath:\n      path: {}\n",
-        signal.display()
-    );
-    let mut finisher =
-        bound_pod(&env.node, "finisher", "until [ -f /signal/done ]; do sleep 0.1; done", &finisher_spec);
-    finisher.spec.as_mut().unwrap().containers[0].volume_mounts =
-        Some(vec![serde_json::from_value(serde_json::json!({"name": "signal", "mountPath": "/signal"})).unwrap()]);
-    pods.create(&PostParams::default(), &finisher).await.unwrap();
+    pods.create(&PostParams::default(), &finisher(&env.node, &signal)).await.unwrap();
     for name in steady.iter().chain(&["finisher"]) {
         eventually(&format!("{name} Running in the API"), &gantry, || async {
             (phase(&pods, name).await? == "Running").then_some(())
@@ -443,15 +447,7 @@ async fn root_dir_disk_full() {
     for name in steady {
         pods.create(&PostParams::default(), &bound_pod(&env.node, name, "sleep 3600", "")).await.unwrap();
     }
-    let finisher_spec = format!(
-        "  restartPolicy: Never\n  volumes:\n  - name: signal\n    hostPath:\n      path: {}\n",
-        signal.display()
-    );
-    let mut finisher =
-        bound_pod(&env.node, "finisher", "until [ -f /signal/done ]; do sleep 0.1; done", &finisher_spec);
-    finisher.spec.as_mut().unwrap().containers[0].volume_mounts =
-        Some(vec![serde_json::from_value(serde_json::json!({"name": "signal", "mountPath": "/signal"})).unwrap()]);
-    pods.create(&PostParams::default(), &finisher).await.unwrap();
+    pods.create(&PostParams::default(), &finisher(&env.node, &signal)).await.unwrap();
     for name in steady.iter().chain(&["finisher"]) {
         eventually(&format!("{name} Running in the status file"), &gantry, || async {
             (gantry.phase(name)? == "Running").then_some(())

@@ -129,7 +129,8 @@ async fn api_server_failing_then_hanging() {
 
     let before_fault = server.requests();
     let faults = server.faults();
-    faults.drop_watches();
+    // Every connection is cut (watches with them): the agent must reconnect into the outage.
+    faults.drop_connections();
     faults.fail(Failure::InternalError, API_FAILING);
     faults.hang(API_HANGING);
     // While the API is down, the node changes: a pod finishes, a static pod is added.

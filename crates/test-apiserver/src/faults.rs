@@ -61,6 +61,7 @@ pub struct Faults {
     /// Bumped on every change, so hung requests notice a [`clear`](Self::clear).
     changed: watch::Sender<u64>,
     watches: Mutex<CancellationToken>,
+    connections: Mutex<CancellationToken>,
     answered: Mutex<u64>,
     held: Mutex<u64>,
 }
@@ -71,6 +72,7 @@ impl Default for Faults {
             periods: Mutex::new(Vec::new()),
             changed: watch::Sender::new(0),
             watches: Mutex::new(CancellationToken::new()),
+            connections: Mutex::new(CancellationToken::new()),
             answered: Mutex::new(0),
             held: Mutex::new(0),
         }
@@ -121,6 +123,14 @@ impl Faults {
         *token = CancellationToken::new();
     }
 
+    /// Closes every client connection now (watches and requests in flight with them), as a
+    /// load balancer or a restarting server instance does; new connections are accepted.
+    pub fn drop_connections(&self) {
+        let mut token = lock(&self.connections);
+        token.cancel();
+        *token = CancellationToken::new();
+    }
+
     /// When the last queued fault ends (None if none is queued or in effect).
     pub fn recovery(&self) -> Option<Instant> {
         let now = Instant::now();
@@ -151,6 +161,12 @@ impl Faults {
     /// The token a watch stream ends on when [`drop_watches`](Self::drop_watches) is called.
     pub(crate) fn watch_token(&self) -> CancellationToken {
         lock(&self.watches).clone()
+    }
+
+    /// The token a connection is closed on when [`drop_connections`](Self::drop_connections)
+    /// is called.
+    pub(crate) fn connection_token(&self) -> CancellationToken {
+        lock(&self.connections).clone()
     }
 
     /// The fault for a request arriving at `now`.

@@ -90,3 +90,24 @@ async fn dropped_watches_end_and_new_ones_work() {
         .await
         .expect("the new watch sees the new object");
 }
+
+#[tokio::test]
+async fn dropped_connections_close_with_their_watches_and_clients_reconnect() {
+    let (server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let mut watch = cms.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    assert!(server.connections().iter().any(|c| c.open));
+    server.faults().drop_connections();
+    tokio::time::timeout(WAIT, async { while let Some(Ok(_)) = watch.next().await {} })
+        .await
+        .expect("the watch ends with its connection");
+    tokio::time::timeout(WAIT, async {
+        while server.connections().iter().any(|c| c.open) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every connection closed");
+    cms.create(&PostParams::default(), &cm("again")).await.expect("a new connection works");
+    assert!(server.connections().iter().any(|c| c.open));
+}

@@ -1,12 +1,14 @@
 //! The latest status of every pod the agent runs, and the standalone status file.
 //!
 //! Without an API server the status has to be visible somewhere: the store writes a v1
-//! `PodList` to `<root-dir>/pods.json` (atomically, on every change), which `gantry pods`
+//! `PodList` to `<root-dir>/pods.json` (atomically, on every change; a failed write is retried
+//! with backoff), which `gantry pods`
 //! prints as a table and any JSON tool can read.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::watch;
@@ -87,20 +89,40 @@ impl StatusStore {
     }
 
     /// Keeps `<root-dir>/pods.json` up to date. Runs until the process ends.
+    ///
+    /// A failed write (a full disk, say) is retried with backoff, not only at the next change,
+    /// so the file catches up once the disk has room again; each attempt is logged, so the log
+    /// gets the failure once and then at the backoff's pace.
     pub async fn write_file_forever(&self, root_dir: PathBuf) {
         let path = root_dir.join(STATUS_FILE);
         let mut changes = self.subscribe();
+        let mut retry: Option<Duration> = None;
         loop {
             changes.borrow_and_update();
-            if let Err(e) = write_pod_list(&path, &self.all()).await {
-                tracing::warn!(file = %path.display(), error = %e, "cannot write pod status file");
+            match write_pod_list(&path, &self.all()).await {
+                Ok(()) if retry.take().is_some() => {
+                    tracing::info!(file = %path.display(), "pod status file written again");
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    let delay = retry.map_or(FIRST_RETRY, |d| (d * 2).min(MAX_RETRY));
+                    tracing::warn!(file = %path.display(), error = %e, retry_in = ?delay, "cannot write pod status file");
+                    retry = Some(delay);
+                }
             }
-            if changes.changed().await.is_err() {
-                return;
+            match retry {
+                // The retry writes whatever changed meanwhile.
+                Some(delay) => tokio::time::sleep(delay).await,
+                None if changes.changed().await.is_err() => return,
+                None => {}
             }
         }
     }
 }
+
+/// How soon a failed status file write is tried again, doubling up to `MAX_RETRY`.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(8);
 
 async fn write_pod_list(path: &Path, pods: &[Pod]) -> std::io::Result<()> {
     let list = serde_json::json!({ "apiVersion": "v1", "kind": "PodList", "items": pods });
@@ -124,4 +146,33 @@ pub fn read_pod_list(path: &Path) -> Result<Vec<Pod>, ReadError> {
     let list: k8s_openapi::List<Pod> =
         serde_json::from_slice(&data).map_err(|source| ReadError::NotAPodList { path: path.to_path_buf(), source })?;
     Ok(list.items)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failed_status_file_write_is_retried_without_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("not-yet");
+        let store = Arc::new(StatusStore::default());
+        let writer = tokio::spawn({
+            let (store, root) = (store.clone(), root.clone());
+            async move { store.write_file_forever(root).await }
+        });
+        // The first write fails (no directory); the disk "gets room" a moment later.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!root.join(STATUS_FILE).exists());
+        std::fs::create_dir(&root).unwrap();
+        let deadline = std::time::Instant::now() + FIRST_RETRY * 5;
+        while !root.join(STATUS_FILE).exists() {
+            assert!(std::time::Instant::now() < deadline, "the status file was never written");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(read_pod_list(&root.join(STATUS_FILE)).unwrap().is_empty());
+        writer.abort();
+    }
 }

@@ -456,6 +456,7 @@ const SPAWNS: &[(&str, &str, usize, &str)] = &[
     ("crates/agent/src/runtime/driver.rs", "spawn_blocking(", 7, "blocking cgroup and file I/O, awaited in place"),
     ("crates/agent/src/runtime/driver/resize.rs", "spawn_blocking(", 1, "blocking cgroup writes, awaited in place"),
     ("crates/agent/src/runtime/volumes.rs", "spawn_blocking(", 1, "blocking volume writes, awaited in place"),
+    ("crates/agent/src/runtime/csi.rs", "spawn_blocking(", 1, "the fsGroup ownership walk, awaited in place"),
     (
         "crates/logs/src/rotation.rs",
         "spawn_blocking(",

@@ -59,9 +59,17 @@ impl Harness {
             .expect("CRI connects");
         let (shutting_down, pressure) =
             (tokio::sync::watch::channel(false).1, tokio::sync::watch::channel(Default::default()).1);
-        node::start(settings, cri, Startup::RequireServer, &Default::default(), shutting_down, pressure, None)
-            .await
-            .unwrap_or_else(|e| panic!("node side starts: {e}"))
+        node::start(
+            settings,
+            cri,
+            Startup::RequireServer,
+            &Default::default(),
+            shutting_down,
+            pressure,
+            Default::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("node side starts: {e}"))
     }
 
     async fn admin(&self) -> kube::Client {

@@ -12,6 +12,7 @@ mod common;
 use std::path::Path;
 
 use common::cluster::{self, Cluster};
+use common::node_api::NodeApi;
 use common::{Env, container_output, eventually};
 use gantry_testkit::{CsiCall, TestCsiDriver};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -79,9 +80,14 @@ async fn deleted(gantry: &common::Gantry, pods: &Api<Pod>, name: &str) {
 
 /// The claim `data` and its PV `pv` (CSI `driver`, handle `vol-1`), the claim not yet bound.
 async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentVolumeClaim {
+    claim_and_volume_named(admin, driver, pv, "data").await
+}
+
+/// The claim `claim` and its PV `pv` (CSI `driver`, handle `vol-1`), the claim not yet bound.
+async fn claim_and_volume_named(admin: &Client, driver: &str, pv: &str, claim: &str) -> PersistentVolumeClaim {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data"},
+        "metadata": {"name": claim},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
                  "resources": {"requests": {"storage": "1Mi"}}},
     }))
@@ -92,7 +98,7 @@ async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentV
         "spec": {
             "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": "",
             "persistentVolumeReclaimPolicy": "Retain",
-            "claimRef": {"namespace": "default", "name": "data", "uid": claim.metadata.uid.clone().unwrap()},
+            "claimRef": {"namespace": "default", "name": claim.metadata.name.clone().unwrap(), "uid": claim.metadata.uid.clone().unwrap()},
             "csi": {"driver": driver, "volumeHandle": "vol-1", "fsType": "ext4", "volumeAttributes": {"kind": "dir"}},
         },
     }))
@@ -103,10 +109,14 @@ async fn claim_and_volume(admin: &Client, driver: &str, pv: &str) -> PersistentV
 
 /// Binds them as the PV controller would.
 async fn bind(admin: &Client, pv: &str) {
+    bind_named(admin, pv, "data").await
+}
+
+async fn bind_named(admin: &Client, pv: &str, claim: &str) {
     let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
     Api::<PersistentVolume>::all(admin.clone()).patch_status(pv, &PatchParams::default(), &bound).await.unwrap();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
-    claims.patch_status("data", &PatchParams::default(), &bound).await.unwrap();
+    claims.patch_status(claim, &PatchParams::default(), &bound).await.unwrap();
 }
 
 /// Removes the cluster-scoped objects a real cluster keeps after the test.
@@ -351,5 +361,415 @@ async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() 
     eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_published_volume_is_measured_and_reported_in_use() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.stats.gantry.test");
+    let pv = format!("{node}-stats-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    // No CSIDriver object: attach is required, so the volume is one the node reports in use.
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    let attachment = gantry_agent::runtime::csi::attachment_name("vol-1", &driver_name, node);
+    let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
+    let va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": attachment},
+        "spec": {"attacher": driver_name, "nodeName": node, "source": {"persistentVolumeName": pv}},
+    }))
+    .unwrap();
+    attachments.create(&PostParams::default(), &va).await.unwrap();
+    let attached = Patch::Merge(json!({"status": {"attached": true}}));
+    attachments.patch_status(&attachment, &PatchParams::default(), &attached).await.unwrap();
+
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), node).display());
+    let gantry = api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow"]).await;
+    let reader = api.ca.client("stats-reader", &[]);
+    let get = |path: &'static str| {
+        let request = api.client(Some(&reader)).get(api.url(path));
+        async move { request.send().await.ok()?.text().await.ok() }
+    };
+    let write = "dd if=/dev/zero of=/data/blob bs=1024 count=1024 && echo wrote; sleep 3600";
+    pods.create(&PostParams::default(), &claim_pod(node, "measured", write, false)).await.unwrap();
+    // In use from the moment the node knows it needs the attached volume (upstream's unique name).
+    let unique = format!("kubernetes.io/csi/{driver_name}^vol-1");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let in_use = || async { nodes.get(node).await.ok()?.status?.volumes_in_use };
+    eventually("the Node reports the volume in use", &gantry, || async {
+        (in_use().await? == [unique.clone()]).then_some(())
+    })
+    .await;
+    running(&gantry, &pods, "measured").await;
+    eventually("the pod wrote", &gantry, || async {
+        container_output(&env, "measured").contains("wrote").then_some(())
+    })
+    .await;
+
+    // /stats/summary: the pod's volume by its name, with its claim, as the driver measures it.
+    let volume = eventually("the claim's volume in /stats/summary", &gantry, || async {
+        let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await?).ok()?;
+        let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "measured")?.clone();
+        pod["volume"].as_array()?.iter().find(|v| v["name"] == "data").cloned()
+    })
+    .await;
+    let [bytes, inodes] = gantry_testkit::csi_driver::statvfs_usage(&driver.volume_dir("vol-1")).unwrap();
+    assert_eq!(volume["pvcRef"], json!({"name": "data", "namespace": "default"}), "{volume}");
+    assert_eq!(volume["capacityBytes"], bytes.total, "{volume}");
+    assert_eq!(volume["inodes"], inodes.total, "{volume}");
+    assert!(volume["usedBytes"].as_i64().unwrap() >= 1024 * 1024, "the 1 MiB written counts: {volume}");
+    assert!(volume["availableBytes"].as_i64().unwrap() > 0 && volume["inodesFree"].as_i64().unwrap() > 0);
+    assert!(volume["inodesUsed"].as_i64().unwrap() > 0, "{volume}");
+    assert!(volume["time"].as_str().is_some_and(|t| !t.is_empty()), "{volume}");
+    let uid = pods.get("measured").await.unwrap().metadata.uid.unwrap();
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}/mount"));
+    assert!(
+        driver.calls().contains(&CsiCall::NodeGetVolumeStats { volume: "vol-1".into(), path: target }),
+        "asked about the published path: {:?}",
+        driver.calls()
+    );
+
+    // /metrics: upstream's gauges by claim.
+    let metrics = get("/metrics").await.unwrap();
+    let claim = r#"{namespace="default",persistentvolumeclaim="data"}"#;
+    let sample = |name: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix(&format!("{name}{claim} "))).map(|v| v.parse::<i64>().unwrap())
+    };
+    assert_eq!(sample("kubelet_volume_stats_capacity_bytes"), Some(bytes.total), "{metrics}");
+    assert_eq!(sample("kubelet_volume_stats_inodes"), Some(inodes.total), "{metrics}");
+    assert!(sample("kubelet_volume_stats_used_bytes").unwrap() >= 1024 * 1024, "{metrics}");
+    for name in ["available_bytes", "inodes_free", "inodes_used"] {
+        assert!(sample(&format!("kubelet_volume_stats_{name}")).is_some(), "{name} in {metrics}");
+    }
+
+    deleted(&gantry, &pods, "measured").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    let metrics = get("/metrics").await.unwrap();
+    assert!(!metrics.contains(claim), "a claim no pod mounts is not measured: {metrics}");
+    eventually("the volume is no longer in use", &gantry, || async { in_use().await.is_none().then_some(()) }).await;
+    let _ = attachments.delete(&attachment, &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.inline.gantry.test");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    // A driver that stages its persistent volumes: an inline one is still never staged.
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let csi_driver = |modes: &[&str]| -> CSIDriver {
+        serde_json::from_value(json!({
+            "metadata": {"name": driver_name},
+            "spec": {"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": modes,
+                     "fsGroupPolicy": "File"},
+        }))
+        .unwrap()
+    };
+    let drivers: Api<CSIDriver> = Api::all(admin.clone());
+    drivers.create(&PostParams::default(), &csi_driver(&["Persistent"])).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "inline"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "securityContext": {"fsGroup": 2345},
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "echo inline > /scratch/file && echo wrote; sleep 3600"],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            }],
+            "volumes": [{"name": "scratch", "csi": {"driver": driver_name, "volumeAttributes": {"size": "1Mi"}}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // The driver does not serve ephemeral volumes: the pod waits, with upstream's message.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let refused = eventually("the FailedMount event of the unsupported mode", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.involved_object.name.as_deref() == Some("inline") && e.reason.as_deref() == Some("FailedMount"))
+    })
+    .await;
+    assert_eq!(
+        refused.message.as_deref(),
+        Some(
+            format!(
+                "MountVolume.SetUp failed for volume \"scratch\" : kubernetes.io/csi: mounter.SetupAt failed to check \
+             volume lifecycle mode: volume mode \"Ephemeral\" not supported by driver {driver_name} (only supports \
+             [\"Persistent\"])"
+            )
+            .as_str()
+        )
+    );
+    assert!(volume_calls(&driver).is_empty(), "nothing is published for an unsupported mode");
+
+    // Now it does (the modes cannot change in place): published once, for the pod, unstaged.
+    drivers.delete(&driver_name, &DeleteParams::default()).await.unwrap();
+    drivers.create(&PostParams::default(), &csi_driver(&["Persistent", "Ephemeral"])).await.unwrap();
+    running(&gantry, &pods, "inline").await;
+    eventually("the pod wrote", &gantry, || async { container_output(&env, "inline").contains("wrote").then_some(()) })
+        .await;
+    let uid = pods.get("inline").await.unwrap().metadata.uid.unwrap();
+    let id = gantry_agent::runtime::csi::inline_volume_id(&uid, "scratch");
+    assert_eq!(std::fs::read_to_string(driver.volume_dir(&id).join("file")).unwrap(), "inline\n");
+    // The CSIDriver's fsGroupPolicy File: the volume belongs to the pod's fsGroup, setgid, so
+    // what the container writes does too.
+    use std::os::unix::fs::MetadataExt;
+    let root_meta = std::fs::metadata(driver.volume_dir(&id)).unwrap();
+    assert_eq!((root_meta.gid(), root_meta.mode() & 0o2070), (2345, 0o2070));
+    assert_eq!(std::fs::metadata(driver.volume_dir(&id).join("file")).unwrap().gid(), 2345);
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/scratch"));
+    let target = published.join("mount");
+    assert!(driver.calls().contains(&CsiCall::NodePublishVolume {
+        volume: id.clone(),
+        staging: None,
+        target: target.clone(),
+        read_only: false,
+    }));
+    assert_eq!(volume_calls(&driver), ["publish"]);
+    let context = driver.publish_context(&target).unwrap();
+    assert_eq!(context["size"], "1Mi", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/ephemeral"], "true", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/pod.name"], "inline", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/pod.namespace"], "default", "{context:?}");
+    assert_eq!(context["csi.storage.k8s.io/pod.uid"], uid, "{context:?}");
+    assert!(context.contains_key("csi.storage.k8s.io/serviceAccount.name"), "{context:?}");
+    let vol_data: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(published.join("vol_data.json")).unwrap()).unwrap();
+    assert_eq!(vol_data["volumeLifecycleMode"], "Ephemeral");
+    assert_eq!(vol_data["specVolID"], "scratch");
+    assert_eq!(vol_data["volumeHandle"], id.as_str());
+
+    deleted(&gantry, &pods, "inline").await;
+    eventually("the volume is unpublished", &gantry, || async { (volume_calls(&driver).len() == 2).then_some(()) })
+        .await;
+    assert_eq!(volume_calls(&driver), ["publish", "unpublish"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    assert!(!published.exists());
+    let _ = drivers.delete(&driver_name, &DeleteParams::default()).await;
+    let _ = Api::<CSINode>::all(admin.clone()).delete(node, &DeleteParams::default()).await;
+    cluster.cleanup(node).await;
+}
+
+#[tokio::test]
+async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.generic.gantry.test");
+    let pv = format!("{node}-generic-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    // The test plays the binder, and the ephemeral volume controller only in part: a claim of
+    // the right name (`<pod>-<volume>`) that the pod does not control yet.
+    claim_and_volume_named(&admin, &driver_name, &pv, "eph-data").await;
+    bind_named(&admin, &pv, "eph-data").await;
+    let gantry = cluster::start_node(&env, &cluster);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "eph"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", "echo generic > /data/file && echo wrote; sleep 3600"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                "resources": {"requests": {"storage": "1Mi"}},
+            }}}}],
+        },
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let refused = eventually("the FailedMount event of the claim the pod does not own", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("eph")
+                && e.reason.as_deref() == Some("FailedMount")
+                && e.message.as_deref().is_some_and(|m| m.contains("not owner"))
+        })
+    })
+    .await;
+    assert_eq!(
+        refused.message.as_deref(),
+        Some("PVC default/eph-data was not created for pod default/eph (pod is not owner)")
+    );
+    assert!(volume_calls(&driver).is_empty(), "someone else's claim is never mounted");
+
+    // The controller's part: the pod controls its claim. Then it is a claim like any other.
+    let owner = json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "v1", "kind": "Pod", "name": "eph", "uid": pod.metadata.uid.clone().unwrap(),
+        "controller": true, "blockOwnerDeletion": true,
+    }]}});
+    claims.patch("eph-data", &PatchParams::default(), &Patch::Merge(owner)).await.unwrap();
+    running(&gantry, &pods, "eph").await;
+    eventually("the pod wrote", &gantry, || async { container_output(&env, "eph").contains("wrote").then_some(()) })
+        .await;
+    assert_eq!(std::fs::read_to_string(driver.volume_dir("vol-1").join("file")).unwrap(), "generic\n");
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+    let uid = pod.metadata.uid.unwrap();
+    let published = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}"));
+    assert!(published.join("vol_data.json").exists(), "published under the PV's name, as a claim's volume");
+
+    deleted(&gantry, &pods, "eph").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let _ = claims.delete("eph-data", &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_block_volume_is_a_device_in_the_container() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.block.gantry.test");
+    let pv = format!("{node}-block-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "disk"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv, "volumeMode": "Block",
+                 "resources": {"requests": {"storage": "16Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Block",
+            "claimRef": {"namespace": "default", "name": "disk", "uid": claim.metadata.uid.clone().unwrap()},
+            "csi": {"driver": driver_name, "volumeHandle": "blk-1"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    bind_named(&admin, &pv, "disk").await;
+    let gantry = cluster::start_node(&env, &cluster);
+
+    // The container writes the raw device and reads it back.
+    let script = "echo written-to-the-device | dd of=/dev/xvda conv=fsync 2>/dev/null && \
+                  dd if=/dev/xvda bs=24 count=1 2>/dev/null; echo; echo done; sleep 3600";
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "raw"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": gantry_testkit::BUSYBOX_IMAGE,
+                "command": ["sh", "-c", script],
+                "volumeDevices": [{"name": "disk", "devicePath": "/dev/xvda"}],
+            }],
+            "volumes": [{"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&gantry, &pods, "raw").await;
+    let output = eventually("the pod used its device", &gantry, || async {
+        let out = container_output(&env, "raw");
+        out.contains("done").then_some(out)
+    })
+    .await;
+    assert!(output.contains("written-to-the-device"), "read back in the container: {output}");
+    let backing = std::fs::read(driver.block_file("blk-1")).unwrap();
+    assert!(backing.starts_with(b"written-to-the-device\n"), "the loop device's file holds what was written");
+
+    // Staged and published as a block device, in upstream's volumeDevices layout.
+    let uid = pods.get("raw").await.unwrap().metadata.uid.unwrap();
+    let devices = root.join("plugins/kubernetes.io/csi/volumeDevices");
+    let (staging, target) = (devices.join(format!("staging/{pv}")), devices.join(format!("publish/{pv}/{uid}")));
+    assert!(driver.calls().contains(&CsiCall::NodeStageVolume { volume: "blk-1".into(), staging: staging.clone() }));
+    assert!(driver.calls().contains(&CsiCall::NodePublishVolume {
+        volume: "blk-1".into(),
+        staging: Some(staging.clone()),
+        target: target.clone(),
+        read_only: false,
+    }));
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+    let record = root.join(format!("pods/{uid}/volumeDevices/kubernetes.io~csi/{pv}/vol_data.json"));
+    assert!(record.exists(), "the pod's record of its block volume");
+
+    deleted(&gantry, &pods, "raw").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    assert!(!target.exists() && !staging.exists() && !record.exists(), "the node's files are removed");
+    let _ = claims.delete("disk", &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+#[tokio::test]
+async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.down.gantry.test");
+    let pv = format!("{node}-down-pv");
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let no_attach: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    claim_and_volume(&admin, &driver_name, &pv).await;
+    bind(&admin, &pv).await;
+    let mut gantry = cluster::start_node(&env, &cluster);
+    pods.create(&PostParams::default(), &claim_pod(node, "gone", "sleep 3600", false)).await.unwrap();
+    running(&gantry, &pods, "gone").await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    // Gantry is down while the pod is deleted for good: the next run finds only the runtime's
+    // pod and the records on disk, and tears the volume down from them.
+    gantry.kill();
+    pods.delete("gone", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    assert!(pods.get_opt("gone").await.unwrap().is_none());
+    let gantry = cluster::start_node(&env, &cluster);
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let pod_dirs = || std::fs::read_dir(root.join("pods")).into_iter().flatten().count();
+    eventually("the pod's directory is removed", &gantry, || async { (pod_dirs() == 0).then_some(()) }).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

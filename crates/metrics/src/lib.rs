@@ -78,6 +78,33 @@ impl EncodeMetric for UnsuffixedCounter {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeLabels {
+    pub namespace: String,
+    pub persistentvolumeclaim: String,
+}
+
+/// What the node measured of one claim's volume (`None`: not reported by its plugin).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeFigures {
+    pub capacity_bytes: Option<u64>,
+    pub available_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub inodes: Option<u64>,
+    pub inodes_free: Option<u64>,
+    pub inodes_used: Option<u64>,
+}
+
+/// Upstream's `kubelet_volume_stats_*` gauges, in [`VolumeFigures`]' order.
+const VOLUME_STATS: [(&str, &str); 6] = [
+    ("kubelet_volume_stats_capacity_bytes", "[ALPHA] Capacity in bytes of the volume"),
+    ("kubelet_volume_stats_available_bytes", "[ALPHA] Number of available bytes in the volume"),
+    ("kubelet_volume_stats_used_bytes", "[ALPHA] Number of used bytes in the volume"),
+    ("kubelet_volume_stats_inodes", "[ALPHA] Maximum number of inodes in the volume"),
+    ("kubelet_volume_stats_inodes_free", "[ALPHA] Number of free inodes in the volume"),
+    ("kubelet_volume_stats_inodes_used", "[ALPHA] Number of used inodes in the volume"),
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub code: String,
     pub method: String,
@@ -110,6 +137,8 @@ pub struct Metrics {
     pub device_plugin_alloc_duration: Family<ResourceLabels, Histogram>,
     /// Pods evicted by the eviction manager, by signal (or local storage limit).
     pub evictions: Family<EvictionLabels, UnsuffixedCounter>,
+    /// The claims' volumes as last measured, one family per `VOLUME_STATS` entry.
+    volume_stats: [Family<VolumeLabels, Gauge>; 6],
 }
 
 /// Prometheus' default buckets (Go's `prometheus.DefBuckets`), which upstream's device plugin
@@ -201,6 +230,10 @@ impl Metrics {
             "[ALPHA] Cumulative number of pod evictions by eviction signal",
             evictions.clone(),
         );
+        let volume_stats: [Family<VolumeLabels, Gauge>; 6] = Default::default();
+        for ((name, help), family) in VOLUME_STATS.iter().zip(&volume_stats) {
+            registry.register(*name, *help, family.clone());
+        }
         let mut probe_registry = Registry::default();
         let probes = Family::<ProbeLabels, Counter>::default();
         probe_registry.register(
@@ -224,6 +257,7 @@ impl Metrics {
             device_plugin_registrations,
             device_plugin_alloc_duration,
             evictions,
+            volume_stats,
         }
     }
 
@@ -306,6 +340,22 @@ pub fn set_running(m: &Metrics, pods: i64, containers_by_state: &[(&str, i64)]) 
     }
 }
 
+/// Replaces the `kubelet_volume_stats_*` samples with the claims measured now (a claim no pod
+/// on the node mounts any more disappears, as from upstream's collector).
+pub fn set_volume_stats(m: &Metrics, claims: &[(VolumeLabels, VolumeFigures)]) {
+    for family in &m.volume_stats {
+        family.clear();
+    }
+    for (labels, f) in claims {
+        let values = [f.capacity_bytes, f.available_bytes, f.used_bytes, f.inodes, f.inodes_free, f.inodes_used];
+        for (family, value) in m.volume_stats.iter().zip(values) {
+            if let Some(v) = value {
+                family.get_or_create(labels).set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +432,22 @@ mod tests {
         let other = b.encode();
         assert!(!other.contains("operation_type=\"version\""), "{other}");
         assert!(other.contains("kubelet_running_pods 0"), "{other}");
+    }
+
+    #[test]
+    fn volume_stats_replace_the_last_measure() {
+        let m = Metrics::new();
+        let claim = |name: &str| VolumeLabels { namespace: "default".into(), persistentvolumeclaim: name.into() };
+        let figures = VolumeFigures { capacity_bytes: Some(100), used_bytes: Some(40), ..Default::default() };
+        set_volume_stats(&m, &[(claim("data"), figures)]);
+        let text = m.encode();
+        let data = r#"{namespace="default",persistentvolumeclaim="data"}"#;
+        assert!(text.contains(&format!("kubelet_volume_stats_capacity_bytes{data} 100\n")), "{text}");
+        assert!(text.contains(&format!("kubelet_volume_stats_used_bytes{data} 40\n")), "{text}");
+        assert!(!text.contains(&format!("kubelet_volume_stats_inodes{data}")), "not reported, not shown: {text}");
+        set_volume_stats(&m, &[(claim("other"), figures)]);
+        let text = m.encode();
+        assert!(!text.contains(data), "a claim no longer mounted is gone: {text}");
+        assert!(text.contains(r#"persistentvolumeclaim="other""#), "{text}");
     }
 }

@@ -182,6 +182,7 @@ mod tests {
                 volume: vec![VolumeStats {
                     name: "scratch".into(),
                     fs: FsStats { used_bytes: Some(9), ..fs(0, 0, 0, 0) },
+                    pvc_ref: None,
                 }],
                 ..Default::default()
             }],

@@ -142,7 +142,8 @@ impl Node {
             );
         }
         // The node API's state: its routes, and the stats the eviction manager reads.
-        let state = server_state(settings, &shared, cluster.as_ref().map(|c| c.client.clone()));
+        let client = cluster.as_ref().map(|c| c.client.clone());
+        let state = server_state(settings, &shared, csi, client);
         if settings.server.enabled {
             let serving = serve(settings, state.clone(), serving_cert).await?;
             spawn_all(&mut supervisor, serving.tasks);
@@ -248,11 +249,17 @@ fn spawn_all(supervisor: &mut Supervisor, tasks: Vec<NamedTask>) {
     }
 }
 
-fn server_state(settings: &Settings, shared: &Shared, client: Option<kube::Client>) -> server::ServerState {
+fn server_state(
+    settings: &Settings,
+    shared: &Shared,
+    csi: CsiDrivers,
+    client: Option<kube::Client>,
+) -> server::ServerState {
     let cri = shared.driver.cri().clone();
     let host_ip = shared.host_ip.as_deref().and_then(|ip| ip.parse().ok());
     let pods = Arc::new(AgentPods(shared.statuses.clone()));
-    server::ServerState::new(settings, cri, pods, host_ip, client, shared.metrics.clone())
+    let volumes = Arc::new(CsiVolumeStats { drivers: csi, root_dir: settings.root_dir.clone() });
+    server::ServerState::new(settings, cri, pods, volumes, host_ip, client, shared.metrics.clone())
 }
 
 async fn serve(
@@ -350,7 +357,10 @@ async fn join_cluster(
     let startup = if sources.kinds.is_empty() { Startup::RequireServer } else { Startup::TolerateUnreachable };
     let shutting_down = shared.shutting_down.subscribe();
     let pressure = shared.pressure.subscribe();
-    let devices = shared.driver.devices().cloned();
+    let plugins = node_side::PluginStatus {
+        devices: shared.driver.devices().cloned(),
+        volumes_in_use: shared.driver.csi().map(|c| c.volumes_in_use()),
+    };
     let node = node_side::start(
         settings,
         shared.driver.cri().clone(),
@@ -358,7 +368,7 @@ async fn join_cluster(
         &shared.metrics,
         shutting_down,
         pressure,
-        devices,
+        plugins,
     )
     .await?;
     supervisor.adopt("node-status", node.task);
@@ -408,6 +418,39 @@ struct AgentPods(Arc<StatusStore>);
 impl server::PodList for AgentPods {
     fn pods(&self) -> Vec<Pod> {
         self.0.all()
+    }
+}
+
+/// The node API's view of the CSI volumes: `NodeGetVolumeStats` of those published for a pod.
+struct CsiVolumeStats {
+    drivers: CsiDrivers,
+    root_dir: std::path::PathBuf,
+}
+
+impl server::PluginVolumes for CsiVolumeStats {
+    fn usage(
+        &self,
+        uid: &str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Vec<(String, server::stats::types::FsStats)>> + Send + '_>> {
+        let uid = uid.to_string();
+        Box::pin(async move {
+            let measured = gantry_agent::runtime::csi::volume_stats(&self.drivers, &self.root_dir, &uid).await;
+            measured.into_iter().map(|(name, usage)| (name, fs_stats(usage))).collect()
+        })
+    }
+}
+
+/// Upstream's `MetricsCSI` figures: bytes total/available/used, inodes total/free/used.
+fn fs_stats(usage: gantry_plugins::csi::VolumeUsage) -> server::stats::types::FsStats {
+    let (bytes, inodes) = (usage.bytes, usage.inodes);
+    server::stats::types::FsStats {
+        time: String::new(),
+        capacity_bytes: bytes.map(|b| b.total),
+        available_bytes: bytes.map(|b| b.available),
+        used_bytes: bytes.map(|b| b.used),
+        inodes: inodes.map(|i| i.total),
+        inodes_free: inodes.map(|i| i.available),
+        inodes_used: inodes.map(|i| i.used),
     }
 }
 

@@ -18,10 +18,10 @@ use tonic::Status;
 
 use crate::api::csi::node_client::NodeClient;
 use crate::api::csi::node_service_capability::{self, rpc};
-use crate::api::csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+use crate::api::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode};
 use crate::api::csi::{
-    NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
-    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+    NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability, volume_usage,
 };
 use crate::devices::GrpcError;
 
@@ -74,6 +74,22 @@ impl From<Status> for CsiError {
     }
 }
 
+/// `NodeGetVolumeStats`' answer, as upstream's `MetricsCSI` reads it: bytes and inodes (each
+/// `None` when the driver did not report that unit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub bytes: Option<Usage>,
+    pub inodes: Option<Usage>,
+}
+
+/// One unit of a volume's usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub total: u64,
+    pub available: u64,
+    pub used: u64,
+}
+
 /// One volume as the node calls of its driver need it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Volume {
@@ -82,6 +98,8 @@ pub struct Volume {
     pub handle: String,
     pub fs_type: String,
     pub read_only: bool,
+    /// `volumeMode: Block`: a raw block device rather than a mounted file system.
+    pub block: bool,
     /// The PV's first access mode (`ReadWriteOnce` when it has none), as upstream passes it.
     pub access_mode: String,
     /// The PV's `spec.csi.volumeAttributes`.
@@ -94,7 +112,7 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// A mounted file system with the PV's access mode in CSI's terms (upstream
+    /// A mounted file system (or a block device) with the PV's access mode in CSI's terms (upstream
     /// `asCSIAccessModeV1`; `ReadWriteOncePod` has no CSI 1.3 mode of its own).
     fn capability(&self) -> VolumeCapability {
         let mode = match self.access_mode.as_str() {
@@ -102,10 +120,12 @@ impl Volume {
             "ReadWriteMany" => access_mode::Mode::MultiNodeMultiWriter,
             _ => access_mode::Mode::SingleNodeWriter,
         };
-        VolumeCapability {
-            access_mode: Some(AccessMode { mode: mode as i32 }),
-            access_type: Some(AccessType::Mount(MountVolume { fs_type: self.fs_type.clone(), mount_flags: vec![] })),
-        }
+        let access_type = if self.block {
+            AccessType::Block(BlockVolume {})
+        } else {
+            AccessType::Mount(MountVolume { fs_type: self.fs_type.clone(), mount_flags: vec![] })
+        };
+        VolumeCapability { access_mode: Some(AccessMode { mode: mode as i32 }), access_type: Some(access_type) }
     }
 }
 
@@ -231,6 +251,29 @@ impl CsiDrivers {
         call(c.node_unstage_volume(request)).await
     }
 
+    /// `NodeGetVolumeStats` of the volume published at `target`.
+    pub async fn volume_stats(&self, driver: &str, handle: &str, target: &Path) -> Result<VolumeUsage, CsiError> {
+        let request = NodeGetVolumeStatsRequest {
+            volume_id: handle.to_string(),
+            volume_path: path(target),
+            staging_target_path: String::new(),
+        };
+        let mut c = self.client(driver).await?;
+        let answer = tokio::time::timeout(CALL_TIMEOUT, c.node_get_volume_stats(request))
+            .await
+            .map_err(|_| Status::deadline_exceeded("context deadline exceeded"))??
+            .into_inner();
+        let unit = |wanted: volume_usage::Unit| {
+            answer.usage.iter().find(|u| u.unit == wanted as i32).map(|u| Usage {
+                // Negative figures are a driver's bug; upstream would show them, zero is kinder.
+                total: u.total.max(0) as u64,
+                available: u.available.max(0) as u64,
+                used: u.used.max(0) as u64,
+            })
+        };
+        Ok(VolumeUsage { bytes: unit(volume_usage::Unit::Bytes), inodes: unit(volume_usage::Unit::Inodes) })
+    }
+
     async fn client(&self, driver: &str) -> Result<NodeClient<tonic::transport::Channel>, CsiError> {
         let info = self.driver(driver)?;
         client(driver, &info.endpoint).await
@@ -276,6 +319,8 @@ mod tests {
         assert!(matches!(rwo.access_type, Some(AccessType::Mount(m)) if m.fs_type == "ext4"));
         let rox = Volume { access_mode: "ReadOnlyMany".into(), ..Default::default() }.capability();
         assert_eq!(rox.access_mode.unwrap().mode, access_mode::Mode::MultiNodeReaderOnly as i32);
+        let block = Volume { block: true, ..Default::default() }.capability();
+        assert!(matches!(block.access_type, Some(AccessType::Block(_))));
         let rwx = Volume { access_mode: "ReadWriteMany".into(), ..Default::default() }.capability();
         assert_eq!(rwx.access_mode.unwrap().mode, access_mode::Mode::MultiNodeMultiWriter as i32);
     }

@@ -3,7 +3,10 @@
 //! not be deleting, be `Bound` to a volume, and that volume's `claimRef` must point back at the
 //! claim. Until then the pod waits in `ContainerCreating` with upstream's message.
 
-use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSIDriver;
 
 /// Why the claim does not (yet) give a usable volume; shown as
 /// `error processing PVC <ns>/<claim>: <this>`.
@@ -52,6 +55,31 @@ pub fn bound_volume(
     Ok((volume, claim.metadata.uid.clone().unwrap_or_default()))
 }
 
+/// A generic ephemeral volume's claim exists but the pod does not control it (upstream's
+/// `ephemeral.VolumeIsForPod`): someone else's claim is never used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PVC {namespace}/{claim} was not created for pod {namespace}/{pod} (pod is not owner)")]
+pub struct NotForPod {
+    pub namespace: String,
+    pub claim: String,
+    pub pod: String,
+}
+
+/// Whether the claim is controlled by the pod (an owner reference with `controller: true` and
+/// the pod's UID).
+pub fn claim_for_pod(pod: &Pod, claim: &PersistentVolumeClaim) -> Result<(), NotForPod> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let owners = claim.metadata.owner_references.as_deref().unwrap_or_default();
+    if owners.iter().any(|o| o.controller == Some(true) && o.uid == uid) {
+        return Ok(());
+    }
+    Err(NotForPod {
+        namespace: gantry_vocab::spec::namespace(pod).to_string(),
+        claim: claim.metadata.name.clone().unwrap_or_default(),
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+    })
+}
+
 /// The CSI source of the volume `pv_name` bound to the claim with UID `claim_uid`.
 pub fn csi_source<'a>(
     pv_name: &str,
@@ -85,6 +113,84 @@ fn kind(pv: &PersistentVolume) -> String {
     let spec = k8s_openapi::serde_json::to_value(&pv.spec).unwrap_or_default();
     let mut names = spec.as_object().into_iter().flat_map(|o| o.keys()).filter(|k| !NOT_SOURCES.contains(&k.as_str()));
     names.next().cloned().unwrap_or_else(|| "unknown".into())
+}
+
+/// A volume lifecycle mode (`CSIDriver` `spec.volumeLifecycleModes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    Persistent,
+    Ephemeral,
+}
+
+impl Lifecycle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Persistent => "Persistent",
+            Lifecycle::Ephemeral => "Ephemeral",
+        }
+    }
+}
+
+/// Why the driver does not serve volumes of a lifecycle mode (upstream's texts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("volume mode {:?} not supported by driver {driver} (no CSIDriver object)", mode.as_str())]
+    NoDriverObject { mode: Lifecycle, driver: String },
+    #[error("volume mode {:?} not supported by driver {driver} (only supports {})", mode.as_str(), go_quoted(supported))]
+    NotSupported { mode: Lifecycle, driver: String, supported: Vec<String> },
+}
+
+/// A list as Go's `%q` prints a `[]string`: `["a" "b"]`.
+fn go_quoted(list: &[String]) -> String {
+    format!("[{}]", list.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(" "))
+}
+
+/// Upstream's `supportsVolumeLifecycleMode`: without a `CSIDriver` object only persistent
+/// volumes; with one, the modes it lists (the API's default: `Persistent`).
+pub fn check_lifecycle(mode: Lifecycle, driver: &str, object: Option<&CSIDriver>) -> Result<(), LifecycleError> {
+    let Some(object) = object else {
+        return match mode {
+            Lifecycle::Persistent => Ok(()),
+            Lifecycle::Ephemeral => Err(LifecycleError::NoDriverObject { mode, driver: driver.to_string() }),
+        };
+    };
+    let supported =
+        object.spec.volume_lifecycle_modes.clone().unwrap_or_else(|| vec![Lifecycle::Persistent.as_str().into()]);
+    if supported.iter().any(|m| m == mode.as_str()) {
+        return Ok(());
+    }
+    Err(LifecycleError::NotSupported { mode, driver: driver.to_string(), supported })
+}
+
+/// The volume context keys upstream adds when the `CSIDriver` asks for `podInfoOnMount`.
+pub fn pod_info(pod: &Pod, mode: Lifecycle) -> BTreeMap<String, String> {
+    let spec = pod.spec.as_ref();
+    let account = spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default();
+    [
+        ("csi.storage.k8s.io/pod.name", pod.metadata.name.clone().unwrap_or_default()),
+        ("csi.storage.k8s.io/pod.namespace", gantry_vocab::spec::namespace(pod).to_string()),
+        ("csi.storage.k8s.io/pod.uid", pod.metadata.uid.clone().unwrap_or_default()),
+        ("csi.storage.k8s.io/serviceAccount.name", account),
+        ("csi.storage.k8s.io/ephemeral", (mode == Lifecycle::Ephemeral).to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// Whether the node applies the pod's `fsGroup` to a published CSI volume (upstream's
+/// `supportsFSGroup`), by the `CSIDriver`'s `fsGroupPolicy` (`policy`; the API's default:
+/// `ReadWriteOnceWithFSType`): `None` never, `File` always, `ReadWriteOnceWithFSType` only with
+/// an fsType and a `ReadWriteOnce` volume (an inline volume always counts as one). Never for a
+/// read-only volume. `access_modes`: the PV's, `None` for an inline volume.
+pub fn applies_fs_group(policy: Option<&str>, fs_type: &str, access_modes: Option<&[String]>, read_only: bool) -> bool {
+    match policy.unwrap_or("ReadWriteOnceWithFSType") {
+        _ if read_only => false,
+        "None" => false,
+        "File" => true,
+        _ if fs_type.is_empty() => false,
+        _ => access_modes.is_none_or(|modes| modes.iter().any(|m| m == "ReadWriteOnce")),
+    }
 }
 
 /// The access mode upstream hands the driver: the PV's first, `ReadWriteOnce` without one.
@@ -167,6 +273,83 @@ mod tests {
             "found PV object pv1 but its pv.Spec.ClaimRef.UID (c2) does not point to claim.UID (c1)"
         );
         assert!(e.is_wait());
+    }
+
+    #[test]
+    fn ephemeral_volumes_need_a_driver_object_that_lists_them() {
+        let driver = |modes: Option<Vec<&str>>| {
+            let mut d = CSIDriver::default();
+            d.spec.volume_lifecycle_modes = modes.map(|m| m.into_iter().map(String::from).collect());
+            d
+        };
+        assert_eq!(check_lifecycle(Lifecycle::Persistent, "d", None), Ok(()));
+        assert_eq!(
+            check_lifecycle(Lifecycle::Ephemeral, "d", None).unwrap_err().to_string(),
+            r#"volume mode "Ephemeral" not supported by driver d (no CSIDriver object)"#
+        );
+        assert_eq!(
+            check_lifecycle(Lifecycle::Ephemeral, "d", Some(&driver(None))).unwrap_err().to_string(),
+            r#"volume mode "Ephemeral" not supported by driver d (only supports ["Persistent"])"#
+        );
+        let both = driver(Some(vec!["Persistent", "Ephemeral"]));
+        assert_eq!(check_lifecycle(Lifecycle::Ephemeral, "d", Some(&both)), Ok(()));
+        assert!(check_lifecycle(Lifecycle::Persistent, "d", Some(&driver(Some(vec!["Ephemeral"])))).is_err());
+    }
+
+    #[test]
+    fn an_ephemeral_volumes_claim_must_be_controlled_by_the_pod() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let pod: Pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": {"containers": []},
+        }))
+        .unwrap();
+        let mut c = claim("Bound", "pv1");
+        c.metadata.name = Some("p-data".into());
+        assert_eq!(
+            claim_for_pod(&pod, &c).unwrap_err().to_string(),
+            "PVC ns/p-data was not created for pod ns/p (pod is not owner)"
+        );
+        let owner = |uid: &str, controller| OwnerReference {
+            uid: uid.into(),
+            controller: Some(controller),
+            kind: "Pod".into(),
+            name: "p".into(),
+            api_version: "v1".into(),
+            ..Default::default()
+        };
+        c.metadata.owner_references = Some(vec![owner("u1", false), owner("u2", true)]);
+        assert!(claim_for_pod(&pod, &c).is_err(), "an owner that is not the controller, or another pod");
+        c.metadata.owner_references = Some(vec![owner("u1", true)]);
+        assert_eq!(claim_for_pod(&pod, &c), Ok(()));
+    }
+
+    #[test]
+    fn fs_group_follows_the_drivers_policy() {
+        let rwo = ["ReadWriteOnce".to_string()];
+        let rox = ["ReadOnlyMany".to_string()];
+        assert!(applies_fs_group(Some("File"), "", Some(&rox), false));
+        assert!(!applies_fs_group(Some("File"), "ext4", Some(&rwo), true), "never on a read-only volume");
+        assert!(!applies_fs_group(Some("None"), "ext4", Some(&rwo), false));
+        assert!(applies_fs_group(None, "ext4", Some(&rwo), false), "the default: with fsType and RWO");
+        assert!(!applies_fs_group(None, "", Some(&rwo), false), "no fsType");
+        assert!(!applies_fs_group(Some("ReadWriteOnceWithFSType"), "ext4", Some(&rox), false), "not RWO");
+        assert!(applies_fs_group(None, "ext4", None, false), "an inline volume counts as RWO");
+    }
+
+    #[test]
+    fn the_pod_info_keys_are_upstreams() {
+        let pod: Pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"serviceAccountName": "sa", "containers": []},
+        }))
+        .unwrap();
+        let info = pod_info(&pod, Lifecycle::Ephemeral);
+        assert_eq!(info["csi.storage.k8s.io/pod.name"], "p");
+        assert_eq!(info["csi.storage.k8s.io/pod.namespace"], "ns");
+        assert_eq!(info["csi.storage.k8s.io/pod.uid"], "u1");
+        assert_eq!(info["csi.storage.k8s.io/serviceAccount.name"], "sa");
+        assert_eq!(info["csi.storage.k8s.io/ephemeral"], "true");
+        assert_eq!(pod_info(&pod, Lifecycle::Persistent)["csi.storage.k8s.io/ephemeral"], "false");
     }
 
     #[test]

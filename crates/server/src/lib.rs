@@ -48,6 +48,12 @@ pub trait PodList: Send + Sync + 'static {
     fn pods(&self) -> Vec<Pod>;
 }
 
+/// The usage of volumes only their plugin can measure (CSI's `NodeGetVolumeStats`): per pod
+/// volume name of the pod `uid`, the figures the plugin reported (`time` left empty).
+pub trait PluginVolumes: Send + Sync + 'static {
+    fn usage(&self, uid: &str) -> futures::future::BoxFuture<'_, Vec<(String, stats::types::FsStats)>>;
+}
+
 /// What every handler can reach. Cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub struct ServerState {
@@ -58,6 +64,7 @@ struct Inner {
     node_name: String,
     cri: Cri,
     pods: Arc<dyn PodList>,
+    plugin_volumes: Arc<dyn PluginVolumes>,
     root_dir: PathBuf,
     pod_logs_dir: PathBuf,
     /// How pod cgroups are named (None without `cgroupsPerQOS`), for the stats.
@@ -81,6 +88,7 @@ impl ServerState {
         settings: &Settings,
         cri: Cri,
         pods: Arc<dyn PodList>,
+        plugin_volumes: Arc<dyn PluginVolumes>,
         host_ip: Option<IpAddr>,
         client: Option<kube::Client>,
         metrics: Arc<gantry_metrics::Metrics>,
@@ -93,6 +101,7 @@ impl ServerState {
                 node_name: settings.node_name.clone(),
                 cri,
                 pods,
+                plugin_volumes,
                 root_dir: settings.root_dir.clone(),
                 pod_logs_dir: settings.pod_logs_dir.clone(),
                 cgroups: settings.pods.clone(),
@@ -120,6 +129,11 @@ impl ServerState {
     /// The pods the node runs, with their latest status.
     pub fn pods(&self) -> Vec<Pod> {
         self.inner.pods.pods()
+    }
+
+    /// The volumes their plugins measure.
+    pub fn plugin_volumes(&self) -> &dyn PluginVolumes {
+        self.inner.plugin_volumes.as_ref()
     }
 
     pub fn root_dir(&self) -> &std::path::Path {

@@ -6,13 +6,15 @@ use axum::response::{IntoResponse, Response};
 use gantry_cri::api;
 
 use crate::ServerState;
-use gantry_metrics::set_running;
+use gantry_metrics::{VolumeFigures, VolumeLabels, set_running, set_volume_stats};
 use gantry_vocab::cri_labels as labels;
+use gantry_vocab::spec;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub async fn metrics(State(state): State<ServerState>) -> Response {
     refresh_running(&state).await;
+    refresh_volume_stats(&state).await;
     ([(header::CONTENT_TYPE, OPENMETRICS)], state.metrics().encode()).into_response()
 }
 
@@ -49,4 +51,32 @@ async fn refresh_running(state: &ServerState) {
         by_state[i].1 += 1;
     }
     set_running(state.metrics(), pods.len() as i64, &by_state);
+}
+
+/// The claims' volumes as their plugins measure them right now (upstream's volume stats
+/// collector reads the same figures as `/stats/summary`; one sample per claim).
+async fn refresh_volume_stats(state: &ServerState) {
+    let mut claims = Vec::new();
+    for pod in state.pods() {
+        let measured = state.plugin_volumes().usage(spec::uid(&pod)).await;
+        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
+        for (name, fs) in measured {
+            let Some(claim) = volumes.iter().find(|v| v.name == name).and_then(|v| spec::claim_name(&pod, v)) else {
+                continue;
+            };
+            let labels = VolumeLabels { namespace: spec::namespace(&pod).into(), persistentvolumeclaim: claim };
+            let figures = VolumeFigures {
+                capacity_bytes: fs.capacity_bytes,
+                available_bytes: fs.available_bytes,
+                used_bytes: fs.used_bytes,
+                inodes: fs.inodes,
+                inodes_free: fs.inodes_free,
+                inodes_used: fs.inodes_used,
+            };
+            if !claims.iter().any(|(l, _)| *l == labels) {
+                claims.push((labels, figures));
+            }
+        }
+    }
+    set_volume_stats(state.metrics(), &claims);
 }

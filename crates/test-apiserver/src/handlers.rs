@@ -46,6 +46,10 @@ pub async fn serve(
 ) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    if let Some(e) = state.faults.apply().await {
+        tracing::debug!(%method, %path, status = e.code, "request answered by an injected fault");
+        return Ok(error_response(&e));
+    }
     let response = match handle(state, cert, connection, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),

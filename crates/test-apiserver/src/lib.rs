@@ -24,6 +24,7 @@ mod bootstrap_tokens;
 mod csr;
 mod discovery;
 mod eviction;
+mod faults;
 mod handlers;
 mod kinds;
 mod kubeconfig;
@@ -47,6 +48,7 @@ mod watch;
 
 pub use accounting::{ClientConnection, OpenWatch, RequestCounts, RequestKey};
 pub use eviction::EvictionRecord;
+pub use faults::{Failure, Fault, Faults};
 pub use server::HTTP2_MAX_STREAMS;
 
 use std::collections::BTreeMap;
@@ -291,6 +293,11 @@ impl TestApiServer {
     /// subresource) and object, as the server counted them.
     pub fn requests(&self) -> RequestCounts {
         self.state.accounting.requests()
+    }
+
+    /// The fault switch: failures, hangs, delays and dropped watches on command.
+    pub fn faults(&self) -> &Faults {
+        &self.state.faults
     }
 
     /// The watches being served now.

@@ -115,6 +115,7 @@ async fn connection(state: Arc<State>, tcp: TcpStream, acceptor: TlsAcceptor, ca
     // kube-apiserver's default `--http2-max-streams-per-connection`.
     builder.http2().max_concurrent_streams(HTTP2_MAX_STREAMS);
     let conn = builder.serve_connection(TokioIo::new(tls), service);
+    let dropped = accounted.faults.connection_token();
     tokio::select! {
         result = conn => {
             if let Err(e) = result {
@@ -122,5 +123,6 @@ async fn connection(state: Arc<State>, tcp: TcpStream, acceptor: TlsAcceptor, ca
             }
         }
         _ = cancel.cancelled() => {}
+        _ = dropped.cancelled() => tracing::debug!("connection dropped by an injected fault"),
     }
 }

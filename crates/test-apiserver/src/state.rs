@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::accounting::Accounting;
+use crate::faults::Faults;
 use crate::pki::Pki;
 use crate::store::Store;
 use crate::tokens::Tokens;
@@ -27,6 +28,8 @@ pub struct State {
     pub hooks: RwLock<Hooks>,
     /// Requests and open watches, counted as they arrive.
     pub accounting: Accounting,
+    /// The faults a test injects.
+    pub faults: Faults,
     epoch: Mutex<CancellationToken>,
     /// The in-process signer's certificate lifetime (`--cluster-signing-duration`).
     signing_duration: Mutex<std::time::Duration>,
@@ -40,6 +43,7 @@ impl State {
             tokens,
             hooks: RwLock::new(Hooks::default()),
             accounting: Accounting::default(),
+            faults: Faults::default(),
             epoch: Mutex::new(CancellationToken::new()),
             signing_duration: Mutex::new(crate::csr::DEFAULT_SIGNING_DURATION),
         }

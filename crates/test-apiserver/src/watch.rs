@@ -78,7 +78,7 @@ fn start_point(req: &WatchRequest) -> ApiResult<Start> {
 }
 
 /// Validates the request and starts streaming; the stream ends on timeout, when the
-/// client goes away, or when the server stops (`epoch` cancelled).
+/// client goes away, when the server stops (`epoch` cancelled) or a test drops the watches.
 pub fn start(
     state: Arc<State>,
     req: WatchRequest,
@@ -161,6 +161,7 @@ async fn send_all(tx: &mpsc::Sender<Bytes>, lines: Vec<Bytes>) -> bool {
 }
 
 async fn run(state: Arc<State>, req: WatchRequest, start: Start, tx: mpsc::Sender<Bytes>, epoch: CancellationToken) {
+    let dropped = state.faults.watch_token();
     let _open = state.accounting.open(OpenWatch {
         resource: req.rt.plural.clone(),
         namespace: req.namespace.clone(),
@@ -206,6 +207,7 @@ async fn run(state: Arc<State>, req: WatchRequest, start: Start, tx: mpsc::Sende
             }
             _ = tokio::time::sleep_until(deadline) => return,
             _ = epoch.cancelled() => return,
+            _ = dropped.cancelled() => return,
             _ = tx.closed() => return,
         }
     }

@@ -173,6 +173,20 @@ impl Containerd {
         self.child.id()
     }
 
+    /// Stops containerd (SIGTERM, as a service manager would) and starts it again on the same
+    /// directories and socket, as an upgrade or a crash-restart does; the pods' shims, and so
+    /// the containers, live on. Returns how long containerd was not answering.
+    pub async fn restart(&mut self) -> Result<Duration> {
+        let stopped = Instant::now();
+        self.terminate();
+        self.child = spawn(&self.layout)?;
+        self.network
+            .record_owner(&OwnerRecord { base: self.layout.base().to_path_buf(), containerd_pid: self.child.id() })?;
+        self.wait_ready().await?;
+        tracing::info!(pid = self.child.id(), "containerd restarted");
+        Ok(stopped.elapsed())
+    }
+
     /// containerd's exit status if it has exited (it should not on its own).
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
@@ -384,7 +398,12 @@ fn refuse_if_served(socket: &Path) -> Result<()> {
 }
 
 fn spawn(layout: &Layout) -> Result<Child> {
-    let log = std::fs::File::create(layout.log()).ctx(|| format!("create {}", layout.log().display()))?;
+    // Appended to: a restarted containerd keeps the earlier log.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(layout.log())
+        .ctx(|| format!("open {}", layout.log().display()))?;
     let log_err = log.try_clone().ctx(|| "clone log file handle".into())?;
     let child = Command::new("containerd")
         .arg("--config")

@@ -5,8 +5,11 @@
 //! volume handle): `NodeStageVolume` bind-mounts the volume's directory on the staging path,
 //! `NodePublishVolume` creates the target and bind-mounts the staging path (or, for a driver
 //! that does not stage, the volume's directory) there, read-only when asked; unpublish and
-//! unstage unmount. Every call is recorded, in order.
+//! unstage unmount. A block volume (`Block` access type) is a loop device on a sparse file
+//! (`losetup`, detached when the driver is dropped), published by bind-mounting the device node
+//! on the target file. Every call is recorded, in order.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -15,13 +18,14 @@ use std::sync::{Arc, Mutex};
 use gantry_plugins::api::csi::identity_server::{Identity, IdentityServer};
 use gantry_plugins::api::csi::node_server::{Node, NodeServer};
 use gantry_plugins::api::csi::node_service_capability::{self, rpc};
+use gantry_plugins::api::csi::volume_capability::AccessType;
 use gantry_plugins::api::csi::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
     NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
     NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest,
-    NodeUnstageVolumeResponse, ProbeRequest, ProbeResponse, Topology,
+    NodeUnstageVolumeResponse, ProbeRequest, ProbeResponse, Topology, VolumeCapability, VolumeUsage,
 };
 use gantry_plugins::api::registration::registration_server::{Registration, RegistrationServer};
 use gantry_plugins::api::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
@@ -40,6 +44,7 @@ pub enum CsiCall {
     NodePublishVolume { volume: String, staging: Option<PathBuf>, target: PathBuf, read_only: bool },
     NodeUnpublishVolume { volume: String, target: PathBuf },
     NodeUnstageVolume { volume: String, staging: PathBuf },
+    NodeGetVolumeStats { volume: String, path: PathBuf },
 }
 
 /// The topology key the driver reports, with the node ID as its value.
@@ -55,6 +60,10 @@ struct Service {
     max_volumes: i64,
     volumes: PathBuf,
     calls: Arc<Mutex<Vec<CsiCall>>>,
+    /// The volume context of each publish, by target path.
+    contexts: Arc<Mutex<BTreeMap<PathBuf, BTreeMap<String, String>>>>,
+    /// The loop device backing each block volume, by volume ID.
+    loops: Arc<Mutex<BTreeMap<String, PathBuf>>>,
 }
 
 impl Service {
@@ -70,6 +79,33 @@ impl Service {
         std::fs::create_dir_all(&dir).map_err(|e| Status::internal(format!("volume {id}: {e}")))?;
         Ok(dir)
     }
+
+    /// The loop device of block volume `id`, set up on a sparse file on first use.
+    fn loop_device(&self, id: &str) -> std::result::Result<PathBuf, Status> {
+        let mut loops = self.loops.lock().unwrap();
+        if let Some(device) = loops.get(id) {
+            return Ok(device.clone());
+        }
+        let dir = self.volume_dir(id)?;
+        let image = dir.join("block.img");
+        let internal = |e: std::io::Error| Status::internal(format!("{}: {e}", image.display()));
+        std::fs::File::create(&image).and_then(|f| f.set_len(BLOCK_VOLUME_BYTES)).map_err(internal)?;
+        let out =
+            std::process::Command::new("losetup").arg("-f").arg("--show").arg(&image).output().map_err(internal)?;
+        if !out.status.success() {
+            return Err(Status::internal(format!("losetup: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        let device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        loops.insert(id.to_string(), device.clone());
+        Ok(device)
+    }
+}
+
+/// The size of a block volume's sparse backing file.
+const BLOCK_VOLUME_BYTES: u64 = 16 << 20;
+
+fn is_block(capability: Option<&VolumeCapability>) -> bool {
+    matches!(capability.and_then(|c| c.access_type.as_ref()), Some(AccessType::Block(_)))
 }
 
 /// A running test CSI driver; stops (and removes its socket) when dropped.
@@ -92,6 +128,8 @@ impl TestCsiDriver {
             max_volumes,
             volumes: volumes.path().to_path_buf(),
             calls: Arc::default(),
+            contexts: Arc::default(),
+            loops: Arc::default(),
         };
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
@@ -126,6 +164,16 @@ impl TestCsiDriver {
         self.service.calls.lock().unwrap().clone()
     }
 
+    /// The volume context `NodePublishVolume` last got for `target`.
+    pub fn publish_context(&self, target: &Path) -> Option<BTreeMap<String, String>> {
+        self.service.contexts.lock().unwrap().get(target).cloned()
+    }
+
+    /// The file backing block volume `id` (its loop device's).
+    pub fn block_file(&self, id: &str) -> PathBuf {
+        self.service.volumes.join(id).join("block.img")
+    }
+
     pub fn socket(&self) -> &Path {
         &self.socket
     }
@@ -135,6 +183,9 @@ impl Drop for TestCsiDriver {
     fn drop(&mut self) {
         self.server.abort();
         let _ = std::fs::remove_file(&self.socket);
+        for device in self.service.loops.lock().unwrap().values() {
+            let _ = std::process::Command::new("losetup").arg("-d").arg(device).status();
+        }
     }
 }
 
@@ -155,6 +206,29 @@ fn bind(source: &Path, target: &Path, read_only: bool) -> std::result::Result<()
         mount(libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY)?;
     }
     Ok(())
+}
+
+/// Bytes and inodes of the file system at `path` as a CSI driver reports them.
+pub fn statvfs_usage(path: &Path) -> std::io::Result<[VolumeUsage; 2]> {
+    let p = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(p.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let block = st.f_frsize as i64;
+    let (blocks, free, avail) = (st.f_blocks as i64, st.f_bfree as i64, st.f_bavail as i64);
+    let (files, ffree) = (st.f_files as i64, st.f_ffree as i64);
+    use gantry_plugins::api::csi::volume_usage::Unit;
+    Ok([
+        VolumeUsage {
+            total: blocks * block,
+            available: avail * block,
+            used: (blocks - free) * block,
+            unit: Unit::Bytes as i32,
+        },
+        VolumeUsage { total: files, available: ffree, used: files - ffree, unit: Unit::Inodes as i32 },
+    ])
 }
 
 /// Unmounts `target` when it is mounted (CSI's calls are idempotent).
@@ -226,11 +300,15 @@ impl Node for Service {
         let r = request.into_inner();
         let staging = PathBuf::from(&r.staging_target_path);
         self.record(CsiCall::NodeStageVolume { volume: r.volume_id.clone(), staging: staging.clone() });
-        let source = self.volume_dir(&r.volume_id)?;
         if !staging.is_dir() {
             return Err(Status::failed_precondition(format!("staging path {} does not exist", staging.display())));
         }
-        bind(&source, &staging, false)?;
+        if is_block(r.volume_capability.as_ref()) {
+            // A block volume is its loop device: nothing to mount for staging.
+            self.loop_device(&r.volume_id)?;
+        } else {
+            bind(&self.volume_dir(&r.volume_id)?, &staging, false)?;
+        }
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 
@@ -258,13 +336,28 @@ impl Node for Service {
             target: target.clone(),
             read_only: r.readonly,
         });
-        let source = match (&staging, self.stages) {
-            (Some(s), true) => s.clone(),
-            (None, true) => return Err(Status::failed_precondition("staging target path is required")),
-            (_, false) => self.volume_dir(&r.volume_id)?,
-        };
-        std::fs::create_dir_all(&target).map_err(|e| Status::internal(format!("{}: {e}", target.display())))?;
-        bind(&source, &target, r.readonly)?;
+        let context: BTreeMap<String, String> = r.volume_context.into_iter().collect();
+        // An inline ephemeral volume is never staged (the node says which it is when the
+        // CSIDriver asks for pod info, as real drivers require).
+        let ephemeral = context.get("csi.storage.k8s.io/ephemeral").map(String::as_str) == Some("true");
+        self.contexts.lock().unwrap().insert(target.clone(), context);
+        if self.stages && !ephemeral && staging.is_none() {
+            return Err(Status::failed_precondition("staging target path is required"));
+        }
+        let internal = |e: std::io::Error| Status::internal(format!("{}: {e}", target.display()));
+        if is_block(r.volume_capability.as_ref()) {
+            // The device node bind-mounted on a file the driver creates.
+            let device = self.loop_device(&r.volume_id)?;
+            std::fs::File::create(&target).map_err(internal)?;
+            bind(&device, &target, r.readonly)?;
+        } else {
+            let source = match &staging {
+                Some(s) if self.stages && !ephemeral => s.clone(),
+                _ => self.volume_dir(&r.volume_id)?,
+            };
+            std::fs::create_dir_all(&target).map_err(internal)?;
+            bind(&source, &target, r.readonly)?;
+        }
         Ok(Response::new(NodePublishVolumeResponse {}))
     }
 
@@ -276,7 +369,8 @@ impl Node for Service {
         let target = PathBuf::from(&r.target_path);
         self.record(CsiCall::NodeUnpublishVolume { volume: r.volume_id, target: target.clone() });
         unmount(&target)?;
-        match std::fs::remove_dir(&target) {
+        let removed = if target.is_file() { std::fs::remove_file(&target) } else { std::fs::remove_dir(&target) };
+        match removed {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(Status::internal(format!("{}: {e}", target.display())));
             }
@@ -285,11 +379,19 @@ impl Node for Service {
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
+    /// The file system of the published volume, from `statvfs` (bytes and inodes).
     async fn node_get_volume_stats(
         &self,
-        _: Request<NodeGetVolumeStatsRequest>,
+        request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        Err(Status::unimplemented("NodeGetVolumeStats"))
+        let r = request.into_inner();
+        let path = PathBuf::from(&r.volume_path);
+        self.record(CsiCall::NodeGetVolumeStats { volume: r.volume_id.clone(), path: path.clone() });
+        if !path.exists() {
+            return Err(Status::not_found(format!("volume path {} does not exist", path.display())));
+        }
+        let usage = statvfs_usage(&path).map_err(|e| Status::internal(format!("statvfs {}: {e}", path.display())))?;
+        Ok(Response::new(NodeGetVolumeStatsResponse { usage: usage.to_vec(), volume_condition: None }))
     }
 
     async fn node_expand_volume(
@@ -307,7 +409,10 @@ impl Node for Service {
         let capability = |t: rpc::Type| NodeServiceCapability {
             r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc { r#type: t as i32 })),
         };
-        let capabilities = if self.stages { vec![capability(rpc::Type::StageUnstageVolume)] } else { vec![] };
+        let mut capabilities = vec![capability(rpc::Type::GetVolumeStats)];
+        if self.stages {
+            capabilities.push(capability(rpc::Type::StageUnstageVolume));
+        }
         Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
     }
 

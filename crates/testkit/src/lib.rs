@@ -11,6 +11,8 @@
 //! - [`TestCsiDriver`]: a small CSI node plugin (real gRPC on a unix socket, registering
 //!   through `plugins_registry`; volumes are directories bind-mounted on stage and publish;
 //!   every call recorded);
+//! - [`CriProxy`]: a CRI proxy in front of the real containerd that delays, fails or hangs
+//!   calls on command (one method, optionally one pod), for fault-injection tests;
 //! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
 //!   Gantry against;
 //! - [`vm`]: a throwaway systemd VM on cgroup v2 (`scripts/vm`), for tests that need a
@@ -31,6 +33,7 @@ pub mod cni;
 pub mod config;
 pub mod containerd;
 pub mod cri;
+pub mod cri_proxy;
 pub mod csi_driver;
 pub mod device_plugin;
 pub mod error;
@@ -42,6 +45,7 @@ pub mod raw;
 pub mod vm;
 
 pub use containerd::{Containerd, ContainerdOptions};
+pub use cri_proxy::{CriFault, CriProxy, ProxyCall};
 pub use csi_driver::{CsiCall, TestCsiDriver};
 pub use device_plugin::{PluginCall, TestDevicePlugin};
 pub use error::{Result, TestkitError};

@@ -217,3 +217,29 @@ async fn raw_floor_timing() {
         eprintln!("removing {n} pods: {:?}", started.elapsed());
     }
 }
+
+#[tokio::test]
+async fn restart_keeps_containers_running_and_serves_again() {
+    gantry_testkit::init_test_tracing();
+    let Some(mut ctd) = Containerd::start_or_skip().await else {
+        return;
+    };
+    let mut client = ctd.runtime_client().await;
+    let pod = raw_run_pod(&mut client, &raw_log_root(&ctd), &["sleep", "3600"]).await.expect("run pod");
+    let old_pid = ctd.pid();
+    let down = ctd.restart().await.expect("restart");
+    assert_ne!(ctd.pid(), old_pid, "a new containerd process");
+    eprintln!("containerd down for {down:?}");
+
+    let mut client = ctd.runtime_client().await;
+    let status = client
+        .container_status(ContainerStatusRequest { container_id: pod.container_id.clone(), verbose: false })
+        .await
+        .expect("ContainerStatus after the restart")
+        .into_inner()
+        .status
+        .expect("status");
+    assert_eq!(status.state, ContainerState::ContainerRunning as i32, "the container lived on");
+    raw_run_pod(&mut client, &raw_log_root(&ctd), &["sleep", "3600"]).await.expect("a new pod after the restart");
+    remove_all_pods(&ctd).await.unwrap();
+}

@@ -1,6 +1,6 @@
 //! Read-only views of a pod spec with the defaults the API server would have applied.
 
-use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec, Volume};
 use md5::{Digest, Md5};
 
 /// Pod restart policy (`spec.restartPolicy`, default Always).
@@ -74,6 +74,23 @@ pub fn termination_grace_seconds(pod: &Pod) -> i64 {
 }
 
 pub const MIN_GRACE_SECONDS: i64 = 2;
+
+/// The grace period left to stop a pod, at `now_nanos` (since the Unix epoch). A pod the API
+/// is deleting must be gone by its `deletionTimestamp` (the API server sets it to the deletion
+/// time plus the grace period, cut to whole seconds, so the end of that second counts), so an
+/// agent that restarts in the middle of a termination finishes the original grace period
+/// instead of starting a new one. Never more than [`termination_grace_seconds`] (a fresh
+/// deletion gets all of it, and a node clock behind the API server's gains nothing), never
+/// less than the 2 s minimum; other pods get the full grace period.
+pub fn remaining_grace_seconds(pod: &Pod, now_nanos: i64) -> i64 {
+    const SECOND: i128 = 1_000_000_000;
+    let full = termination_grace_seconds(pod);
+    let Some(deadline) = &pod.metadata.deletion_timestamp else { return full };
+    let left = deadline.0.as_nanosecond() + SECOND - i128::from(now_nanos);
+    // Whole seconds, rounded up.
+    let left = i64::try_from(left.div_euclid(SECOND) + i128::from(left.rem_euclid(SECOND) > 0));
+    left.unwrap_or(full).clamp(MIN_GRACE_SECONDS, full)
+}
 
 /// A stable hash of a container's spec; a running container whose hash differs from its
 /// spec's is replaced. Resources are left out, as upstream hashes containers since in-place
@@ -159,6 +176,17 @@ pub fn full_name(pod: &Pod) -> String {
     format!("{}/{}", namespace(pod), name(pod))
 }
 
+/// The claim behind the pod's volume `v`: a `persistentVolumeClaim`'s, or the one the ephemeral
+/// volume controller creates for a generic ephemeral volume (upstream's `ephemeral.VolumeClaimName`,
+/// `<pod name>-<volume name>`).
+pub fn claim_name(pod: &Pod, v: &Volume) -> Option<String> {
+    if let Some(claim) = &v.persistent_volume_claim {
+        Some(claim.claim_name.clone())
+    } else {
+        v.ephemeral.as_ref().map(|_| format!("{}-{}", name(pod), v.name))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +234,28 @@ mod tests {
         pod.spec = None;
         pod.metadata.deletion_grace_period_seconds = None;
         assert_eq!(termination_grace_seconds(&pod), 30);
+    }
+
+    #[test]
+    fn a_deleted_pod_gets_what_is_left_of_its_grace_period() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let second = 1_000_000_000;
+        let mut pod = Pod {
+            spec: Some(PodSpec { termination_grace_period_seconds: Some(30), ..Default::default() }),
+            ..Default::default()
+        };
+        let deleted_at = 1_700_000_000 * second;
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at), 30, "not being deleted: the full period");
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        let deadline = k8s_openapi::jiff::Timestamp::from_second(1_700_000_030).unwrap();
+        pod.metadata.deletion_timestamp = Some(Time(deadline));
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at), 30);
+        // Deleted at 0.9 s: the deadline 30.9 s reads 30 s; all of the grace period is left.
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + second * 9 / 10), 30, "a fresh deletion");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 11 * second + 1), 20, "rounded up");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 29 * second), 2, "at least the minimum");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at + 3600 * second), 2, "past the deadline");
+        assert_eq!(remaining_grace_seconds(&pod, deleted_at - 60 * second), 30, "a clock behind gains nothing");
     }
 
     #[test]

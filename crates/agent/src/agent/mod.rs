@@ -632,7 +632,10 @@ impl Agent {
                 // Awaited here: what it keeps must not change while it runs. It is a directory
                 // scan unless a pod's cgroup was left behind.
                 let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
-                self.shared.driver.remove_orphaned_cgroups(known.cloned().collect()).await;
+                let known: std::collections::HashSet<String> = known.cloned().collect();
+                // Upstream's reconciler retries unmounting until it succeeds; here every GC pass.
+                self.shared.driver.tear_down_orphaned_volumes(&known).await;
+                self.shared.driver.remove_orphaned_cgroups(known).await;
             }
         }
         self.next_chore();

@@ -622,10 +622,12 @@ impl Worker {
         }
     }
 
-    /// Stops the pod with its grace period, then removes its containers, sandboxes and files.
+    /// Stops the pod within what is left of its grace period (all of it unless the API set a
+    /// deadline, which an agent restarted mid-termination must keep), then removes its
+    /// containers, sandboxes and files.
     async fn terminate(self) {
         let uid = spec::uid(&self.pod).to_string();
-        let grace = Driver::grace(&self.pod);
+        let grace = Duration::from_secs(spec::remaining_grace_seconds(&self.pod, now()) as u64);
         let mut delay = Duration::from_secs(1);
         loop {
             match self.try_terminate(grace).await {

@@ -107,6 +107,8 @@ pub struct NodeController {
     shutting_down: watch::Receiver<bool>,
     /// The device plugins' resources, when device plugins are served.
     devices: Option<DeviceManager>,
+    /// The CSI volumes the node mounts or is about to mount, when it serves CSI volumes.
+    volumes_in_use: Option<watch::Receiver<Vec<String>>>,
 }
 
 /// What one status pass observed (the owned half of [`NodeInputs`]).
@@ -117,6 +119,7 @@ struct Observed {
     addresses: Result<Vec<NodeAddress>, AddressError>,
     images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     devices: gantry_plugins::devices::Capacity,
+    volumes_in_use: Option<Vec<String>>,
     now: Timestamp,
 }
 
@@ -143,7 +146,7 @@ fn code(e: &kube::Error) -> Option<u16> {
 }
 
 /// Completes when `rx` sees a change; never without one (or once its sender is gone).
-async fn changed(rx: &mut Option<watch::Receiver<u64>>) {
+async fn changed<T>(rx: &mut Option<watch::Receiver<T>>) {
     let Some(rx) = rx else { return std::future::pending().await };
     if rx.changed().await.is_err() {
         std::future::pending().await
@@ -190,6 +193,7 @@ impl NodeController {
             request_timeout,
             shutting_down,
             devices: None,
+            volumes_in_use: None,
         }
     }
 
@@ -197,6 +201,12 @@ impl NodeController {
     /// as soon as they change.
     pub fn with_devices(self, devices: DeviceManager) -> Self {
         NodeController { devices: Some(devices), ..self }
+    }
+
+    /// The Node reports `volumes` as `status.volumesInUse`, synced as soon as they change (the
+    /// attach/detach controller does not detach a volume the node reports in use).
+    pub fn with_volumes_in_use(self, volumes: watch::Receiver<Vec<String>>) -> Self {
+        NodeController { volumes_in_use: Some(volumes), ..self }
     }
 
     /// The Node's UID as last seen (`None` until known).
@@ -313,7 +323,8 @@ impl NodeController {
             }
         };
         let devices = self.devices.as_ref().map(DeviceManager::capacity).unwrap_or_default();
-        Observed { runtime_version, runtime_errors, pressure, addresses, images, devices, now }
+        let volumes_in_use = self.volumes_in_use.as_ref().map(|v| v.borrow().clone());
+        Observed { runtime_version, runtime_errors, pressure, addresses, images, devices, volumes_in_use, now }
     }
 
     fn inputs<'a>(&'a self, o: &'a Observed) -> NodeInputs<'a> {
@@ -328,6 +339,7 @@ impl NodeController {
             addresses: o.addresses.clone(),
             images: o.images.clone(),
             devices: o.devices.clone(),
+            volumes_in_use: o.volumes_in_use.clone(),
             now: o.now,
         }
     }
@@ -436,6 +448,7 @@ impl NodeController {
         let mut shutting_down = self.shutting_down.clone();
         let mut devices = self.devices.as_ref().map(DeviceManager::changes);
         let mut pressure = self.pressure.clone();
+        let mut volumes_in_use = self.volumes_in_use.clone();
         loop {
             let wait = match self.sync_status(&mut state).await {
                 Ok(()) => {
@@ -459,6 +472,7 @@ impl NodeController {
                 () = changed(&mut devices) => {}
                 // A pressure condition shows as soon as the eviction manager sees it.
                 Ok(()) = pressure.changed() => {}
+                () = changed(&mut volumes_in_use) => {}
             }
         }
     }

@@ -89,6 +89,15 @@ pub enum Startup {
     TolerateUnreachable,
 }
 
+/// What the node plugins add to the Node's status.
+#[derive(Default)]
+pub struct PluginStatus {
+    /// The device plugins' extended resources.
+    pub devices: Option<gantry_plugins::devices::DeviceManager>,
+    /// The CSI volumes the node mounts or is about to (`status.volumesInUse`).
+    pub volumes_in_use: Option<watch::Receiver<Vec<String>>>,
+}
+
 /// Connects to the API server (failing with one clear [`api::ApiError`] for a
 /// bad kubeconfig, rejected or forbidden credentials, and an unreachable
 /// server unless `startup` tolerates it), then spawns the task that registers
@@ -101,7 +110,7 @@ pub async fn start(
     metrics: &std::sync::Arc<gantry_metrics::Metrics>,
     shutting_down: watch::Receiver<bool>,
     pressure: watch::Receiver<status::Pressure>,
-    devices: Option<gantry_plugins::devices::DeviceManager>,
+    plugins: PluginStatus,
 ) -> Result<NodeAgent, NodeError> {
     if let Some(paths) = bootstrap_paths(settings) {
         api::bootstrap::load_client_cert(&paths, &settings.node_name).await.map_err(api::ApiError::from)?;
@@ -123,8 +132,11 @@ pub async fn start(
     let (events, event_writer) = crate::events::Recorder::to_api(clients.client.clone(), node);
     let mut controller =
         NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
-    if let Some(devices) = devices {
+    if let Some(devices) = plugins.devices {
         controller = controller.with_devices(devices);
+    }
+    if let Some(volumes) = plugins.volumes_in_use {
+        controller = controller.with_volumes_in_use(volumes);
     }
     let node_uid = controller.node_uid();
     let object_ttl = controller.object_ttl();

@@ -84,6 +84,9 @@ pub struct NodeInputs<'a> {
     pub images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     /// The device plugins' resources (extended resources).
     pub devices: gantry_plugins::devices::Capacity,
+    /// `status.volumesInUse` (upstream's unique volume names, sorted); `None` when the node
+    /// serves no CSI volumes (the field is left as it is).
+    pub volumes_in_use: Option<Vec<String>>,
     pub now: Timestamp,
 }
 
@@ -438,6 +441,9 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
     status.capacity.get_or_insert_with(BTreeMap::new).extend(cap.to_map().into_iter().chain(hugepages.clone()));
     status.allocatable.get_or_insert_with(BTreeMap::new).extend(alloc.to_map().into_iter().chain(hugepages));
     set_device_resources(&mut status, &inputs.devices);
+    if let Some(in_use) = &inputs.volumes_in_use {
+        status.volumes_in_use = (!in_use.is_empty()).then(|| in_use.clone());
+    }
 
     let previous_boot = previous.node_info.as_ref().map(|i| i.boot_id.as_str()).unwrap_or_default();
     if !previous_boot.is_empty() && previous_boot != inputs.facts.boot_id {
@@ -639,6 +645,11 @@ pub fn status_patch(old: &NodeStatus, new: &NodeStatus) -> Value {
     }
     if let Some(endpoints) = &new.daemon_endpoints {
         status.insert("daemonEndpoints".into(), serde_json::to_value(endpoints).unwrap_or(Value::Null));
+    }
+    if old.volumes_in_use != new.volumes_in_use {
+        // A plain list: replaced as a whole, removed when empty.
+        let list = new.volumes_in_use.as_ref().map(|v| json!(v)).unwrap_or(Value::Null);
+        status.insert("volumesInUse".into(), list);
     }
     let old_addresses = old.addresses.as_deref().unwrap_or_default();
     let new_addresses = new.addresses.as_deref().unwrap_or_default();

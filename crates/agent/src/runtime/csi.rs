@@ -1,22 +1,27 @@
-//! A pod's PersistentVolumeClaims served by CSI drivers (upstream's CSI volume plugin, node
-//! side): the claim's bound PV (`gantry_pod::claim`), the `VolumeAttachment` when the driver's
-//! `CSIDriver` object requires attach, `NodeStageVolume` once per volume on the node, then
-//! `NodePublishVolume` per pod; on the pod's removal `NodeUnpublishVolume`, and
-//! `NodeUnstageVolume` once no pod on the node publishes the volume any more.
+//! A pod's volumes served by CSI drivers (upstream's CSI volume plugin, node side):
+//! PersistentVolumeClaims and generic ephemeral volumes (the claim's bound PV,
+//! `gantry_pod::claim`), and CSI ephemeral inline volumes. The `VolumeAttachment` when the
+//! driver's `CSIDriver` object requires attach, `NodeStageVolume` once per volume on the node,
+//! then `NodePublishVolume` per pod (a directory, or a device file for `volumeMode: Block`), the
+//! pod's `fsGroup` as the driver's `fsGroupPolicy` says; on the pod's removal
+//! `NodeUnpublishVolume`, and `NodeUnstageVolume` once no pod on the node publishes the volume
+//! any more. Volumes that need attaching are reported in use (`volumes_in_use`) meanwhile.
 //!
-//! The state is on disk, in upstream's layout, so that a restarted agent tears down what an
-//! earlier one set up: a volume is staged when
-//! `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/vol_data.json` exists, and
-//! published for a pod when `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json`
-//! does. Each file is written once its call succeeded (upstream writes it before the call).
+//! The state is on disk, in upstream's layouts (`Layout`), so that a restarted agent tears down
+//! what an earlier one set up: a volume is staged when its staged record's `vol_data.json`
+//! exists (`<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>` for a file system), and
+//! published for a pod when the pod's record has one
+//! (`<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`, or `volumeDevices/...` for a block
+//! device). Each file is written once its call succeeded (upstream writes it before the call).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use gantry_plugins::csi::{CsiDrivers, CsiError};
-use gantry_pod::claim::{self, ClaimError};
+use gantry_plugins::csi::{CsiDrivers, CsiError, VolumeUsage};
+use gantry_pod::claim::{self, ClaimError, Lifecycle};
 use gantry_vocab::{paths, spec};
 use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -33,8 +38,14 @@ pub enum CsiVolumeError {
     Claim { namespace: String, claim: String, source: ClaimError },
     #[error("error processing PVC {namespace}/{claim}: {source}")]
     Read { namespace: String, claim: String, source: ObjectError },
+    #[error(transparent)]
+    NotForPod(#[from] claim::NotForPod),
     #[error("persistentVolumeClaim volumes need an API server")]
     NoApiServer,
+    #[error(
+        "MountVolume.SetUp failed for volume {volume:?} : kubernetes.io/csi: mounter.SetupAt failed to check volume lifecycle mode: {why}"
+    )]
+    Lifecycle { volume: String, why: String },
     #[error("MountVolume.WaitForAttach failed for volume {pv:?} : {why}")]
     Attach { pv: String, why: String },
     #[error("MountVolume.MountDevice failed for volume {pv:?} : {source}")]
@@ -71,6 +82,10 @@ struct VolData {
     attachment_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     volume_lifecycle_mode: String,
+    /// Gantry's own key (upstream keeps it in memory): the pod's name for the volume, under
+    /// which its stats are reported, also after a restart.
+    #[serde(rename = "gantry.dev/podVolumeName", default, skip_serializing_if = "String::is_empty")]
+    pod_volume_name: String,
 }
 
 /// Upstream's `VolumeAttachment` name for a volume on a node: `csi-<sha256(handle+driver+node)>`.
@@ -78,10 +93,68 @@ pub fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
     format!("csi-{}", hex::encode(Sha256::digest(format!("{handle}{driver}{node}"))))
 }
 
+/// Upstream's volume ID of an inline ephemeral volume: `csi-<sha256(pod UID + volume name)>`.
+pub fn inline_volume_id(pod_uid: &str, volume: &str) -> String {
+    format!("csi-{}", hex::encode(Sha256::digest(format!("{pod_uid}{volume}"))))
+}
+
+/// Upstream's unique name of a CSI volume (`status.volumesInUse`, `volumesAttached`).
+pub fn unique_name(driver: &str, handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{handle}")
+}
+
 /// `<root>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>`: the staged volume's directory
 /// (its `globalmount` is the staging path).
 pub fn staging_dir(root_dir: &Path, driver: &str, handle: &str) -> PathBuf {
     root_dir.join("plugins/kubernetes.io/csi").join(driver).join(hex::encode(Sha256::digest(handle)))
+}
+
+/// Upstream's directory of the CSI plugin's block volumes.
+const BLOCK_DIR: &str = "plugins/kubernetes.io/csi/volumeDevices";
+
+/// Where one volume is staged and published, as upstream lays it out for each volume mode.
+struct Layout {
+    /// The pod's record of the published volume (its `vol_data.json`).
+    record: PathBuf,
+    /// `NodePublishVolume`'s target: a directory for a file system, a file for a block device.
+    target: PathBuf,
+    /// The staged volume's record, and `NodeStageVolume`'s staging path.
+    staged: PathBuf,
+    staging: PathBuf,
+}
+
+impl Layout {
+    /// A file system: `pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, staged at
+    /// `plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount`. A block device:
+    /// recorded under `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>`, published on the file
+    /// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>`, staged at
+    /// `.../volumeDevices/staging/<pv>` with its record in `.../volumeDevices/<pv>/data`.
+    fn new(root_dir: &Path, uid: &str, pv: &str, block: bool, driver: &str, handle: &str) -> Layout {
+        if block {
+            let devices = root_dir.join(BLOCK_DIR);
+            Layout {
+                record: block_record_dir(root_dir, uid, pv),
+                target: devices.join("publish").join(pv).join(uid),
+                staged: devices.join(pv).join("data"),
+                staging: devices.join("staging").join(pv),
+            }
+        } else {
+            let staged = staging_dir(root_dir, driver, handle);
+            let record = publish_dir(root_dir, uid, pv);
+            Layout { target: record.join("mount"), record, staging: staged.join("globalmount"), staged }
+        }
+    }
+}
+
+/// `<root>/pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>`: the pod's record of a block volume.
+fn block_record_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
+    paths::pod_dir(root_dir, uid).join("volumeDevices").join(POD_PLUGIN_DIR).join(pv)
+}
+
+/// The pod's directories of published CSI volumes: file systems, then block devices.
+fn pod_plugin_dirs(root_dir: &Path, uid: &str) -> [(PathBuf, bool); 2] {
+    let pod = paths::pod_dir(root_dir, uid);
+    [(pod.join("volumes").join(POD_PLUGIN_DIR), false), (pod.join("volumeDevices").join(POD_PLUGIN_DIR), true)]
 }
 
 /// `<root>/pods/<uid>/volumes/kubernetes.io~csi/<pv>`: the published volume's directory (its
@@ -94,6 +167,21 @@ pub fn publish_dir(root_dir: &Path, uid: &str, pv: &str) -> PathBuf {
 pub struct Published {
     pub path: PathBuf,
     pub read_only: bool,
+    /// A block device (for the container's `volumeDevices`), not a directory.
+    pub block: bool,
+}
+
+/// What publishing one volume for a pod takes.
+struct Plan {
+    /// The PV's name (an inline volume's: the pod's volume name): the publish directory's.
+    spec_vol_id: String,
+    layout: Layout,
+    volume: gantry_plugins::csi::Volume,
+    /// Whether to wait for the `VolumeAttachment` first.
+    attach: bool,
+    lifecycle: Lifecycle,
+    /// The PV's access modes (`None` for an inline volume), for the fsGroup policy.
+    access_modes: Option<Vec<String>>,
 }
 
 /// The node's CSI volumes.
@@ -104,14 +192,64 @@ pub struct CsiVolumes {
     /// Volume operations one at a time: a pod's containers start concurrently and each sets up
     /// the pod's volumes, and unstaging must not race a publish of the same volume.
     one_at_a_time: tokio::sync::Mutex<()>,
+    /// Per pod UID, the attachable volumes (unique names) it uses or is about to: from the
+    /// moment the node knows the volume needs attaching until its teardown is done.
+    in_use: std::sync::Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// Their union, sorted: the Node's `status.volumesInUse`.
+    in_use_tx: tokio::sync::watch::Sender<Vec<String>>,
 }
 
 impl CsiVolumes {
+    /// Volumes an earlier run published with an attachment count as in use from the start, as
+    /// upstream's reconstructed volumes do.
     pub fn new(drivers: CsiDrivers, root_dir: PathBuf, node: String) -> Self {
-        CsiVolumes { drivers, root_dir, node, one_at_a_time: tokio::sync::Mutex::new(()) }
+        let csi = CsiVolumes {
+            in_use: std::sync::Mutex::new(published_attachable(&root_dir)),
+            drivers,
+            root_dir,
+            node,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+            in_use_tx: tokio::sync::watch::Sender::new(Vec::new()),
+        };
+        csi.publish_in_use();
+        csi
     }
 
-    /// Sets up the pod's claim volume `v` (idempotent: a volume already published for the pod
+    /// The node's `status.volumesInUse`, now and as it changes.
+    pub fn volumes_in_use(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
+        self.in_use_tx.subscribe()
+    }
+
+    fn mark_in_use(&self, uid: &str, name: String) {
+        let inserted = self.lock_in_use().entry(uid.to_string()).or_default().insert(name);
+        if inserted {
+            self.publish_in_use();
+        }
+    }
+
+    fn forget_in_use(&self, uid: &str) {
+        if self.lock_in_use().remove(uid).is_some() {
+            self.publish_in_use();
+        }
+    }
+
+    fn lock_in_use(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeSet<String>>> {
+        self.in_use.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish_in_use(&self) {
+        let all: BTreeSet<String> = self.lock_in_use().values().flatten().cloned().collect();
+        self.in_use_tx.send_if_modified(|v| {
+            let changed = v.iter().ne(all.iter());
+            if changed {
+                *v = all.into_iter().collect();
+            }
+            changed
+        });
+    }
+
+    /// Sets up the pod's claim volume `v`, a `persistentVolumeClaim` or a generic ephemeral
+    /// volume (whose claim the pod must control) (idempotent: a volume already published for the pod
     /// is only looked up).
     pub async fn set_up(
         &self,
@@ -119,44 +257,111 @@ impl CsiVolumes {
         v: &Volume,
         objects: Option<&ObjectSource>,
     ) -> Result<Published, CsiVolumeError> {
-        let source = v.persistent_volume_claim.as_ref().expect("called for claim volumes");
-        let (ns, claim_name) = (spec::namespace(pod), source.claim_name.as_str());
+        let claim_name = spec::claim_name(pod, v).expect("called for claim volumes");
+        let (ns, claim_name) = (spec::namespace(pod), claim_name.as_str());
+        let claim_read_only = v.persistent_volume_claim.as_ref().and_then(|c| c.read_only).unwrap_or(false);
         let objects = objects.ok_or(CsiVolumeError::NoApiServer)?;
         let read = |source| CsiVolumeError::Read { namespace: ns.to_string(), claim: claim_name.to_string(), source };
         let claim_err =
             |source| CsiVolumeError::Claim { namespace: ns.to_string(), claim: claim_name.to_string(), source };
         let pvc = objects.claim(ns, claim_name).await.map_err(read)?;
         let (pv_name, claim_uid) = claim::bound_volume(ns, claim_name, pvc.as_ref()).map_err(claim_err)?;
+        if let (Some(_), Some(pvc)) = (&v.ephemeral, &pvc) {
+            claim::claim_for_pod(pod, pvc)?;
+        }
         let pv = objects.persistent_volume(&pv_name).await.map_err(read)?;
         let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
-        let read_only = source.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false);
-        let dir = publish_dir(&self.root_dir, spec::uid(pod), &pv_name);
-        let target = dir.join("mount");
-        let _guard = self.one_at_a_time.lock().await;
-        if read_vol_data(&dir).is_some() {
-            return Ok(Published { path: target, read_only });
+        let read_only = claim_read_only || csi.read_only.unwrap_or(false);
+        let block = pv.as_ref().and_then(|p| p.spec.as_ref()?.volume_mode.as_deref()) == Some("Block");
+        let layout = Layout::new(&self.root_dir, spec::uid(pod), &pv_name, block, &csi.driver, &csi.volume_handle);
+        if read_vol_data(&layout.record).is_some() {
+            return Ok(Published { path: layout.target, read_only, block });
         }
-        let attach_required = match objects.csi_driver(&csi.driver).await.map_err(read)? {
-            Some(d) => d.spec.attach_required.unwrap_or(true),
-            // Upstream: without a CSIDriver object the volume is attachable.
-            None => true,
-        };
-        let mut volume = gantry_plugins::csi::Volume {
+        let driver_object = objects.csi_driver(&csi.driver).await.map_err(read)?;
+        let volume = gantry_plugins::csi::Volume {
             driver: csi.driver.clone(),
             handle: csi.volume_handle.clone(),
             fs_type: csi.fs_type.clone().unwrap_or_default(),
             read_only,
+            block,
             access_mode: pv.as_ref().map(claim::access_mode).unwrap_or_default(),
             attributes: csi.volume_attributes.clone().unwrap_or_default(),
             ..Default::default()
         };
+        // Upstream: without a CSIDriver object the volume is attachable.
+        let attach = driver_object.as_ref().is_none_or(|d| d.spec.attach_required.unwrap_or(true));
+        let access_modes = Some(pv.as_ref().and_then(|p| p.spec.as_ref()?.access_modes.clone()).unwrap_or_default());
+        let plan =
+            Plan { spec_vol_id: pv_name, layout, volume, attach, lifecycle: Lifecycle::Persistent, access_modes };
+        self.publish(pod, v, plan, driver_object.as_ref(), objects).await
+    }
+
+    /// Sets up the pod's CSI ephemeral inline volume `v` (`csi:` in the pod spec): published
+    /// for the pod alone, never staged nor attached, under the volume's own name.
+    pub async fn set_up_inline(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        objects: Option<&ObjectSource>,
+    ) -> Result<Published, CsiVolumeError> {
+        let source = v.csi.as_ref().expect("called for inline CSI volumes");
+        let objects = objects.ok_or(CsiVolumeError::NoApiServer)?;
+        let read_only = source.read_only.unwrap_or(false);
+        let handle = inline_volume_id(spec::uid(pod), &v.name);
+        let layout = Layout::new(&self.root_dir, spec::uid(pod), &v.name, false, &source.driver, &handle);
+        if read_vol_data(&layout.record).is_some() {
+            return Ok(Published { path: layout.target, read_only, block: false });
+        }
+        let lifecycle = |why: String| CsiVolumeError::Lifecycle { volume: v.name.clone(), why };
+        let driver_object = objects.csi_driver(&source.driver).await.map_err(|e| lifecycle(e.to_string()))?;
+        claim::check_lifecycle(Lifecycle::Ephemeral, &source.driver, driver_object.as_ref())
+            .map_err(|e| lifecycle(e.to_string()))?;
+        let volume = gantry_plugins::csi::Volume {
+            driver: source.driver.clone(),
+            handle,
+            fs_type: source.fs_type.clone().unwrap_or_default(),
+            read_only,
+            attributes: source.volume_attributes.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let plan = Plan {
+            spec_vol_id: v.name.clone(),
+            layout,
+            volume,
+            attach: false,
+            lifecycle: Lifecycle::Ephemeral,
+            access_modes: None,
+        };
+        self.publish(pod, v, plan, driver_object.as_ref(), objects).await
+    }
+
+    /// Attaches (waits for the attacher), stages and publishes the planned volume for the pod.
+    async fn publish(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        plan: Plan,
+        driver_object: Option<&CSIDriver>,
+        objects: &ObjectSource,
+    ) -> Result<Published, CsiVolumeError> {
+        let Plan { spec_vol_id: pv_name, layout, mut volume, attach, lifecycle, access_modes } = plan;
+        let (read_only, block) = (volume.read_only, volume.block);
+        let _guard = self.one_at_a_time.lock().await;
+        // Another container of the pod may have published it meanwhile.
+        if read_vol_data(&layout.record).is_some() {
+            return Ok(Published { path: layout.target, read_only, block });
+        }
+        if driver_object.is_some_and(|d| d.spec.pod_info_on_mount == Some(true)) {
+            volume.attributes.extend(claim::pod_info(pod, lifecycle));
+        }
         let io = |action, path: &Path, source| CsiVolumeError::Io {
             pv: pv_name.clone(),
             action,
             path: path.to_path_buf(),
             source,
         };
-        let attachment = if attach_required {
+        let attachment = if attach {
+            self.mark_in_use(spec::uid(pod), unique_name(&volume.driver, &volume.handle));
             let name = attachment_name(&volume.handle, &volume.driver, &self.node);
             volume.publish_context = self.attached(objects, &pv_name, &name).await?;
             name
@@ -167,14 +372,13 @@ impl CsiVolumes {
             .drivers
             .driver(&volume.driver)
             .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
-        let staging = driver.stages.then(|| staging_dir(&self.root_dir, &volume.driver, &volume.handle));
-        if let Some(staged) = &staging
-            && read_vol_data(staged).is_none()
-        {
-            let globalmount = staged.join("globalmount");
-            create_dir(&globalmount).map_err(|e| io("cannot create", &globalmount, e))?;
+        // Inline volumes are never staged (upstream stages only persistent volumes).
+        let stages = driver.stages && lifecycle == Lifecycle::Persistent;
+        if stages && read_vol_data(&layout.staged).is_none() {
+            create_dir(&layout.staging).map_err(|e| io("cannot create", &layout.staging, e))?;
+            create_dir(&layout.staged).map_err(|e| io("cannot create", &layout.staged, e))?;
             self.drivers
-                .stage(&volume, &globalmount)
+                .stage(&volume, &layout.staging)
                 .await
                 .map_err(|source| CsiVolumeError::Stage { pv: pv_name.clone(), source })?;
             let data = VolData {
@@ -182,27 +386,42 @@ impl CsiVolumes {
                 driver_name: volume.driver.clone(),
                 ..Default::default()
             };
-            write_vol_data(staged, &data).map_err(|e| io("cannot write", staged, e))?;
+            write_vol_data(&layout.staged, &data).map_err(|e| io("cannot write", &layout.staged, e))?;
             tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume staged");
         }
         // The driver creates the target itself; its parent is the node's.
-        create_dir(&dir).map_err(|e| io("cannot create", &dir, e))?;
-        let staging_path = staging.as_ref().map(|s| s.join("globalmount"));
+        let parent = layout.target.parent().unwrap_or(&layout.record);
+        create_dir(parent).map_err(|e| io("cannot create", parent, e))?;
+        create_dir(&layout.record).map_err(|e| io("cannot create", &layout.record, e))?;
         self.drivers
-            .publish(&volume, staging_path.as_deref(), &target)
+            .publish(&volume, stages.then_some(layout.staging.as_path()), &layout.target)
             .await
             .map_err(|source| CsiVolumeError::Publish { pv: pv_name.clone(), source })?;
+        let security = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+        let policy = driver_object.and_then(|d| d.spec.fs_group_policy.as_deref());
+        if let Some(group) = security.and_then(|s| s.fs_group)
+            && !block
+            && claim::applies_fs_group(policy, &volume.fs_type, access_modes.as_deref(), read_only)
+        {
+            let on_mismatch = security.and_then(|s| s.fs_group_change_policy.as_deref()) == Some("OnRootMismatch");
+            let (target, group) = (layout.target.clone(), group as u32);
+            tokio::task::spawn_blocking(move || set_ownership(&target, group, on_mismatch))
+                .await
+                .expect("the ownership walk does not panic")
+                .map_err(|e| io("cannot apply fsGroup to", &layout.target, e))?;
+        }
         let data = VolData {
             spec_vol_id: pv_name.clone(),
             volume_handle: volume.handle.clone(),
             driver_name: volume.driver.clone(),
             node_name: self.node.clone(),
             attachment_id: attachment,
-            volume_lifecycle_mode: "Persistent".into(),
+            volume_lifecycle_mode: lifecycle.as_str().into(),
+            pod_volume_name: v.name.clone(),
         };
-        write_vol_data(&dir, &data).map_err(|e| io("cannot write", &dir, e))?;
-        tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume published");
-        Ok(Published { path: target, read_only })
+        write_vol_data(&layout.record, &data).map_err(|e| io("cannot write", &layout.record, e))?;
+        tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, block, "volume published");
+        Ok(Published { path: layout.target, read_only, block })
     }
 
     /// The attachment's metadata once the `VolumeAttachment` `name` says attached.
@@ -231,54 +450,154 @@ impl CsiVolumes {
     /// and its data must not be deleted with the directory).
     pub async fn tear_down(&self, uid: &str) -> bool {
         let _guard = self.one_at_a_time.lock().await;
-        let plugin = paths::pod_dir(&self.root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
-        let Ok(entries) = std::fs::read_dir(&plugin) else { return true };
         let mut clean = true;
-        for dir in entries.flatten().map(|e| e.path()) {
-            clean &= self.tear_down_volume(uid, &dir).await;
+        for (plugin, block) in pod_plugin_dirs(&self.root_dir, uid) {
+            let Ok(entries) = std::fs::read_dir(&plugin) else { continue };
+            let mut all = true;
+            for dir in entries.flatten().map(|e| e.path()) {
+                all &= self.tear_down_volume(uid, &dir, block).await;
+            }
+            clean &= all && std::fs::remove_dir(&plugin).is_ok();
         }
-        clean && std::fs::remove_dir(&plugin).is_ok()
+        if clean {
+            self.forget_in_use(uid);
+        }
+        clean
     }
 
-    async fn tear_down_volume(&self, uid: &str, dir: &Path) -> bool {
-        let target = dir.join("mount");
+    async fn tear_down_volume(&self, uid: &str, dir: &Path, block: bool) -> bool {
         let Some(data) = read_vol_data(dir) else {
             // Never published: only the directories the node made, if nothing is mounted there.
-            return remove_empty(&[&target, dir], uid);
+            return if block { remove_empty(&[dir], uid) } else { remove_empty(&[&dir.join("mount"), dir], uid) };
         };
-        let (driver, handle) = (data.driver_name.as_str(), data.volume_handle.as_str());
-        if let Err(e) = self.drivers.unpublish(driver, handle, &target).await {
-            tracing::warn!(pod_uid = uid, volume = %data.spec_vol_id, driver, error = %e, "UnmountVolume.TearDown failed");
+        let (driver, handle, pv) = (data.driver_name.as_str(), data.volume_handle.as_str(), data.spec_vol_id.as_str());
+        let layout = Layout::new(&self.root_dir, uid, pv, block, driver, handle);
+        if let Err(e) = self.drivers.unpublish(driver, handle, &layout.target).await {
+            tracing::warn!(pod_uid = uid, volume = %pv, driver, error = %e, "UnmountVolume.TearDown failed");
             return false;
         }
-        tracing::info!(pod_uid = uid, volume = %data.spec_vol_id, driver, "volume unpublished");
+        tracing::info!(pod_uid = uid, volume = %pv, driver, "volume unpublished");
         let _ = std::fs::remove_file(dir.join(VOL_DATA));
-        if !remove_empty(&[&target, dir], uid) {
+        let unpublished = if block {
+            // The device file, if the driver left it; its directory once no pod's is left.
+            let file = match std::fs::remove_file(&layout.target) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(pod_uid = uid, file = %layout.target.display(), error = %e, "cannot remove the device file");
+                    false
+                }
+                _ => true,
+            };
+            if let Some(publish) = layout.target.parent() {
+                let _ = std::fs::remove_dir(publish);
+            }
+            file && remove_empty(&[dir], uid)
+        } else {
+            remove_empty(&[&layout.target, dir], uid)
+        };
+        if !unpublished {
             return false;
         }
-        let staged = staging_dir(&self.root_dir, driver, handle);
-        if read_vol_data(&staged).is_none() || self.published_anywhere(driver, handle) {
+        if read_vol_data(&layout.staged).is_none() || self.published_anywhere(driver, handle) {
             return true;
         }
-        let globalmount = staged.join("globalmount");
-        if let Err(e) = self.drivers.unstage(driver, handle, &globalmount).await {
-            tracing::warn!(volume = %data.spec_vol_id, driver, error = %e, "UnmountDevice failed");
+        if let Err(e) = self.drivers.unstage(driver, handle, &layout.staging).await {
+            tracing::warn!(volume = %pv, driver, error = %e, "UnmountDevice failed");
             return false;
         }
-        tracing::info!(volume = %data.spec_vol_id, driver, "volume unstaged");
-        let _ = std::fs::remove_file(staged.join(VOL_DATA));
-        remove_empty(&[&globalmount, &staged], uid)
+        tracing::info!(volume = %pv, driver, "volume unstaged");
+        let _ = std::fs::remove_file(layout.staged.join(VOL_DATA));
+        let removed = remove_empty(&[&layout.staging, &layout.staged], uid);
+        if block && let Some(volume_dir) = layout.staged.parent() {
+            let _ = std::fs::remove_dir(volume_dir);
+        }
+        removed
+    }
+
+    /// The pods (UIDs) with a record of a published CSI volume on disk.
+    pub fn pods_with_volumes(&self) -> BTreeSet<String> {
+        published(&self.root_dir).map(|(uid, _)| uid).collect()
     }
 
     /// Whether any pod on the node still has the volume published.
     fn published_anywhere(&self, driver: &str, handle: &str) -> bool {
-        let pods = std::fs::read_dir(self.root_dir.join("pods")).into_iter().flatten().flatten();
-        pods.flat_map(|p| {
-            std::fs::read_dir(p.path().join("volumes").join(POD_PLUGIN_DIR)).into_iter().flatten().flatten()
-        })
-        .filter_map(|v| read_vol_data(&v.path()))
-        .any(|d| d.driver_name == driver && d.volume_handle == handle)
+        published(&self.root_dir).any(|(_, d)| d.driver_name == driver && d.volume_handle == handle)
     }
+}
+
+/// The usage of the pod `uid`'s published CSI volumes whose driver reports it
+/// (`GET_VOLUME_STATS`), by the pod's volume name; a volume whose driver cannot answer now is
+/// left out (as upstream leaves out a volume whose metrics fail).
+pub async fn volume_stats(drivers: &CsiDrivers, root_dir: &Path, uid: &str) -> Vec<(String, VolumeUsage)> {
+    let plugin = paths::pod_dir(root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
+    let published = std::fs::read_dir(plugin).into_iter().flatten().flatten().map(|e| e.path());
+    let mut out = Vec::new();
+    for dir in published {
+        let Some(data) = read_vol_data(&dir).filter(|d| !d.pod_volume_name.is_empty()) else { continue };
+        if !drivers.driver(&data.driver_name).is_ok_and(|d| d.volume_stats) {
+            continue;
+        }
+        match drivers.volume_stats(&data.driver_name, &data.volume_handle, &dir.join("mount")).await {
+            Ok(usage) => out.push((data.pod_volume_name, usage)),
+            // Every scrape asks again: debug, not a warning per scrape.
+            Err(e) => {
+                tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+            }
+        }
+    }
+    out
+}
+
+/// Per pod UID, the volumes published on disk with an attachment (a restarted node's volumes
+/// in use).
+fn published_attachable(root_dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (uid, data) in published(root_dir).filter(|(_, d)| !d.attachment_id.is_empty()) {
+        out.entry(uid).or_default().insert(unique_name(&data.driver_name, &data.volume_handle));
+    }
+    out
+}
+
+/// Every volume published for a pod on the node (file systems and block devices), by pod UID.
+fn published(root_dir: &Path) -> impl Iterator<Item = (String, VolData)> + '_ {
+    let pods = std::fs::read_dir(root_dir.join("pods")).into_iter().flatten().flatten();
+    pods.flat_map(move |p| {
+        let uid = p.file_name().to_string_lossy().into_owned();
+        pod_plugin_dirs(root_dir, &uid).into_iter().flat_map(move |(dir, _)| {
+            let uid = uid.clone();
+            let volumes = std::fs::read_dir(dir).into_iter().flatten().flatten();
+            volumes.filter_map(move |v| Some((uid.clone(), read_vol_data(&v.path())?)))
+        })
+    })
+}
+
+/// Upstream's `SetVolumeOwnership`: every file under `root` (symlinks aside) gets group `gid`
+/// and group read/write (directories also search and setgid); with `on_root_mismatch`, nothing
+/// is changed when the root already has them.
+fn set_ownership(root: &Path, gid: u32, on_root_mismatch: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(root)?;
+    let wanted = super::projection::fs_group_mode(0, meta.is_dir(), false);
+    if on_root_mismatch && meta.gid() == gid && meta.mode() & wanted == wanted {
+        return Ok(());
+    }
+    walk_ownership(root, gid)
+}
+
+fn walk_ownership(path: &Path, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, None, Some(gid))?;
+    let mode = super::projection::fs_group_mode(meta.mode() & 0o7777, meta.is_dir(), false);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            walk_ownership(&entry?.path(), gid)?;
+        }
+    }
+    Ok(())
 }
 
 fn create_dir(dir: &Path) -> std::io::Result<()> {
@@ -318,6 +637,8 @@ mod tests {
         let name = attachment_name("h1", "d.example.com", "node-a");
         assert_eq!(name, format!("csi-{}", hex::encode(Sha256::digest("h1d.example.comnode-a"))));
         assert_eq!(name.len(), 4 + 64);
+        let id = inline_volume_id("u1", "scratch");
+        assert_eq!(id, format!("csi-{}", hex::encode(Sha256::digest("u1scratch"))));
         assert_eq!(
             staging_dir(Path::new("/var/lib/kubelet"), "d.example.com", "h1"),
             PathBuf::from(format!(
@@ -340,12 +661,13 @@ mod tests {
             node_name: "n".into(),
             attachment_id: String::new(),
             volume_lifecycle_mode: "Persistent".into(),
+            pod_volume_name: "data".into(),
         };
         let json = serde_json::to_value(&data).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"specVolID": "pv1", "volumeHandle": "h1", "driverName": "d", "nodeName": "n",
-                "volumeLifecycleMode": "Persistent"})
+                "volumeLifecycleMode": "Persistent", "gantry.dev/podVolumeName": "data"})
         );
         let staged = VolData { volume_handle: "h1".into(), driver_name: "d".into(), ..Default::default() };
         assert_eq!(
@@ -374,5 +696,51 @@ mod tests {
         write_vol_data(&dir, &data).unwrap();
         assert!(!csi.tear_down("u1").await);
         assert_eq!(std::fs::read_to_string(dir.join("mount/data")).unwrap(), "keep");
+    }
+
+    #[tokio::test]
+    async fn attached_volumes_an_earlier_run_published_are_in_use_until_torn_down() {
+        let root = tempfile::tempdir().unwrap();
+        let attached = publish_dir(root.path(), "u1", "pv1");
+        let local = publish_dir(root.path(), "u2", "pv2");
+        for (dir, attachment) in [(&attached, "csi-abc"), (&local, "")] {
+            std::fs::create_dir_all(dir).unwrap();
+            let data = VolData {
+                volume_handle: "h".into(),
+                driver_name: "d".into(),
+                attachment_id: attachment.into(),
+                ..Default::default()
+            };
+            write_vol_data(dir, &data).unwrap();
+        }
+        let csi = CsiVolumes::new(CsiDrivers::default(), root.path().to_path_buf(), "n".into());
+        let in_use = csi.volumes_in_use();
+        assert_eq!(*in_use.borrow(), ["kubernetes.io/csi/d^h"], "only the volume that needs attaching");
+        // The driver is gone, so the volume stays mounted: still in use.
+        assert!(!csi.tear_down("u1").await);
+        assert_eq!(*in_use.borrow(), ["kubernetes.io/csi/d^h"]);
+        std::fs::remove_file(attached.join(VOL_DATA)).unwrap();
+        assert!(csi.tear_down("u1").await);
+        assert!(in_use.borrow().is_empty());
+    }
+
+    #[test]
+    fn fs_group_ownership_is_upstreams_and_skipped_when_the_root_matches() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = tempfile::tempdir().unwrap();
+        let (sub, file) = (root.path().join("sub"), root.path().join("sub/file"));
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(&file, "x").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set_ownership(root.path(), 4321, false).unwrap();
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
+        assert_eq!((meta(&sub).gid(), meta(&sub).mode() & 0o7777 & 0o2070), (4321, 0o2070));
+        assert_eq!((meta(&file).gid(), meta(&file).mode() & 0o7777), (4321, 0o660));
+        // The root already right: OnRootMismatch changes nothing below it.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        set_ownership(root.path(), 4321, true).unwrap();
+        assert_eq!(meta(&file).mode() & 0o7777, 0o600);
+        set_ownership(root.path(), 4321, false).unwrap();
+        assert_eq!(meta(&file).mode() & 0o7777, 0o660);
     }
 }

@@ -24,7 +24,7 @@ use crate::events::{EventType, Recorder};
 use crate::image::puller::ImagePuller;
 use gantry_config::CgroupDriver;
 use gantry_config::PodSettings;
-use gantry_plugins::devices::{AdmitError, DeviceManager};
+use gantry_plugins::devices::{AdmitError, DeviceManager, RunOptions};
 use gantry_pod::ObservedPod;
 use gantry_pod::resize::Amounts;
 use gantry_pod::resources::CgroupValues;
@@ -139,6 +139,11 @@ impl Driver {
     /// Claim volumes come from CSI drivers (`csi`).
     pub fn with_csi(self, csi: CsiVolumes) -> Self {
         Driver { csi: Some(Arc::new(csi)), ..self }
+    }
+
+    /// The node's CSI volumes, when claim volumes are served.
+    pub fn csi(&self) -> Option<&CsiVolumes> {
+        self.csi.as_deref()
     }
 
     pub fn devices(&self) -> Option<&DeviceManager> {
@@ -583,13 +588,16 @@ impl Driver {
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
         let image_user = self.image_user(c).await?;
-        let devices = match &self.devices {
+        let mut devices: RunOptions = match &self.devices {
             Some(d) => d
                 .run_options(pod, &c.name)
                 .await
                 .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?,
             None => Default::default(),
         };
+        let block_devices = volumes::devices(c, &volumes)
+            .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
+        devices.devices.extend(block_devices);
         let node_allocatable = (fields.node_cpu_milli, fields.node_memory_bytes);
         let ctx = ContainerContext {
             node: &self.node,
@@ -795,6 +803,19 @@ impl Driver {
             .expect("cgroup task does not panic");
         if let Err(e) = result {
             tracing::warn!(pod_uid = uid, error = %e, "cannot remove the pod cgroup");
+        }
+    }
+
+    /// Tears down the CSI volumes still published for pods that are gone (a teardown that
+    /// failed, or a pod removed while the agent was down), then their directories; `keep` holds
+    /// the UIDs of every pod that exists in the runtime or is wanted.
+    pub async fn tear_down_orphaned_volumes(&self, keep: &std::collections::HashSet<String>) {
+        let Some(csi) = &self.csi else { return };
+        for uid in csi.pods_with_volumes().into_iter().filter(|uid| !keep.contains(uid)) {
+            tracing::info!(pod_uid = %uid, "tearing down the CSI volumes of a pod that is gone");
+            if csi.tear_down(&uid).await {
+                volumes::cleanup(&self.root_dir, &uid).await;
+            }
         }
     }
 

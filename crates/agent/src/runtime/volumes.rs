@@ -1,7 +1,8 @@
 //! A pod's volumes on the host: `hostPath` (with its `type` checks), `emptyDir` (disk, or tmpfs
 //! for `medium: Memory`), and the API-backed `configMap`, `secret`, `downwardAPI` and
 //! `projected` volumes written through the atomic writer, and `persistentVolumeClaim` volumes
-//! whose PV a CSI driver serves (`super::csi`). Other types are refused with a reason naming
+//! whose PV a CSI driver serves, generic ephemeral volumes (the same, through the claim the
+//! ephemeral volume controller creates) and CSI ephemeral inline volumes (`super::csi`). Other types are refused with a reason naming
 //! the volume.
 
 use std::collections::HashMap;
@@ -27,6 +28,8 @@ pub struct Prepared {
     pub path: PathBuf,
     /// API-backed volumes are always mounted read-only, as upstream does.
     pub read_only: bool,
+    /// A block device (`volumeMode: Block`), for the containers' `volumeDevices`.
+    pub block: bool,
 }
 
 pub use paths::pod_dir;
@@ -55,7 +58,7 @@ pub async fn prepare(
         let prepared = if let Some(host) = &v.host_path {
             let path = PathBuf::from(&host.path);
             check_host_path(&path, host.type_.as_deref().unwrap_or_default()).await.map_err(failed)?;
-            Prepared { path, read_only: false }
+            Prepared { path, read_only: false, block: false }
         } else if let Some(e) = &v.empty_dir {
             let path = volume_dir(root_dir, pod, "empty-dir", &v.name);
             let memory = e.medium.as_deref() == Some("Memory");
@@ -63,7 +66,7 @@ pub async fn prepare(
                 e.size_limit.as_ref().map(|q| quantity::parse_units(&q.0)).transpose().map_err(|e| failed(e.into()))?;
             let size = resources::memory_volume_size(pod, size_limit, fields.node_memory_bytes);
             setup_empty_dir(&path, memory, size, fs_group.map(|g| g as u32)).map_err(failed)?;
-            Prepared { path, read_only: false }
+            Prepared { path, read_only: false, block: false }
         } else if projection::is_projection(v) {
             let plugin = plugin_name(v);
             let path = volume_dir(root_dir, pod, plugin, &v.name);
@@ -87,9 +90,16 @@ pub async fn prepare(
             if changed {
                 tracing::debug!(pod = %spec::full_name(pod), volume = %v.name, "volume contents updated");
             }
-            Prepared { path, read_only: true }
-        } else if let (Some(_), Some(csi)) = (&v.persistent_volume_claim, csi) {
-            let published = csi.set_up(pod, v, objects).await.map_err(|e| {
+            Prepared { path, read_only: true, block: false }
+        } else if let (true, Some(csi)) =
+            (v.persistent_volume_claim.is_some() || v.ephemeral.is_some() || v.csi.is_some(), csi)
+        {
+            let published = if v.csi.is_some() {
+                csi.set_up_inline(pod, v, objects).await
+            } else {
+                csi.set_up(pod, v, objects).await
+            };
+            let published = published.map_err(|e| {
                 let reason = if e.is_wait() {
                     StartFailure::ContainerCreating
                 } else {
@@ -97,7 +107,7 @@ pub async fn prepare(
                 };
                 StartError::new(reason, e.to_string())
             })?;
-            Prepared { path: published.path, read_only: published.read_only }
+            Prepared { path: published.path, read_only: published.read_only, block: published.block }
         } else {
             return Err(StartError::new(
                 StartFailure::CreateContainerConfigError,
@@ -172,6 +182,8 @@ pub enum MountError {
     NoSuchVolume { container: String, mount: String },
     #[error("container {container:?}: volumeMount {mount:?} subPath: {source}")]
     SubPath { container: String, mount: String, source: projection::PathError },
+    #[error("container {container:?}: volumeDevice {device:?} names no block volume of the pod")]
+    NoSuchDevice { container: String, device: String },
     #[error("container {container:?}: volumeMount {mount:?}: invalid mountPropagation {propagation:?}")]
     Propagation { container: String, mount: String, propagation: String },
 }
@@ -254,6 +266,24 @@ fn is_tmpfs(path: &Path) -> bool {
 }
 
 /// The CRI mounts for a container's `volumeMounts`.
+/// The container's `volumeDevices`: each block volume's device file on the host, created at
+/// its `devicePath` in the container (upstream's permissions, `mrw`).
+pub fn devices(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Device>, MountError> {
+    let no_device = |name: &str| MountError::NoSuchDevice { container: c.name.clone(), device: name.to_string() };
+    c.volume_devices
+        .iter()
+        .flatten()
+        .map(|d| {
+            let v = volumes.get(&d.name).filter(|v| v.block).ok_or_else(|| no_device(&d.name))?;
+            Ok(api::Device {
+                container_path: d.device_path.clone(),
+                host_path: v.path.to_string_lossy().into_owned(),
+                permissions: "mrw".into(),
+            })
+        })
+        .collect()
+}
+
 pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Mount>, MountError> {
     c.volume_mounts
         .iter()
@@ -300,7 +330,8 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<
 pub async fn cleanup(root_dir: &Path, uid: &str) {
     let dir = pod_dir(root_dir, uid);
     let csi = dir.join("volumes").join(super::csi::POD_PLUGIN_DIR);
-    if csi.exists() {
+    let csi_devices = dir.join("volumeDevices").join(super::csi::POD_PLUGIN_DIR);
+    if csi.exists() || csi_devices.exists() {
         // A CSI volume not torn down (or set up by an agent without CSI) may still be mounted
         // there: its data is not the node's to delete.
         tracing::warn!(pod_uid = uid, dir = %csi.display(), "CSI volumes not torn down; keeping the pod directory");
@@ -330,13 +361,37 @@ mod tests {
 
     fn vols() -> HashMap<String, Prepared> {
         HashMap::from([
-            ("data".to_string(), Prepared { path: "/v/data".into(), read_only: false }),
-            ("cfg".to_string(), Prepared { path: "/v/cfg".into(), read_only: true }),
+            ("data".to_string(), Prepared { path: "/v/data".into(), read_only: false, block: false }),
+            ("cfg".to_string(), Prepared { path: "/v/cfg".into(), read_only: true, block: false }),
         ])
     }
 
     fn mount(name: &str, path: &str) -> VolumeMount {
         VolumeMount { name: name.into(), mount_path: path.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn volume_devices_map_block_volumes_to_cri_devices() {
+        let mut volumes = vols();
+        volumes.insert("disk".into(), Prepared { path: "/p/disk/u1".into(), read_only: false, block: true });
+        let device = |name: &str| k8s_openapi::api::core::v1::VolumeDevice {
+            name: name.into(),
+            device_path: "/dev/xvda".into(),
+        };
+        let c = Container { name: "c".into(), volume_devices: Some(vec![device("disk")]), ..Default::default() };
+        assert_eq!(
+            devices(&c, &volumes).unwrap(),
+            [api::Device {
+                container_path: "/dev/xvda".into(),
+                host_path: "/p/disk/u1".into(),
+                permissions: "mrw".into()
+            }]
+        );
+        let c = Container { name: "c".into(), volume_devices: Some(vec![device("data")]), ..Default::default() };
+        assert_eq!(
+            devices(&c, &volumes).unwrap_err().to_string(),
+            r#"container "c": volumeDevice "data" names no block volume of the pod"#
+        );
     }
 
     #[test]

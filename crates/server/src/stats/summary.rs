@@ -63,6 +63,8 @@ pub struct Sources<'a> {
     /// pods not in the summary dropped (a partial read keeps the others' for the next scrape).
     pub all_pods: bool,
     pub cache: &'a StatsCache,
+    /// The volumes only their plugins measure (CSI).
+    pub plugin_volumes: &'a dyn crate::PluginVolumes,
 }
 
 fn rfc3339(ts: Timestamp) -> String {
@@ -107,6 +109,13 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
+    let mut plugin_volumes: HashMap<&str, Vec<(String, FsStats)>> = HashMap::new();
+    if !only_cpu_and_memory {
+        for pod in &src.pods {
+            let uid = spec::uid(pod);
+            plugin_volumes.insert(uid, src.plugin_volumes.usage(uid).await);
+        }
+    }
 
     let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
     let node = node_stats(src, hierarchy, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
@@ -164,7 +173,8 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
         pod_totals(&mut ps, &time, at, &mut rates, cgroup.as_ref(), sandbox_stats.get(uid));
         if !only_cpu_and_memory {
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
-            ps.volume = volumes(src.root_dir, pod, &time);
+            let measured = plugin_volumes.remove(uid).unwrap_or_default();
+            ps.volume = volumes(src.root_dir, pod, measured, &time);
             let etc_hosts = host::file_usage(&paths::pod_dir(src.root_dir, uid).join(paths::ETC_HOSTS));
             let pod_logs = host::files_usage(&paths::pod_log_dir(src.pod_logs_dir, pod));
             let pod_files =
@@ -476,20 +486,27 @@ fn spec_volumes(pod: &Pod) -> &[Volume] {
 }
 
 /// Every volume the node keeps for the pod (emptyDir, configMap, secret, downward API,
-/// projected): bytes and inodes used under it (as upstream's `MetricsDu`), on its filesystem.
-fn volumes(root_dir: &Path, pod: &Pod, time: &str) -> Vec<VolumeStats> {
-    let mut out: Vec<VolumeStats> = spec_volumes(pod)
-        .iter()
-        .filter_map(|v| {
-            let path = paths::volume_dir(root_dir, spec::uid(pod), paths::volume_plugin(v)?, &v.name);
-            let base = host::filesystem(&path, time)?;
-            let (used, inodes) = host::disk_usage(&path);
-            Some(VolumeStats {
-                fs: FsStats { used_bytes: Some(used), inodes_used: Some(inodes), ..base },
-                name: v.name.clone(),
-            })
+/// projected): bytes and inodes used under it (as upstream's `MetricsDu`), on its filesystem;
+/// and those a plugin `measured` (by pod volume name), with the claim behind each.
+fn volumes(root_dir: &Path, pod: &Pod, measured: Vec<(String, FsStats)>, time: &str) -> Vec<VolumeStats> {
+    let local = spec_volumes(pod).iter().filter_map(|v| {
+        let path = paths::volume_dir(root_dir, spec::uid(pod), paths::volume_plugin(v)?, &v.name);
+        let base = host::filesystem(&path, time)?;
+        let (used, inodes) = host::disk_usage(&path);
+        Some(VolumeStats {
+            fs: FsStats { used_bytes: Some(used), inodes_used: Some(inodes), ..base },
+            name: v.name.clone(),
+            pvc_ref: None,
         })
-        .collect();
+    });
+    let by_plugin = measured.into_iter().map(|(name, fs)| {
+        let spec_volume = spec_volumes(pod).iter().find(|v| v.name == name);
+        let pvc_ref = spec_volume
+            .and_then(|v| spec::claim_name(pod, v))
+            .map(|claim| PvcReference { name: claim, namespace: spec::namespace(pod).into() });
+        VolumeStats { fs: FsStats { time: time.into(), ..fs }, name, pvc_ref }
+    });
+    let mut out: Vec<VolumeStats> = local.chain(by_plugin).collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }

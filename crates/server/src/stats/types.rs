@@ -219,4 +219,13 @@ pub struct VolumeStats {
     #[serde(flatten)]
     pub fs: FsStats,
     pub name: String,
+    /// The claim behind the volume (a `persistentVolumeClaim` or generic ephemeral volume).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pvc_ref: Option<PvcReference>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PvcReference {
+    pub name: String,
+    pub namespace: String,
 }

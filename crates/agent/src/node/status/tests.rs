@@ -50,6 +50,7 @@ fn inputs<'a>(s: &'a Settings, f: &'a MachineFacts, now: Timestamp) -> NodeInput
         addresses: Ok(addresses()),
         images: None,
         devices: Default::default(),
+        volumes_in_use: None,
         now,
     }
 }
@@ -598,4 +599,22 @@ fn device_plugin_resources_are_reported_and_patched_only_when_they_change() {
     // Unchanged device resources are not sent again.
     let patch = status_patch(&status, &compute_status(&status, &i).0);
     assert!(patch["status"]["capacity"].get("example.com/gpu").is_none());
+}
+
+#[test]
+fn volumes_in_use_are_reported_replaced_and_removed() {
+    let (s, f) = (settings(), facts());
+    let mut i = inputs(&s, &f, t(0));
+    let (untouched, _) = compute_status(&NodeStatus::default(), &i);
+    assert_eq!(untouched.volumes_in_use, None);
+    assert!(status_patch(&NodeStatus::default(), &untouched)["status"].get("volumesInUse").is_none());
+    i.volumes_in_use = Some(vec!["kubernetes.io/csi/d^h".into()]);
+    let (in_use, _) = compute_status(&NodeStatus::default(), &i);
+    assert_eq!(in_use.volumes_in_use.as_deref(), Some(&["kubernetes.io/csi/d^h".to_string()][..]));
+    assert!(status_changed(&untouched, &in_use));
+    assert_eq!(status_patch(&untouched, &in_use)["status"]["volumesInUse"], json!(["kubernetes.io/csi/d^h"]));
+    i.volumes_in_use = Some(vec![]);
+    let (none, _) = compute_status(&in_use, &i);
+    assert_eq!(none.volumes_in_use, None);
+    assert_eq!(status_patch(&in_use, &none)["status"]["volumesInUse"], Value::Null);
 }

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_agent::agent::{Agent, Shared};
+use gantry_agent::agent::{Agent, Kill, KillReason, Shared};
 use gantry_agent::source::static_pod::{self, Origin};
 use gantry_agent::source::{SourceKind, SourceUpdate, manifest};
 use gantry_config::Settings;
@@ -867,7 +867,6 @@ async fn image_gc_passes_ten_seconds_after_start_then_every_five_minutes() {
 /// restarted; a pod that arrives while the node shuts down is rejected.
 #[tokio::test]
 async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejected() {
-    use gantry_agent::agent::{Kill, KillReason};
     let node = Node::start().await;
     node.fake.add_image("registry.test/app:v1");
     let shared = Shared::connect(&node.settings(), Arc::default()).await.expect("agent connects to the fake runtime");
@@ -918,6 +917,78 @@ async fn a_pod_stopped_for_the_node_shutdown_stays_failed_and_new_pods_are_rejec
     let calls = node.fake.calls();
     assert_eq!(count(&calls, "StartContainer", &name), 1, "the stopped pod is not started again");
     assert_eq!(count(&calls, "RunPodSandbox", &late.metadata.name.clone().unwrap()), 0, "the late pod never runs");
+}
+
+/// An agent whose loop runs, with the sender of its kills (the node shutdown's and evictions').
+async fn agent_with_kills(node: &Node) -> (Arc<Shared>, mpsc::Sender<SourceUpdate>, mpsc::UnboundedSender<Kill>) {
+    let shared = Shared::connect(&node.settings(), Arc::default()).await.expect("agent connects to the fake runtime");
+    let (tx, rx) = mpsc::channel(16);
+    let agent = Agent::new(shared.clone(), vec![SourceKind::File], NODE);
+    let kills = agent.kills();
+    tokio::spawn(agent.run(rx));
+    (shared, tx, kills)
+}
+
+/// Sends a shutdown kill for `pod` with `grace`; returns whether it was done within the
+/// test's patience.
+async fn kill_for_shutdown(kills: &mpsc::UnboundedSender<Kill>, pod: &Pod, grace: Duration) -> bool {
+    let (done, stopped) = tokio::sync::oneshot::channel();
+    kills.send(Kill { uid: uid(pod).to_string(), grace, why: KillReason::Shutdown, done }).unwrap();
+    tokio::time::timeout(PATIENCE, stopped).await.is_ok_and(|r| r.is_ok())
+}
+
+fn shutdown_reason(shared: &Shared, pod: &Pod) -> (Option<String>, Option<String>) {
+    let status = shared.statuses.get(uid(pod)).and_then(|p| p.status).unwrap_or_default();
+    (status.phase, status.reason)
+}
+
+/// The agent loop serves a kill while its relist waits for the runtime (a runtime slow to
+/// list, as containerd busy stopping other pods): the relist is a call in flight beside the
+/// loop, not a step of it. No second relist starts while one is in flight.
+#[tokio::test]
+async fn a_kill_is_served_while_the_relist_is_held() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let (shared, tx, kills) = agent_with_kills(&node).await;
+    let pod = static_pod("web", &["app"]);
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "web running", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+
+    // Only the node-wide listing (no pod in its selector) hangs; the pods' own looks go on.
+    node.fake.hang("ListPodSandbox", Some(""));
+    let relists = |calls: &[Call]| count(calls, "ListPodSandbox", "");
+    let before = relists(&node.fake.calls());
+    assert!(node.fake.wait_for_calls(PATIENCE, |c| relists(c) > before).await, "a relist is in flight");
+
+    assert!(kill_for_shutdown(&kills, &pod, Duration::from_secs(5)).await, "the kill is done while the relist hangs");
+    let stopped = (Some("Failed".to_string()), Some("Terminated".to_string()));
+    assert_eq!(shutdown_reason(&shared, &pod), stopped);
+    assert_eq!(relists(&node.fake.calls()), before + 1, "the held relist is the only one started");
+    node.fake.clear("ListPodSandbox");
+    assert!(node.fake.wait_for_calls(PATIENCE, |c| relists(c) > before + 1).await, "relists go on once answered");
+}
+
+/// A kill interrupts the pod's sync even while the sync waits for the runtime (here a
+/// `StartContainer` that never answers): the pod's sandbox is stopped within the kill's grace
+/// and the pod reported failed, as upstream's pod workers cancel a sync once the pod is
+/// terminating.
+#[tokio::test]
+async fn a_kill_interrupts_the_pods_sync_held_in_the_runtime() {
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let pod = static_pod("web", &["app"]);
+    let name = pod.metadata.name.clone().unwrap();
+    node.fake.hang("StartContainer", Some(&name));
+    let (shared, tx, kills) = agent_with_kills(&node).await;
+    send(&tx, &[&pod]).await;
+    let started = |calls: &[Call]| count(calls, "StartContainer", &name) == 1;
+    assert!(node.fake.wait_for_calls(PATIENCE, started).await, "the pod's sync waits in StartContainer");
+
+    assert!(kill_for_shutdown(&kills, &pod, Duration::from_secs(5)).await, "the kill is done while the start hangs");
+    assert_eq!(shutdown_reason(&shared, &pod), (Some("Failed".to_string()), Some("Terminated".to_string())));
+    let calls = node.fake.calls();
+    assert_eq!(count(&calls, "StopPodSandbox", &name), 1, "the sandbox is stopped: {calls:?}");
+    assert_eq!(count(&calls, "StartContainer", &name), 1, "the start is not tried again");
 }
 
 /// `imageMinimumGCAge` runs on the agent's clock: an unused image found after start-up stays

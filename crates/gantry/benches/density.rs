@@ -7,7 +7,8 @@
 //!   sequential and 8-way parallel raw CRI for the same number of pods on the same containerd;
 //! - the agent's RSS (anon and file), threads, and CPU over the steady-state window;
 //! - API requests per minute over that window by verb and resource, counted by the server,
-//!   and the watches open at its end; beside them what the Go kubelet's design implies.
+//!   and the watches open at its end; beside them what the Go kubelet's design implies;
+//! - the Events created over that window, by reason.
 //!
 //! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
@@ -18,14 +19,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gantry_test_apiserver::{TestApiServer, User};
 use gantry_testkit::{BUSYBOX_IMAGE, Containerd, ContainerdOptions, raw_start_pods, raw_start_pods_parallel};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -122,7 +123,7 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
     args.extend(std::env::var("GANTRY_BENCH_ARGS").unwrap_or_default().split_whitespace().map(String::from));
     let mut agent = common::spawn(&dir, "gantry.log", &args);
     common::wait_for_node(&admin, NODE).await;
-    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let makespan = create_and_wait(&pods, count, case).await;
     println!(
         "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={:.2}",
@@ -130,7 +131,7 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
         floor.as_secs_f64(),
         makespan.as_secs_f64() / floor.as_secs_f64()
     );
-    steady_state(&server, agent.id(), &label, steady).await;
+    steady_state(&server, &Api::all(admin), agent.id(), &label, steady).await;
     delete_all(&pods).await;
     let _ = agent.kill();
     let _ = agent.wait();
@@ -202,10 +203,29 @@ fn cpu_ticks(pid: u32) -> u64 {
     f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
 }
 
-/// CPU, memory and API requests over the steady-state window.
-async fn steady_state(server: &TestApiServer, pid: u32, label: &str, window: Duration) {
+/// The names of the Events that exist now.
+async fn event_names(events: &Api<Event>) -> HashSet<String> {
+    let list = events.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    list.iter().map(ResourceExt::name_any).collect()
+}
+
+/// The Events created since `before` (their names), by reason, with one message each.
+async fn new_events(events: &Api<Event>, before: &HashSet<String>) -> BTreeMap<String, (usize, String)> {
+    let list = events.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    let mut by_reason: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    for e in list.iter().filter(|e| !before.contains(&e.name_any())) {
+        let entry = by_reason.entry(e.reason.clone().unwrap_or_default()).or_default();
+        entry.0 += 1;
+        entry.1 = e.message.clone().unwrap_or_default();
+    }
+    by_reason
+}
+
+/// CPU, memory, API requests and new Events over the steady-state window.
+async fn steady_state(server: &TestApiServer, events: &Api<Event>, pid: u32, label: &str, window: Duration) {
     // Let start-up work (status reports, token requests) settle first.
     tokio::time::sleep(Duration::from_secs(10)).await;
+    let events_before = event_names(events).await;
     let (before, ticks) = (server.requests(), cpu_ticks(pid));
     tokio::time::sleep(window).await;
     let cpu = (cpu_ticks(pid) - ticks) as f64 / 100.0 / window.as_secs_f64();
@@ -246,6 +266,9 @@ async fn steady_state(server: &TestApiServer, pid: u32, label: &str, window: Dur
         *open.entry(w.resource).or_insert(0) += 1;
     }
     println!("density: {label} open watches {open:?}");
+    for (reason, (n, message)) in new_events(events, &events_before).await {
+        println!("density: {label} events created {reason}: {n} (e.g. {message:?})");
+    }
 }
 
 async fn delete_all(pods: &Api<Pod>) {

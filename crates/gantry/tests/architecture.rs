@@ -457,7 +457,12 @@ const SPAWNS: &[(&str, &str, usize, &str)] = &[
     ("crates/agent/src/runtime/driver/resize.rs", "spawn_blocking(", 1, "blocking cgroup writes, awaited in place"),
     ("crates/agent/src/runtime/volumes.rs", "spawn_blocking(", 1, "blocking volume writes, awaited in place"),
     ("crates/agent/src/runtime/csi.rs", "spawn_blocking(", 1, "the fsGroup ownership walk, awaited in place"),
-    ("crates/logs/src/rotation.rs", "spawn_blocking(", 1, "blocking clean-up of rotated logs, awaited in place"),
+    (
+        "crates/logs/src/rotation.rs",
+        "spawn_blocking(",
+        2,
+        "the sizes of all logs, and the clean-up of rotated logs, awaited in place",
+    ),
     ("crates/agent/src/system_containers.rs", "spawn_blocking(", 1, "cgroup writes of one round, awaited in place"),
     (
         "crates/server/src/logs/service.rs",

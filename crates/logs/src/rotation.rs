@@ -5,7 +5,7 @@
 //! rotation compressed, and the current file renamed to `<log>.<YYYYMMDD-hhmmss>` before CRI
 //! `ReopenContainerLog` makes the runtime start a new one. `plan` is the pure part.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,18 +59,32 @@ pub async fn run(runtime: RuntimeClient, node: String, settings: LogSettings) {
     let runtime = Arc::new(runtime);
     let mut tick = tokio::time::interval(settings.monitor_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut paths = HashMap::new();
     loop {
         tick.tick().await;
-        if let Err(e) = rotate_all(&runtime, &node, &settings).await {
+        if let Err(e) = rotate_all(&runtime, &node, &settings, &mut paths).await {
             tracing::warn!(error = %e, "container log rotation: cannot list containers");
         }
     }
 }
 
+/// A running container's log, by container ID: its path, and its name and pod for the logs.
+struct Log {
+    path: PathBuf,
+    container: String,
+    pod: String,
+}
+
+/// One pass: the log of each running container that reached the maximum size is rotated.
+/// A container's log path never changes, so the runtime is asked for it once per container
+/// (`paths` keeps it across passes), and one blocking task measures all the logs: at density
+/// a pass costs one `ListContainers`, not one `ContainerStatus` and one thread hand-off per
+/// container.
 async fn rotate_all(
     runtime: &Arc<RuntimeClient>,
     node: &str,
     settings: &LogSettings,
+    paths: &mut HashMap<String, Log>,
 ) -> Result<(), gantry_cri::CriError> {
     let filter = api::ContainerFilter {
         state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
@@ -78,12 +92,59 @@ async fn rotate_all(
         ..Default::default()
     };
     let containers = runtime.list_containers(api::ListContainersRequest { filter: Some(filter) }).await?.containers;
-    futures::stream::iter(containers)
-        .for_each_concurrent(settings.max_workers.max(1) as usize, |c| async move {
-            let name = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
-            let pod = c.labels.get(labels::POD_NAME).cloned().unwrap_or_default();
-            if let Err(e) = rotate_one(runtime, &c.id, settings).await {
-                tracing::warn!(container = %name, pod = %pod, container_id = %c.id, error = %e, "failed to rotate container log");
+    let running: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
+    paths.retain(|id, _| running.contains(id.as_str()));
+    let workers = settings.max_workers.max(1) as usize;
+    let new: Vec<(String, String, String)> = containers
+        .iter()
+        .filter(|c| !paths.contains_key(&c.id))
+        .map(|c| {
+            let label = |key: &str| c.labels.get(key).cloned().unwrap_or_default();
+            (c.id.clone(), label(labels::CONTAINER_NAME), label(labels::POD_NAME))
+        })
+        .collect();
+    let found: Vec<(String, Option<Log>)> = futures::stream::iter(new)
+        .map(|(id, container, pod)| async move {
+            let path = match log_path(runtime, &id).await {
+                Ok(path) => path,
+                Err(e) => {
+                    tracing::warn!(container = %container, pod = %pod, container_id = %id, error = %e, "failed to rotate container log");
+                    None
+                }
+            };
+            (id, path.map(|path| Log { path, container, pod }))
+        })
+        .buffer_unordered(workers)
+        .collect()
+        .await;
+    paths.extend(found.into_iter().filter_map(|(id, log)| Some((id, log?))));
+    let logs: Vec<(String, PathBuf)> = paths.iter().map(|(id, log)| (id.clone(), log.path.clone())).collect();
+    let sizes = tokio::task::spawn_blocking(move || {
+        logs.into_iter().map(|(id, path)| (id, std::fs::metadata(&path).map(|m| m.len()))).collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    // The logs to rotate, and those that could not be measured (with why).
+    let due: Vec<(&Log, String, Option<io::Error>)> = sizes
+        .into_iter()
+        .filter_map(|(id, size)| {
+            let log = paths.get(&id)?;
+            match size {
+                Ok(size) => (size >= settings.max_size).then_some((log, id, None)),
+                // Not created yet, or renamed and being reopened.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => Some((log, id, Some(e))),
+            }
+        })
+        .collect();
+    futures::stream::iter(due)
+        .for_each_concurrent(workers, |(log, id, failed)| async move {
+            let result = match failed {
+                None => rotate_one(runtime, &id, &log.path, settings).await,
+                Some(e) => Err(io_err(&log.path)(e)),
+            };
+            if let Err(e) = result {
+                tracing::warn!(container = %log.container, pod = %log.pod, container_id = %id, error = %e, "failed to rotate container log");
             }
         })
         .await;
@@ -102,27 +163,21 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RotateError + '_ {
     move |source| RotateError::Io { path: path.to_path_buf(), source }
 }
 
-async fn rotate_one(runtime: &RuntimeClient, id: &str, settings: &LogSettings) -> Result<(), RotateError> {
+/// The container's log file, as the runtime reports it (None: it has none).
+async fn log_path(runtime: &RuntimeClient, id: &str) -> Result<Option<PathBuf>, gantry_cri::CriError> {
     let status =
         runtime.container_status(api::ContainerStatusRequest { container_id: id.into(), verbose: false }).await?;
-    let Some(path) = status.status.map(|s| PathBuf::from(s.log_path)).filter(|p| !p.as_os_str().is_empty()) else {
-        return Ok(());
-    };
-    let size = match tokio::fs::metadata(&path).await {
-        Ok(m) => m.len(),
-        // Not created yet, or renamed and being reopened.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_err(&path)(e)),
-    };
-    if size < settings.max_size {
-        return Ok(());
-    }
+    Ok(status.status.map(|s| PathBuf::from(s.log_path)).filter(|p| !p.as_os_str().is_empty()))
+}
+
+/// Cleans up `path`'s older rotations and rotates it.
+async fn rotate_one(runtime: &RuntimeClient, id: &str, path: &Path, settings: &LogSettings) -> Result<(), RotateError> {
     let max_files = settings.max_files;
-    let clean_path = path.clone();
+    let clean_path = path.to_path_buf();
     tokio::task::spawn_blocking(move || clean_up(&clean_path, max_files))
         .await
-        .map_err(|e| RotateError::Io { path: path.clone(), source: io::Error::other(e) })??;
-    rotate_latest(runtime, id, &path).await
+        .map_err(|e| RotateError::Io { path: path.to_path_buf(), source: io::Error::other(e) })??;
+    rotate_latest(runtime, id, path).await
 }
 
 /// Applies the plan: removals, then compression (blocking I/O).

@@ -7,7 +7,7 @@ mod prober;
 pub mod runonce;
 mod worker;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use gantry_cri::CriError;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinError, JoinSet};
 // tokio's: the same as std's in production, and stepped with the clock in paused-clock tests.
 use tokio::time::Instant;
@@ -27,7 +27,7 @@ use crate::cluster::maintenance::HoldInput;
 use crate::cluster::objects::ObjectSource;
 use crate::node::status::Resources;
 use crate::runtime::observe::PodIdentity;
-use crate::runtime::{Driver, Observer};
+use crate::runtime::{Driver, Observer, Snapshot};
 use crate::source::merge::Merger;
 use crate::source::{SourceKind, SourceUpdate, file, http};
 pub use crate::status_store::StatusStore;
@@ -281,6 +281,49 @@ pub struct Agent {
     /// Requests for a garbage collection pass now (the eviction manager's reclaim).
     gc_tx: mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
     gc_rx: mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<()>>,
+    /// The runtime work the loop polls beside its messages rather than awaiting it, so that
+    /// kills, source updates and finished workers are served while the runtime is slow.
+    background: Background,
+}
+
+/// The relist in flight, and the cgroup and collection work started from the loop.
+#[derive(Default)]
+struct Background {
+    /// The relist in flight, with the reclaims that wait for its collection pass.
+    listing: Option<BoxFuture<'static, Relisted>>,
+    /// Reclaims asked for while a relist was already in flight: the next one serves them.
+    gc_asked: Vec<oneshot::Sender<()>>,
+    /// The chore in flight: one at a time, so that QoS settings never overtake each other.
+    chore: Option<BoxFuture<'static, ChoreDone>>,
+    /// The QoS levels are to be set (to what the pods want once the chore starts).
+    qos_due: bool,
+    /// Collection passes waiting for their turn.
+    gc_due: VecDeque<GcPass>,
+}
+
+struct Relisted {
+    snapshot: Result<Snapshot, CriError>,
+    gc_waiters: Vec<oneshot::Sender<()>>,
+}
+
+/// What a collection pass removes, decided from a relist; `waiters` are answered after it.
+struct GcPass {
+    removals: Vec<(String, Removal)>,
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+enum ChoreDone {
+    /// The QoS levels were set to `0` if `1`.
+    Qos(crate::runtime::cgroups::QosWanted, bool),
+    Gc,
+}
+
+/// The next output of `slot`'s future (never, when empty); the slot is emptied once it is ready.
+async fn next_of<T>(slot: &mut Option<BoxFuture<'static, T>>) -> T {
+    let Some(future) = slot.as_mut() else { return std::future::pending().await };
+    let output = future.await;
+    *slot = None;
+    output
 }
 
 /// Asks the agent to remove the dead containers and sandboxes its garbage collection would
@@ -346,6 +389,7 @@ impl Agent {
             kills_rx,
             gc_tx,
             gc_rx,
+            background: Background::default(),
         }
     }
 
@@ -379,7 +423,7 @@ impl Agent {
             tokio::select! {
                 Some(update) = updates.recv() => {
                     self.apply(update);
-                    self.update_qos_cgroups().await;
+                    self.update_qos_cgroups();
                 }
                 Some(uid) = self.done_rx.recv() => {
                     self.workers.remove(&uid);
@@ -391,20 +435,68 @@ impl Agent {
                         self.publish_statics();
                     }
                     self.reconcile();
-                    self.update_qos_cgroups().await;
+                    self.update_qos_cgroups();
                 }
                 Some(Err(e)) = self.tasks.join_next() => worker_failed(e),
                 Ok(()) = self.holds_rx.changed() => self.refresh(),
                 Some(kill) = self.kills_rx.recv() => self.stop_and_fail(kill),
                 Some(done) = self.gc_rx.recv() => {
-                    match self.shared.observer.all().await {
-                        Ok(snapshot) => self.collect_garbage(&snapshot.pods).await,
-                        Err(e) => tracing::warn!(error = %e, "cannot list pods in the runtime"),
-                    }
-                    let _ = done.send(());
+                    self.background.gc_asked.push(done);
+                    self.start_relist();
                 }
-                _ = relist.tick() => self.housekeeping().await,
+                relisted = next_of(&mut self.background.listing) => {
+                    self.housekeeping(relisted).await;
+                    if !self.background.gc_asked.is_empty() {
+                        self.start_relist();
+                    }
+                }
+                done = next_of(&mut self.background.chore) => {
+                    if let ChoreDone::Qos(want, true) = done {
+                        self.qos = Some(want);
+                    }
+                    self.next_chore();
+                }
+                // A relist still in flight is not doubled; the next tick looks again.
+                _ = relist.tick() => self.start_relist(),
             }
+        }
+    }
+
+    /// Lists the runtime in the background, unless a relist is already in flight; the
+    /// reclaims asked for so far wait for its collection pass.
+    fn start_relist(&mut self) {
+        let background = &mut self.background;
+        if background.listing.is_some() {
+            return;
+        }
+        let gc_waiters = std::mem::take(&mut background.gc_asked);
+        let shared = self.shared.clone();
+        background.listing =
+            Some(Box::pin(async move { Relisted { snapshot: shared.observer.all().await, gc_waiters } }));
+    }
+
+    /// Starts the next chore when none runs: the QoS levels first, then collection passes.
+    fn next_chore(&mut self) {
+        let background = &mut self.background;
+        if background.chore.is_some() {
+            return;
+        }
+        if std::mem::take(&mut background.qos_due) {
+            let want = self.qos_wanted();
+            if self.qos != Some(want) {
+                let shared = self.shared.clone();
+                self.background.chore =
+                    Some(Box::pin(async move { ChoreDone::Qos(want, shared.driver.update_qos_cgroups(want).await) }));
+                return;
+            }
+        }
+        if let Some(pass) = self.background.gc_due.pop_front() {
+            let shared = self.shared.clone();
+            self.background.chore = Some(Box::pin(async move {
+                collect_garbage(&shared.driver, pass.removals).await;
+                drop(pass.waiters); // the reclaim is over
+                ChoreDone::Gc
+            }));
         }
     }
 
@@ -499,8 +591,8 @@ impl Agent {
     /// The relist: wakes workers whose pods changed in the runtime, stops pods that no source
     /// wants (after every source reported, so a restart does not kill pods it has not read
     /// yet), and collects garbage.
-    async fn housekeeping(&mut self) {
-        let snapshot = match self.shared.observer.all().await {
+    async fn housekeeping(&mut self, relisted: Relisted) {
+        let snapshot = match relisted.snapshot {
             Ok(snapshot) => snapshot,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list pods in the runtime");
@@ -526,13 +618,19 @@ impl Agent {
             let active = self.workers.keys().chain(self.desired.keys()).cloned().collect();
             self.shared.driver.retain_devices(&active);
         }
-        if self.last_gc.elapsed() >= GC_PERIOD {
+        let periodic = self.last_gc.elapsed() >= GC_PERIOD;
+        if periodic || !relisted.gc_waiters.is_empty() {
+            let removals = self.removals(&snapshot.pods);
+            self.background.gc_due.push_back(GcPass { removals, waiters: relisted.gc_waiters });
+        }
+        if periodic {
             self.last_gc = Instant::now();
             // Upstream sets the QoS levels again every minute, whatever changed them.
             self.qos = None;
-            self.update_qos_cgroups().await;
-            self.collect_garbage(&snapshot.pods).await;
+            self.background.qos_due = true;
             if sources_ready {
+                // Awaited here: what it keeps must not change while it runs. It is a directory
+                // scan unless a pod's cgroup was left behind.
                 let known = snapshot.pods.keys().chain(self.workers.keys()).chain(self.desired.keys());
                 let known: std::collections::HashSet<String> = known.cloned().collect();
                 // Upstream's reconciler retries unmounting until it succeeds; here every GC pass.
@@ -540,12 +638,19 @@ impl Agent {
                 self.shared.driver.remove_orphaned_cgroups(known).await;
             }
         }
+        self.next_chore();
     }
 
     /// The Burstable QoS level's CPU shares follow the active Burstable pods' CPU requests
-    /// (upstream's `UpdateQOSCgroups`), set when they change: a new pod counts before its
-    /// worker creates its cgroup, a removed one stops counting.
-    async fn update_qos_cgroups(&mut self) {
+    /// (upstream's `UpdateQOSCgroups`), set when they change, as a chore: a new pod counts as
+    /// soon as it arrives, a removed one stops counting.
+    fn update_qos_cgroups(&mut self) {
+        self.background.qos_due = true;
+        self.next_chore();
+    }
+
+    /// What the QoS levels should be given for the active pods.
+    fn qos_wanted(&self) -> crate::runtime::cgroups::QosWanted {
         let terminal = |p: &Pod| {
             let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
             matches!(phase, Some("Succeeded" | "Failed"))
@@ -556,12 +661,9 @@ impl Agent {
             .filter(|(uid, p)| !self.finished.contains(*uid) && !terminal(p))
             .map(|(_, p)| p.as_ref())
             .collect();
-        let want = crate::runtime::cgroups::QosWanted {
+        crate::runtime::cgroups::QosWanted {
             burstable_shares: gantry_pod::resources::burstable_shares(active.iter().copied()),
             memory_min: gantry_pod::resources::qos_memory_min(active.iter().copied()),
-        };
-        if self.qos != Some(want) && self.shared.driver.update_qos_cgroups(want).await {
-            self.qos = Some(want);
         }
     }
 
@@ -573,20 +675,27 @@ impl Agent {
         self.workers.insert(uid.to_string(), handle);
     }
 
-    async fn collect_garbage(&self, pods: &HashMap<String, ObservedPod>) {
-        for (uid, observed) in pods {
-            if self.workers.get(uid).is_some_and(|h| h.terminating) {
-                continue;
-            }
-            for removal in gc::collect(observed, self.desired.contains_key(uid)) {
-                let result = match &removal {
-                    Removal::Container(id) => self.shared.driver.remove_container(id).await,
-                    Removal::Sandbox(id) => self.shared.driver.remove_sandbox(id).await,
-                };
-                if let Err(e) = result {
-                    tracing::warn!(pod_uid = %uid, ?removal, error = %e, "garbage collection failed");
-                }
-            }
+    /// The dead containers and sandboxes to remove, except those of pods being terminated
+    /// (their workers remove them).
+    fn removals(&self, pods: &HashMap<String, ObservedPod>) -> Vec<(String, Removal)> {
+        let terminating = |uid: &str| self.workers.get(uid).is_some_and(|h| h.terminating);
+        pods.iter()
+            .filter(|(uid, _)| !terminating(uid))
+            .flat_map(|(uid, observed)| {
+                gc::collect(observed, self.desired.contains_key(uid)).into_iter().map(|r| (uid.clone(), r))
+            })
+            .collect()
+    }
+}
+
+async fn collect_garbage(driver: &Driver, removals: Vec<(String, Removal)>) {
+    for (uid, removal) in removals {
+        let result = match &removal {
+            Removal::Container(id) => driver.remove_container(id).await,
+            Removal::Sandbox(id) => driver.remove_sandbox(id).await,
+        };
+        if let Err(e) = result {
+            tracing::warn!(pod_uid = %uid, ?removal, error = %e, "garbage collection failed");
         }
     }
 }

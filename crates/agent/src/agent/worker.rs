@@ -97,6 +97,15 @@ fn start(
     handle
 }
 
+/// Messages that came while a sync ran (stops and terminations interrupt it instead).
+#[derive(Default)]
+struct Early {
+    /// The latest spec update.
+    update: Option<Arc<Pod>>,
+    /// Whether anything came at all.
+    any: bool,
+}
+
 struct Worker {
     /// The pod with its allocated resources: what the worker runs.
     pod: Arc<Pod>,
@@ -143,24 +152,75 @@ impl Worker {
         self.shared.allocations.admit(&self.desired);
         self.pod = Arc::new(self.shared.allocations.apply(&self.desired));
         loop {
-            let wait = Box::pin(self.sync()).await;
+            let mut early = Early::default();
+            let wait = match Box::pin(self.sync_unless_stopped(&mut rx, &mut early)).await {
+                Ok(wait) => wait,
+                Err(stop) => return Box::pin(self.end(stop, rx)).await,
+            };
+            if let Some(pod) = early.update {
+                self.update(pod);
+            }
+            if early.any {
+                // What came during the sync is looked at now, as it would have been after it.
+                continue;
+            }
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(Msg::Update(pod)) => {
-                        self.pod = Arc::new(self.shared.allocations.apply(&pod));
-                        self.desired = pod;
-                    }
+                    Some(Msg::Update(pod)) => self.update(pod),
                     Some(Msg::Wake) => {}
-                    Some(Msg::Terminate) => return Box::pin(self.terminate()).await,
-                    Some(Msg::Stop { grace, why, done }) => {
-                        return Box::pin(self.stop_and_fail(grace, why, done, rx)).await;
-                    }
+                    Some(stop @ (Msg::Terminate | Msg::Stop { .. })) => return Box::pin(self.end(stop, rx)).await,
                     // The agent is gone (shutting down, or the TLS bootstrap phase handing its
                     // pods over): the pod keeps running, and the next agent adopts it.
                     None => return,
                 },
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    fn update(&mut self, pod: Arc<Pod>) {
+        self.pod = Arc::new(self.shared.allocations.apply(&pod));
+        self.desired = pod;
+    }
+
+    /// One sync, cut short by a stop or a termination (as upstream's pod workers cancel a
+    /// pod's sync once it is terminating): the pod stops within its grace even while the
+    /// runtime is slow to answer the sync's calls. Dropping a sync is safe: the stop observes
+    /// the pod afresh, and stopping its sandbox leaves no container an interrupted call
+    /// created able to start. Updates and wake-ups that come meanwhile go to `early`.
+    async fn sync_unless_stopped(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Msg>,
+        early: &mut Early,
+    ) -> Result<Duration, Msg> {
+        let pod = self.pod.clone();
+        let mut sync = Box::pin(self.sync());
+        let mut open = true;
+        loop {
+            tokio::select! {
+                wait = &mut sync => return Ok(wait),
+                msg = rx.recv(), if open => match msg {
+                    Some(stop @ (Msg::Terminate | Msg::Stop { .. })) => {
+                        tracing::debug!(pod = %spec::full_name(&pod), pod_uid = spec::uid(&pod), "pod sync interrupted to stop the pod");
+                        return Err(stop);
+                    }
+                    Some(Msg::Update(pod)) => {
+                        early.update = Some(pod);
+                        early.any = true;
+                    }
+                    Some(Msg::Wake) => early.any = true,
+                    // The sync ends as it would have; the caller sees the channel closed.
+                    None => open = false,
+                },
+            }
+        }
+    }
+
+    /// Terminates the pod, or stops it and leaves it failed, as `msg` (one of those) says.
+    async fn end(self, msg: Msg, rx: mpsc::UnboundedReceiver<Msg>) {
+        match msg {
+            Msg::Stop { grace, why, done } => self.stop_and_fail(grace, why, done, rx).await,
+            _ => self.terminate().await,
         }
     }
 

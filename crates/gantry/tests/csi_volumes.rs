@@ -119,6 +119,19 @@ async fn bind_named(admin: &Client, pv: &str, claim: &str) {
     claims.patch_status(claim, &PatchParams::default(), &bound).await.unwrap();
 }
 
+/// The test driver `driver_name` on its socket in the node's `plugins_registry`.
+async fn start_driver(root: &Path, node: &str, driver_name: &str, stages: bool, max_volumes: i64) -> TestCsiDriver {
+    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
+    TestCsiDriver::start(&socket, driver_name, node, stages, max_volumes).await.unwrap()
+}
+
+/// The driver's CSIDriver object, saying its volumes need no attaching.
+async fn no_attach(admin: &Client, driver_name: &str) {
+    let driver: CSIDriver =
+        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
+    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &driver).await.unwrap();
+}
+
 /// Removes the cluster-scoped objects a real cluster keeps after the test.
 async fn cleanup(cluster: &Cluster, admin: &Client, node: &str, driver: &str, pv: &str) {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
@@ -138,13 +151,8 @@ async fn a_claim_is_staged_published_and_torn_down_in_order_and_keeps_its_data()
     // Cluster-scoped names of their own on a real cluster.
     let driver_name = format!("{node}.csi.gantry.test");
     let pv = format!("{node}-pv");
-    let driver =
-        TestCsiDriver::start(&root.join(format!("plugins_registry/{driver_name}.sock")), &driver_name, node, true, 8)
-            .await
-            .unwrap();
-    let no_attach: CSIDriver =
-        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
-    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 8).await;
+    no_attach(&admin, &driver_name).await;
     let gantry = cluster::start_node(&env, &cluster);
 
     // Registration: the driver in CSINode, its topology on the Node.
@@ -263,8 +271,7 @@ async fn a_volume_that_needs_attaching_waits_for_its_volume_attachment() {
     let driver_name = format!("{node}.attach.gantry.test");
     let pv = format!("{node}-attached-pv");
     // A driver without STAGE_UNSTAGE_VOLUME, and no CSIDriver object: attach is required.
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, false, 0).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, false, 0).await;
     let gantry = cluster::start_node(&env, &cluster);
     let csi_nodes: Api<CSINode> = Api::all(admin.clone());
     let entry = eventually("the driver is in the node's CSINode", &gantry, || async {
@@ -331,11 +338,8 @@ async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let driver_name = format!("{node}.restart.gantry.test");
     let pv = format!("{node}-restart-pv");
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
-    let no_attach: CSIDriver =
-        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
-    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
     claim_and_volume(&admin, &driver_name, &pv).await;
     bind(&admin, &pv).await;
     let mut gantry = cluster::start_node(&env, &cluster);
@@ -372,8 +376,7 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let driver_name = format!("{node}.stats.gantry.test");
     let pv = format!("{node}-stats-pv");
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
     // No CSIDriver object: attach is required, so the volume is one the node reports in use.
     claim_and_volume(&admin, &driver_name, &pv).await;
     bind(&admin, &pv).await;
@@ -464,9 +467,8 @@ async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let driver_name = format!("{node}.inline.gantry.test");
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
     // A driver that stages its persistent volumes: an inline one is still never staged.
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
     let csi_driver = |modes: &[&str]| -> CSIDriver {
         serde_json::from_value(json!({
             "metadata": {"name": driver_name},
@@ -578,11 +580,8 @@ async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
     let driver_name = format!("{node}.generic.gantry.test");
     let pv = format!("{node}-generic-pv");
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
-    let no_attach: CSIDriver =
-        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
-    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
     // The test plays the binder, and the ephemeral volume controller only in part: a claim of
     // the right name (`<pod>-<volume>`) that the pod does not control yet.
     claim_and_volume_named(&admin, &driver_name, &pv, "eph-data").await;
@@ -658,11 +657,8 @@ async fn a_block_volume_is_a_device_in_the_container() {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
     let driver_name = format!("{node}.block.gantry.test");
     let pv = format!("{node}-block-pv");
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
-    let no_attach: CSIDriver =
-        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
-    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "disk"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv, "volumeMode": "Block",
@@ -748,11 +744,8 @@ async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let driver_name = format!("{node}.down.gantry.test");
     let pv = format!("{node}-down-pv");
-    let socket = root.join(format!("plugins_registry/{driver_name}.sock"));
-    let driver = TestCsiDriver::start(&socket, &driver_name, node, true, 0).await.unwrap();
-    let no_attach: CSIDriver =
-        serde_json::from_value(json!({"metadata": {"name": driver_name}, "spec": {"attachRequired": false}})).unwrap();
-    Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &no_attach).await.unwrap();
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
     claim_and_volume(&admin, &driver_name, &pv).await;
     bind(&admin, &pv).await;
     let mut gantry = cluster::start_node(&env, &cluster);

@@ -132,6 +132,18 @@ async fn no_attach(admin: &Client, driver_name: &str) {
     Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &driver).await.unwrap();
 }
 
+/// A staging driver needing no attach, named after `tag`, and the claim `data` bound to its
+/// volume `pv` (a name of the node's own on a real cluster).
+async fn bound_claim(admin: &Client, root: &Path, node: &str, tag: &str, pv: &str) -> (TestCsiDriver, String, String) {
+    let driver_name = format!("{node}.{tag}.gantry.test");
+    let pv = format!("{node}-{pv}");
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(admin, &driver_name).await;
+    claim_and_volume(admin, &driver_name, &pv).await;
+    bind(admin, &pv).await;
+    (driver, driver_name, pv)
+}
+
 /// Removes the cluster-scoped objects a real cluster keeps after the test.
 async fn cleanup(cluster: &Cluster, admin: &Client, node: &str, driver: &str, pv: &str) {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
@@ -336,12 +348,7 @@ async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() 
     let Env { ref root, ref node, .. } = env;
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.restart.gantry.test");
-    let pv = format!("{node}-restart-pv");
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(&admin, &driver_name).await;
-    claim_and_volume(&admin, &driver_name, &pv).await;
-    bind(&admin, &pv).await;
+    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "restart", "restart-pv").await;
     let mut gantry = cluster::start_node(&env, &cluster);
     pods.create(&PostParams::default(), &claim_pod(node, "kept", "sleep 3600", false)).await.unwrap();
     running(&gantry, &pods, "kept").await;
@@ -742,12 +749,7 @@ async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
     let Env { ref root, ref node, .. } = env;
     let admin = cluster.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.down.gantry.test");
-    let pv = format!("{node}-down-pv");
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(&admin, &driver_name).await;
-    claim_and_volume(&admin, &driver_name, &pv).await;
-    bind(&admin, &pv).await;
+    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "down", "down-pv").await;
     let mut gantry = cluster::start_node(&env, &cluster);
     pods.create(&PostParams::default(), &claim_pod(node, "gone", "sleep 3600", false)).await.unwrap();
     running(&gantry, &pods, "gone").await;

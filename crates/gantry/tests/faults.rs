@@ -178,6 +178,12 @@ async fn api_server_failing_then_hanging() {
     for name in steady {
         assert_eq!(now.get(name), containers.get(name), "{name}: the same container still runs");
     }
+    // A minute of retries logs each kind of failure once (connections cut, 500s, the hang),
+    // not every attempt, and says when it works again.
+    let log = gantry.log();
+    let warned = log.lines().filter(|l| l.contains("cannot update pod status")).count();
+    assert!((1..=3).contains(&warned), "{warned} pod status warnings\n{}", common::tail(&log, 80));
+    assert!(log.contains("pod status updates work again"), "{}", common::tail(&log, 80));
     cluster.cleanup(&env.node).await;
 }
 

@@ -11,6 +11,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
+use super::retry::WatchRetry;
 use crate::status_store::StatusStore;
 use gantry_vocab::keys::is_api_pod;
 use gantry_vocab::spec;
@@ -45,6 +46,9 @@ pub fn patch_body(target: &Target, status: &PodStatus) -> serde_json::Value {
 pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch::Receiver<Vec<Pod>>) {
     let mut changes = statuses.subscribe();
     let mut sent: HashMap<Target, PodStatus> = HashMap::new();
+    // Failed patches are retried on the next pass; only the first failure of a run, and a
+    // change of cause, are logged (its delays go unused: the passes set the pace).
+    let mut failures = WatchRetry::default();
     loop {
         let version = *changes.borrow_and_update();
         let mirror_pods = mirrors.borrow_and_update().clone();
@@ -56,7 +60,7 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
             if sent.get(&target) == Some(&status) {
                 continue;
             }
-            if patch(&client, &target, &status).await {
+            if patch(&client, &target, &status, &mut failures).await {
                 sent.insert(target, status);
             } else {
                 all_sent = false;
@@ -75,19 +79,40 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
 }
 
 /// Returns whether the API now has this status (a pod that is gone needs none).
-async fn patch(client: &Client, target: &Target, status: &PodStatus) -> bool {
+async fn patch(client: &Client, target: &Target, status: &PodStatus, failures: &mut WatchRetry) -> bool {
     let api: Api<Pod> = Api::namespaced(client.clone(), &target.namespace);
     let body = patch_body(target, status);
-    match api.patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&body)).await {
-        Ok(_) => true,
+    let pod = format!("{}/{}", target.namespace, target.name);
+    let result = api.patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&body)).await;
+    match result {
+        Ok(_) => {
+            if failures.recovered() {
+                tracing::info!(pod = %pod, "pod status updates work again");
+            }
+            true
+        }
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
-            tracing::debug!(pod = %format!("{}/{}", target.namespace, target.name), reason = %e.reason, "pod status not applied");
+            tracing::debug!(pod = %pod, reason = %e.reason, "pod status not applied");
             true
         }
         Err(e) => {
-            tracing::warn!(pod = %format!("{}/{}", target.namespace, target.name), error = %e, "cannot update pod status; will retry");
+            if failures.failed(failure_kind(&e)).log {
+                tracing::warn!(pod = %pod, error = %e, "cannot update pod status; will retry (repeats of this failure are not logged)");
+            }
             false
         }
+    }
+}
+
+/// What makes one failure a repeat of the last: the API's status code, or the kind of
+/// transport failure (their texts carry addresses and timings that change every time).
+fn failure_kind(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) if s.code >= 500 => "server error",
+        kube::Error::Api(s) if s.code == 429 => "throttled",
+        kube::Error::Api(_) => "refused",
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "unreachable",
+        _ => "other",
     }
 }
 
@@ -121,6 +146,19 @@ mod tests {
         assert_eq!(target(&static_pod, &[]), None, "no mirror yet, nothing to report to");
         let mirror = pod("etcd-n1", "m1", None);
         assert_eq!(target(&static_pod, &[mirror]).unwrap().uid, "m1");
+    }
+
+    #[test]
+    fn failures_repeat_by_status_class_not_by_text() {
+        let api = |code: u16, message: &str| {
+            kube::Error::Api(kube::core::Status::failure(message, "").with_code(code).boxed())
+        };
+        assert_eq!(failure_kind(&api(500, "etcd timeout")), failure_kind(&api(503, "shutting down")));
+        assert_ne!(failure_kind(&api(500, "x")), failure_kind(&api(429, "x")));
+        assert_ne!(failure_kind(&api(403, "x")), failure_kind(&api(500, "x")));
+        let mut failures = WatchRetry::default();
+        assert!(failures.failed(failure_kind(&api(500, "a"))).log);
+        assert!(!failures.failed(failure_kind(&api(500, "b"))).log, "a repeat with another text is not logged");
     }
 
     #[test]

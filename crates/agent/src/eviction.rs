@@ -153,7 +153,7 @@ impl<S: StatsSource> EvictionManager<S> {
         let pass = self.state.synchronize(&self.config, &stats.observations, now);
         self.shared.pressure.send_if_modified(|p| std::mem::replace(p, pass.pressure) != pass.pressure);
         let pods = active_pods(&self.shared);
-        let refs: Vec<&Pod> = pods.iter().collect();
+        let refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
         if self.config.local_storage_isolation {
             // Only a pod with a limit can be over it: the others' usage is not read.
             let limited: Vec<Pod> =
@@ -191,7 +191,9 @@ impl<S: StatsSource> EvictionManager<S> {
             tracing::error!(node = %self.node, "Eviction manager: eviction thresholds have been met, but no pods are active to evict");
             return Vec::new();
         }
-        let Some(usage) = self.read_usage(&pods).await else { return Vec::new() };
+        // Copied only under pressure: the stats read takes owned pods.
+        let owned: Vec<Pod> = refs.iter().map(|p| (*p).clone()).collect();
+        let Some(usage) = self.read_usage(&owned).await else { return Vec::new() };
         let chosen = core::choose(&self.config, &pass, &refs, &usage, &stats.observations, stats.dedicated_imagefs);
         match chosen {
             Some(e) => self.evict(&pods, &e).into_iter().collect(),
@@ -203,7 +205,7 @@ impl<S: StatsSource> EvictionManager<S> {
     }
 
     /// Records the `Evicted` event and hands the pod to its worker to stop.
-    fn evict(&self, pods: &[Pod], e: &Eviction) -> Option<oneshot::Receiver<()>> {
+    fn evict(&self, pods: &[Arc<Pod>], e: &Eviction) -> Option<oneshot::Receiver<()>> {
         let pod = pods.iter().find(|p| spec::uid(p) == e.uid)?;
         let annotations = e.annotations.clone();
         self.shared.events.record_annotated(pod, None, EventType::Warning, core::REASON, &e.message, annotations);
@@ -222,7 +224,7 @@ impl<S: StatsSource> EvictionManager<S> {
 }
 
 /// The pods the agent runs that have not finished: the only candidates for eviction.
-fn active_pods(shared: &Shared) -> Vec<Pod> {
+fn active_pods(shared: &Shared) -> Vec<Arc<Pod>> {
     let mut pods = shared.statuses.all();
     pods.retain(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")));
     pods

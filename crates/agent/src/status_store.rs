@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
@@ -18,7 +18,8 @@ use gantry_vocab::spec;
 pub const STATUS_FILE: &str = "pods.json";
 
 pub struct StatusStore {
-    pods: Mutex<BTreeMap<String, Pod>>,
+    /// Shared with readers: the status sync and the status file read all pods on every change.
+    pods: Mutex<BTreeMap<String, Arc<Pod>>>,
     /// Bumped on every change; each consumer (status file, API status sync) subscribes.
     version: watch::Sender<u64>,
     /// The latest version the API server has in full (cluster mode).
@@ -42,7 +43,7 @@ impl StatusStore {
         }
         let mut record = pod.clone();
         record.status = Some(status);
-        pods.insert(uid, record);
+        pods.insert(uid, Arc::new(record));
         drop(pods);
         self.version.send_modify(|v| *v += 1);
         true
@@ -55,10 +56,11 @@ impl StatusStore {
     }
 
     pub fn get(&self, uid: &str) -> Option<Pod> {
-        self.pods.lock().unwrap().get(uid).cloned()
+        self.pods.lock().unwrap().get(uid).map(|p| Pod::clone(p))
     }
 
-    pub fn all(&self) -> Vec<Pod> {
+    /// Every pod with its status, shared, not copied.
+    pub fn all(&self) -> Vec<Arc<Pod>> {
         self.pods.lock().unwrap().values().cloned().collect()
     }
 
@@ -124,8 +126,17 @@ impl StatusStore {
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(8);
 
-async fn write_pod_list(path: &Path, pods: &[Pod]) -> std::io::Result<()> {
-    let list = serde_json::json!({ "apiVersion": "v1", "kind": "PodList", "items": pods });
+/// A v1 `PodList` of borrowed pods, serialized straight to bytes (not through a JSON value).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodList<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    items: Vec<&'a Pod>,
+}
+
+async fn write_pod_list(path: &Path, pods: &[Arc<Pod>]) -> std::io::Result<()> {
+    let list = PodList { api_version: "v1", kind: "PodList", items: pods.iter().map(|p| p.as_ref()).collect() };
     let tmp = path.with_extension("json.tmp");
     tokio::fs::write(&tmp, serde_json::to_vec_pretty(&list)?).await?;
     tokio::fs::rename(&tmp, path).await

@@ -88,7 +88,7 @@ fn static_pod(name: &str, containers: &[&str]) -> Pod {
 }
 
 async fn send(tx: &mpsc::Sender<SourceUpdate>, pods: &[&Pod]) {
-    let update = SourceUpdate { source: SourceKind::File, pods: pods.iter().map(|&p| p.clone()).collect() };
+    let update = SourceUpdate::owned(SourceKind::File, pods.iter().map(|&p| p.clone()).collect());
     tx.send(update).await.expect("agent is running");
 }
 

@@ -8,6 +8,7 @@
 //! task is the supervisor's (see its rule).
 
 mod eviction_stats;
+pub mod release;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -69,11 +70,19 @@ pub struct Node {
     /// This node's metrics: the agent, the CRI and API clients and the node API share it, and
     /// no other node in the process does.
     metrics: Arc<Metrics>,
+    /// Hands freed memory back to the system (the allocator's call, the binary's to make).
+    release_memory: Option<fn()>,
 }
 
 impl Node {
     pub fn new(settings: Settings) -> Self {
-        Node { settings, ready: watch::Sender::new(false), metrics: Arc::default() }
+        Node { settings, ready: watch::Sender::new(false), metrics: Arc::default(), release_memory: None }
+    }
+
+    /// Calls `release` once the pods have settled after a burst of changes (see [`release`]).
+    pub fn with_memory_release(mut self, release: fn()) -> Self {
+        self.release_memory = Some(release);
+        self
     }
 
     /// The registry the node records into (what its `/metrics` shows).
@@ -165,6 +174,9 @@ impl Node {
             supervisor
                 .spawn("maintenance-holds", maintenance::run(c.client.clone(), node, root, holds, c.mirrors.clone()));
             c.spawn_pod_side(settings, &shared, agent.static_pods(), &mut supervisor);
+        }
+        if let Some(release_memory) = self.release_memory {
+            supervisor.spawn("memory-release", release::when_settled(shared.statuses.clone(), release_memory));
         }
         drop(sources.tx);
         supervisor.spawn("pod-workers", agent.run(sources.rx));
@@ -417,7 +429,7 @@ struct AgentPods(Arc<StatusStore>);
 
 impl server::PodList for AgentPods {
     fn pods(&self) -> Vec<Pod> {
-        self.0.all()
+        self.0.all().iter().map(|p| Pod::clone(p)).collect()
     }
 }
 
@@ -456,6 +468,6 @@ fn fs_stats(usage: gantry_plugins::csi::VolumeUsage) -> server::stats::types::Fs
 
 impl podresources::ActivePods for AgentPods {
     fn pods(&self) -> Vec<Pod> {
-        self.0.all()
+        self.0.all().iter().map(|p| Pod::clone(p)).collect()
     }
 }

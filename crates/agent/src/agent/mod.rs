@@ -251,8 +251,7 @@ pub struct Agent {
     shared: Arc<Shared>,
     merger: Merger,
     configured: Vec<SourceKind>,
-    /// Everything the sources want.
-    /// Shared with the workers: every source update would otherwise copy each pod once more.
+    /// Everything the sources want, shared with the merger and the workers.
     merged: BTreeMap<String, Arc<Pod>>,
     /// What the node runs: `merged` minus the static pods a node maintenance holds.
     desired: BTreeMap<String, Arc<Pod>>,
@@ -506,7 +505,7 @@ impl Agent {
         for message in &desired.rejected {
             tracing::error!("{message}");
         }
-        self.merged = desired.pods.into_iter().map(|(uid, pod)| (uid, Arc::new(pod))).collect();
+        self.merged = desired.pods;
         self.refresh();
     }
 
@@ -558,8 +557,9 @@ impl Agent {
                     self.workers.insert(uid.clone(), handle);
                 }
                 Some(h) if !h.terminating => {
-                    // Every source update lists all pods; only a pod that changed wakes its worker.
-                    if *h.pod != **pod {
+                    // Every source update lists all pods; only a pod that changed wakes its worker
+                    // (an unchanged pod is the same `Arc`, so most checks compare no fields).
+                    if !Arc::ptr_eq(&h.pod, pod) && *h.pod != **pod {
                         h.pod = pod.clone();
                         let _ = h.tx.send(worker::Msg::Update(pod.clone()));
                     }

@@ -56,7 +56,7 @@ pub async fn run(shared: Arc<Shared>, mut updates: mpsc::Receiver<SourceUpdate>)
         .flatten()
         .ok_or(AgentError::NoManifestUpdate(MANIFEST_DELAY))?;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let pods: Vec<Arc<Pod>> = Merger::default().apply(update, &now).pods.into_values().map(Arc::new).collect();
+    let pods: Vec<Arc<Pod>> = Merger::default().apply(update, &now).pods.into_values().collect();
     tracing::info!(pods = pods.len(), "processing manifest with pods");
     let (done_tx, _done_rx) = mpsc::unbounded_channel();
     let mut tasks = tokio::task::JoinSet::new();

@@ -55,13 +55,13 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
         let mut live = Vec::new();
         let mut all_sent = true;
         for pod in statuses.all() {
-            let (Some(target), Some(status)) = (target(&pod, &mirror_pods), pod.status.clone()) else { continue };
+            let (Some(target), Some(status)) = (target(&pod, &mirror_pods), pod.status.as_ref()) else { continue };
             live.push(target.clone());
-            if sent.get(&target) == Some(&status) {
+            if sent.get(&target) == Some(status) {
                 continue;
             }
-            if patch(&client, &target, &status, &mut failures).await {
-                sent.insert(target, status);
+            if patch(&client, &target, status, &mut failures).await {
+                sent.insert(target, status.clone());
             } else {
                 all_sent = false;
             }

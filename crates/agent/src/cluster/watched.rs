@@ -162,6 +162,7 @@ where
         };
         failing = false;
         let name = |o: &K| o.meta().name.clone().unwrap_or_default();
+        let event = event.modify(slim);
         match event {
             Event::Init => pending.clear(),
             Event::InitApply(o) => {
@@ -183,6 +184,12 @@ where
             return;
         }
     }
+}
+
+/// Drops what no pod reads but each kept object would carry: server-side-apply bookkeeping
+/// is often larger than a small ConfigMap's data.
+fn slim<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }
 
 /// Runs the watches handed over by every [`Watched`] sharing `spawner`'s channel, for the

@@ -193,7 +193,9 @@ impl ShutdownManager {
     async fn stop_pods(&self) {
         tracing::info!("Shutdown manager processing shutdown event");
         let deadline = tokio::time::Instant::now() + shutdown::requested(&self.groups);
-        let stages = shutdown::plan(&self.groups, &self.shared.statuses.all());
+        let pods: Vec<k8s_openapi::api::core::v1::Pod> =
+            self.shared.statuses.all().iter().map(|p| (**p).clone()).collect();
+        let stages = shutdown::plan(&self.groups, &pods);
         let mut stopping = Vec::new();
         for stage in &stages {
             stopping.extend(self.stop_stage(stage).await);

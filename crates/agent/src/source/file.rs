@@ -118,7 +118,7 @@ pub async fn run(path: PathBuf, node: String, period: Duration, tx: mpsc::Sender
         let uids: HashSet<String> = pods.iter().map(|p| spec::uid(p).to_string()).collect();
         if last.as_ref() != Some(&uids) {
             last = Some(uids);
-            if tx.send(SourceUpdate { source: SourceKind::File, pods }).await.is_err() {
+            if tx.send(SourceUpdate::owned(SourceKind::File, pods)).await.is_err() {
                 return;
             }
         }

@@ -88,7 +88,7 @@ pub async fn run(mut source: HttpSource, period: Duration, tx: mpsc::Sender<Sour
             }
         };
         if let Some(pods) = pods
-            && tx.send(SourceUpdate { source: SourceKind::Http, pods }).await.is_err()
+            && tx.send(SourceUpdate::owned(SourceKind::Http, pods)).await.is_err()
         {
             return;
         }

@@ -7,6 +7,8 @@ pub mod manifest;
 pub mod merge;
 pub mod static_pod;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Pod;
 
 /// Which source a pod came from; the value of the `kubernetes.io/config.source` annotation.
@@ -28,9 +30,17 @@ impl SourceKind {
     }
 }
 
-/// Everything one source wants right now.
+/// Everything one source wants right now. The pods are shared: a source that sends its whole
+/// SET on every change (the API source, on every pod event) hands over pointers, not copies.
 #[derive(Debug, Clone)]
 pub struct SourceUpdate {
     pub source: SourceKind,
-    pub pods: Vec<Pod>,
+    pub pods: Vec<Arc<Pod>>,
+}
+
+impl SourceUpdate {
+    /// An update of pods the source does not keep.
+    pub fn owned(source: SourceKind, pods: Vec<Pod>) -> Self {
+        SourceUpdate { source, pods: pods.into_iter().map(Arc::new).collect() }
+    }
 }

@@ -29,8 +29,20 @@ async fn collect_pods(
     all_pods: bool,
     only_cpu_and_memory: bool,
 ) -> Result<Summary, gantry_cri::CriError> {
+    let sources = sources(state, pods, all_pods);
+    let gathered = summary::gather(&sources, only_cpu_and_memory).await?;
+    let (state, pods) = (state.clone(), sources.pods);
+    // The host's files are read in one blocking task per summary, off the async worker.
+    let assembled = tokio::task::spawn_blocking(move || {
+        summary::assemble(&self::sources(&state, pods, all_pods), gathered, only_cpu_and_memory)
+    });
+    // A blocking task runs to its end once started: its only failure is a panic, raised here.
+    Ok(assembled.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
+}
+
+fn sources(state: &ServerState, pods: Vec<Pod>, all_pods: bool) -> Sources<'_> {
     let cri = state.cri();
-    let sources = Sources {
+    Sources {
         node_name: state.node_name(),
         runtime: &cri.runtime,
         images: &cri.images,
@@ -45,8 +57,7 @@ async fn collect_pods(
         all_pods,
         cache: state.stats_cache(),
         plugin_volumes: state.plugin_volumes(),
-    };
-    summary::collect(&sources, only_cpu_and_memory).await
+    }
 }
 
 pub async fn summary(State(state): State<ServerState>, Query(query): Query<Vec<(String, String)>>) -> Response {

@@ -75,8 +75,20 @@ fn from_nanos(n: i64) -> String {
     Timestamp::from_nanosecond(n as i128).map(rfc3339).unwrap_or_default()
 }
 
-/// Builds the summary; `only_cpu_and_memory` leaves out filesystems, network and volumes.
-pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Summary, CriError> {
+/// What the runtime and the volume plugins said for a summary, read before the host's files.
+pub struct Gathered {
+    time: String,
+    at: i128,
+    containers: Vec<api::Container>,
+    stats: HashMap<String, api::ContainerStats>,
+    sandbox_stats: HashMap<String, SandboxStats>,
+    image_fs: Option<FsStats>,
+    plugin_volumes: HashMap<String, Vec<(String, FsStats)>>,
+}
+
+/// The summary's runtime and plugin reads (async); [`assemble`] adds what the host's files say.
+/// `only_cpu_and_memory` leaves out filesystems, network and volumes.
+pub async fn gather(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Gathered, CriError> {
     let now = Timestamp::now();
     let time = rfc3339(now);
     let at = now.as_nanosecond();
@@ -101,22 +113,29 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     };
     let stats: HashMap<String, api::ContainerStats> =
         stats.into_iter().filter_map(|s| Some((s.attributes.as_ref()?.id.clone(), s))).collect();
-    let hierarchy = cgroup::hierarchy(&src.cgroup_mount);
     let sandbox_stats = if only_cpu_and_memory || !with_pods {
         HashMap::new()
     } else {
         sandbox_stats(src.runtime, &owned, src.cache).await
     };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
-    let logs_fs = host::filesystem(src.pod_logs_dir, &time);
-    let mut plugin_volumes: HashMap<&str, Vec<(String, FsStats)>> = HashMap::new();
+    let mut plugin_volumes = HashMap::new();
     if !only_cpu_and_memory {
         for pod in &src.pods {
             let uid = spec::uid(pod);
-            plugin_volumes.insert(uid, src.plugin_volumes.usage(uid).await);
+            plugin_volumes.insert(uid.to_string(), src.plugin_volumes.usage(uid).await);
         }
     }
+    Ok(Gathered { time, at, containers, stats, sandbox_stats, image_fs, plugin_volumes })
+}
 
+/// Builds the summary from what [`gather`] read and the host's cgroups, `/proc` and the pods'
+/// volume and log directories. Blocking: a walk of every volume and log directory, and
+/// hundreds of small reads at density, are for a blocking thread, not an async worker.
+pub fn assemble(src: &Sources<'_>, gathered: Gathered, only_cpu_and_memory: bool) -> Summary {
+    let Gathered { time, at, containers, stats, sandbox_stats, image_fs, mut plugin_volumes } = gathered;
+    let hierarchy = cgroup::hierarchy(&src.cgroup_mount);
+    let logs_fs = host::filesystem(src.pod_logs_dir, &time);
     let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
     let node = node_stats(src, hierarchy, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
     let mut pods = Vec::new();
@@ -195,7 +214,7 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     if !src.psi {
         without_psi(&mut summary);
     }
-    Ok(summary)
+    summary
 }
 
 /// The summary as a kubelet with `KubeletPSI` off shows it (pure).

@@ -464,6 +464,7 @@ const SPAWNS: &[(&str, &str, usize, &str)] = &[
         "the sizes of all logs, and the clean-up of rotated logs, awaited in place",
     ),
     ("crates/agent/src/system_containers.rs", "spawn_blocking(", 1, "cgroup writes of one round, awaited in place"),
+    ("crates/server/src/stats/http.rs", "spawn_blocking(", 1, "the summary's host file reads, awaited in place"),
     (
         "crates/server/src/logs/service.rs",
         "spawn_blocking(",

@@ -81,7 +81,11 @@ fn limit_malloc_arenas() {
 }
 
 /// Returns the heap's free pages to the system once the pods settled after a burst: glibc
-/// gives back only the top of its heap by itself, so the start-up peak stayed resident.
+/// gives back only the top of its heap by itself, so the start-up peak stayed resident
+/// (heaptrack at 110 pods: 19 MB live against 43.5 MiB anonymous RSS). Measured with the
+/// density bench at 110 pods, together with sharing pods instead of copying them per event:
+/// anonymous RSS 17.4 → 9.1 MiB without API objects, 38.6 → 19.7 MiB with a ConfigMap and
+/// Secret per pod.
 fn trim_malloc() {
     // SAFETY: malloc_trim only releases free memory; it is safe to call from any thread.
     unsafe {

@@ -14,9 +14,13 @@ use std::path::Path;
 use common::cluster::{self, Cluster};
 use common::node_api::NodeApi;
 use common::{Env, container_output, eventually};
-use gantry_testkit::{CsiCall, TestCsiDriver};
+use gantry_plugins::api::deviceplugin::DevicePluginOptions;
+use gantry_plugins::api::podresources::ListPodResourcesRequest;
+use gantry_plugins::api::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use gantry_testkit::{CsiCall, PluginCall, TestCsiDriver, TestDevicePlugin};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -766,5 +770,247 @@ async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     let pod_dirs = || std::fs::read_dir(root.join("pods")).into_iter().flatten().count();
     eventually("the pod's directory is removed", &gantry, || async { (pod_dirs() == 0).then_some(()) }).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+/// The example device plugin's resource.
+const GPU: &str = "example.com/gpu";
+
+/// A StatefulSet `name` of one replica on the node: its pods ask for one `GPU` and mount the
+/// claim from the template `data` (storage class `class`) at `/data`; the first one writes
+/// there, a later one reads it.
+fn stateful_set(node: &str, name: &str, class: &str) -> StatefulSet {
+    let script = "if [ -f /data/file ]; then echo \"found=$(cat /data/file)\"; \
+                  else echo kept-by-the-claim > /data/file && echo wrote; fi; \
+                  echo devices=$EXAMPLE_DEVICES; ls /run/example-devices; echo done; sleep 3600";
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceName": name,
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 1,
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "main",
+                        "image": gantry_testkit::BUSYBOX_IMAGE,
+                        "command": ["sh", "-c", script],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "resources": {"limits": {GPU: "1"}, "requests": {GPU: "1"}},
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                         "resources": {"requests": {"storage": "1Mi"}}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// The StatefulSet controller's part on the test server (a real cluster's controller does it):
+/// the claim `<template>-<set>-0` from the template, unless it exists, and the pod `<set>-0`
+/// from the pod template, controlled by the set, with the claim as its volume.
+async fn play_stateful_set_controller(admin: &Client, set: &StatefulSet) -> String {
+    let name = set.metadata.name.clone().unwrap();
+    let spec = set.spec.clone().unwrap();
+    let pod_name = format!("{name}-0");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let mut template = spec.volume_claim_templates.unwrap()[0].clone();
+    let claim_name = format!("{}-{pod_name}", template.metadata.name.as_deref().unwrap());
+    if claims.get_opt(&claim_name).await.unwrap().is_none() {
+        template.metadata = kube::api::ObjectMeta {
+            name: Some(claim_name.clone()),
+            labels: spec.selector.match_labels.clone(),
+            ..Default::default()
+        };
+        template.status = None;
+        claims.create(&PostParams::default(), &template).await.unwrap();
+    }
+    let mut pod = Pod { metadata: spec.template.metadata.unwrap_or_default(), spec: spec.template.spec, status: None };
+    pod.metadata.name = Some(pod_name.clone());
+    let labels = pod.metadata.labels.get_or_insert_default();
+    labels.insert("statefulset.kubernetes.io/pod-name".into(), pod_name.clone());
+    labels.insert("apps.kubernetes.io/pod-index".into(), "0".into());
+    pod.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "uid": set.metadata.uid.clone().unwrap(),
+            "controller": true, "blockOwnerDeletion": true,
+        }))
+        .unwrap(),
+    ]);
+    let pod_spec = pod.spec.as_mut().unwrap();
+    pod_spec.hostname = Some(pod_name.clone());
+    pod_spec.subdomain = spec.service_name.clone();
+    pod_spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "data", "persistentVolumeClaim": {"claimName": claim_name}})).unwrap(),
+    ]);
+    Api::<Pod>::namespaced(admin.clone(), "default").create(&PostParams::default(), &pod).await.unwrap();
+    claim_name
+}
+
+/// The provisioner's part (the test driver has none): a PV of the driver for the claim,
+/// pre-bound to it. On the test server the test also plays the PV controller and binds them.
+async fn provision(admin: &Client, claim_name: &str, class: &str, driver: &str, pv: &str, binder: bool) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let claim = claims.get(claim_name).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv, "annotations": {"pv.kubernetes.io/provisioned-by": driver}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": class,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": "default", "name": claim_name, "uid": claim.metadata.uid.unwrap()},
+            "csi": {"driver": driver, "volumeHandle": "sts-vol", "fsType": "ext4"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    if binder {
+        let volume_name = Patch::Merge(json!({"spec": {"volumeName": pv}}));
+        claims.patch(claim_name, &PatchParams::default(), &volume_name).await.unwrap();
+        bind_named(admin, pv, claim_name).await;
+    }
+}
+
+/// What the container of the pod with `uid` printed.
+fn pod_output(env: &Env, pod: &str, uid: &str) -> String {
+    let dir = env.pod_logs.join(format!("default_{pod}_{uid}/main"));
+    let logs = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let lines: Vec<String> = logs
+        .flat_map(|l| {
+            std::fs::read_to_string(l.path())
+                .unwrap_or_default()
+                .lines()
+                .map(|line| line.splitn(4, ' ').nth(3).unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// The pod `name` running, not `old_uid` (a recreated pod): its UID.
+async fn running_pod(gantry: &common::Gantry, pods: &Api<Pod>, name: &str, old_uid: Option<&str>) -> String {
+    eventually(&format!("{name} runs"), gantry, || async {
+        let pod = pods.get_opt(name).await.ok()??;
+        let uid = pod.metadata.uid?;
+        (pod.status?.phase? == "Running" && Some(uid.as_str()) != old_uid).then_some(uid)
+    })
+    .await
+}
+
+/// The issue's done criterion: a StatefulSet with a claim and a pod asking for an extended
+/// resource run on the node, through the test CSI driver and device plugin (both speaking the
+/// upstream protocols). The recreated pod finds the data on its claim and gets a device again.
+#[tokio::test]
+async fn a_stateful_set_with_a_claim_and_a_device_runs_through_the_node_plugins() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let test_server = matches!(cluster, Cluster::Test(_));
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.sts.gantry.test");
+    let (pv, class, set_name) = (format!("{node}-sts-pv"), format!("{node}-sts"), format!("{node}-db"));
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
+    let options = DevicePluginOptions::default();
+    let plugin =
+        TestDevicePlugin::start(&root.join("plugins_registry/example-gpu.sock"), GPU, 1, options).await.unwrap();
+    let storage_class: StorageClass =
+        serde_json::from_value(json!({"metadata": {"name": class}, "provisioner": driver_name})).unwrap();
+    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("the Node offers the device", &gantry, || async {
+        let allocatable = nodes.get(node).await.ok()?.status?.allocatable?;
+        (allocatable.get(GPU)?.0 == "1").then_some(())
+    })
+    .await;
+
+    let sets: Api<StatefulSet> = Api::namespaced(admin.clone(), "default");
+    let set = sets.create(&PostParams::default(), &stateful_set(node, &set_name, &class)).await.unwrap();
+    let pod_name = format!("{set_name}-0");
+    let claim_name = format!("data-{pod_name}");
+    if test_server {
+        play_stateful_set_controller(&admin, &set).await;
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    eventually("the set's claim exists", &gantry, || async { claims.get_opt(&claim_name).await.ok()? }).await;
+    provision(&admin, &claim_name, &class, &driver_name, &pv, test_server).await;
+
+    // Running: the claim's volume staged and published, the device allocated.
+    let uid = running_pod(&gantry, &pods, &pod_name, None).await;
+    let pod = pods.get(&pod_name).await.unwrap();
+    let owner = &pod.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("StatefulSet", set_name.as_str(), Some(true))
+    );
+    let output = eventually("the first pod wrote", &gantry, || async {
+        let out = pod_output(&env, &pod_name, &uid);
+        out.contains("done").then_some(out)
+    })
+    .await;
+    assert!(output.contains("wrote") && output.contains("devices=dev-0"), "{output}");
+    assert!(output.lines().any(|l| l == "dev-0"), "the device's file is mounted: {output}");
+    assert_eq!(std::fs::read_to_string(driver.volume_dir("sts-vol").join("file")).unwrap(), "kept-by-the-claim\n");
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+    assert!(plugin.calls().contains(&PluginCall::Allocate { devices: vec!["dev-0".into()] }));
+    let checkpoint_file = root.join("device-plugins/kubelet_internal_checkpoint");
+    let checkpoint = std::fs::read_to_string(&checkpoint_file).unwrap();
+    assert!(checkpoint.contains(&uid) && checkpoint.contains(GPU), "the allocation is accounted: {checkpoint}");
+    let channel = gantry_testkit::cri::connect(&root.join("pod-resources/kubelet.sock")).await.unwrap();
+    let list = PodResourcesListerClient::new(channel).list(ListPodResourcesRequest {}).await.unwrap().into_inner();
+    let listed = list.pod_resources.iter().find(|p| p.name == pod_name).expect("the pod in pod-resources");
+    let devices: Vec<_> =
+        listed.containers[0].devices.iter().map(|d| (d.resource_name.as_str(), d.device_ids.clone())).collect();
+    assert_eq!(devices, [(GPU, vec!["dev-0".to_string()])]);
+
+    // The pod is deleted; the controller makes it again, on the same claim and the freed device.
+    pods.delete(&pod_name, &DeleteParams::default()).await.unwrap();
+    if test_server {
+        // As the controller, once the first pod is gone (its device freed, its volume torn down).
+        eventually("the first pod is gone", &gantry, || async {
+            let freed = !std::fs::read_to_string(&checkpoint_file).ok()?.contains(&uid);
+            (pods.get_opt(&pod_name).await.ok()?.is_none() && freed && volume_calls(&driver).len() == 4).then_some(())
+        })
+        .await;
+        play_stateful_set_controller(&admin, &set).await;
+    }
+    let second = running_pod(&gantry, &pods, &pod_name, Some(&uid)).await;
+    let output = eventually("the recreated pod read the claim", &gantry, || async {
+        let out = pod_output(&env, &pod_name, &second);
+        out.contains("done").then_some(out)
+    })
+    .await;
+    assert!(output.contains("found=kept-by-the-claim"), "{output}");
+    assert!(output.contains("devices=dev-0"), "the freed device again: {output}");
+    // A real controller may recreate the pod before the first one's volume is torn down; then
+    // the volume stays staged for it.
+    let calls = volume_calls(&driver);
+    let each_pod = ["stage", "publish", "unpublish", "unstage", "stage", "publish"];
+    assert!(calls == each_pod || (!test_server && calls == ["stage", "publish", "publish", "unpublish"]), "{calls:?}");
+    let checkpoint = std::fs::read_to_string(&checkpoint_file).unwrap();
+    assert!(checkpoint.contains(&second) && !checkpoint.contains(&uid), "{checkpoint}");
+
+    // Removed (as `kubectl delete` would, the set first): torn down, nothing left mounted.
+    sets.delete(&set_name, &DeleteParams::default()).await.unwrap();
+    let _ = pods.delete(&pod_name, &DeleteParams::default()).await;
+    eventually("the volume is unstaged", &gantry, || async {
+        let calls = volume_calls(&driver);
+        let count = |c: &str| calls.iter().filter(|x| **x == c).count();
+        (calls.last() == Some(&"unstage") && count("publish") == count("unpublish")).then_some(())
+    })
+    .await;
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let _ = claims.delete(&claim_name, &DeleteParams::default()).await;
+    let _ = Api::<StorageClass>::all(admin.clone()).delete(&class, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

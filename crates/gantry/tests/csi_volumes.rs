@@ -19,7 +19,7 @@ use gantry_plugins::api::podresources::ListPodResourcesRequest;
 use gantry_plugins::api::podresources::pod_resources_lister_client::PodResourcesListerClient;
 use gantry_testkit::{CsiCall, PluginCall, TestCsiDriver, TestDevicePlugin};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -1012,5 +1012,89 @@ async fn a_stateful_set_with_a_claim_and_a_device_runs_through_the_node_plugins(
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     let _ = claims.delete(&claim_name, &DeleteParams::default()).await;
     let _ = Api::<StorageClass>::all(admin.clone()).delete(&class, &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+/// The PV's `nodeStageSecretRef` and `nodePublishSecretRef`: the Secrets' data go to the
+/// driver with `NodeStageVolume` and `NodePublishVolume`; while one is missing the pod waits,
+/// with upstream's `FailedMount` message, and nothing is staged.
+#[tokio::test]
+async fn a_volumes_node_secrets_reach_the_driver() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.secrets.gantry.test");
+    let pv = format!("{node}-secrets-pv");
+    let (stage_secret, publish_secret) = (format!("{node}-stage"), format!("{node}-publish"));
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": "default", "name": "data", "uid": claim.metadata.uid.unwrap()},
+            "csi": {
+                "driver": driver_name, "volumeHandle": "vol-1",
+                "nodeStageSecretRef": {"name": stage_secret, "namespace": "default"},
+                "nodePublishSecretRef": {"name": publish_secret, "namespace": "default"},
+            },
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    bind(&admin, &pv).await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    let secret = |name: &str, key: &str, value: &str| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {key: value}})).unwrap()
+    };
+    secrets.create(&PostParams::default(), &secret(&publish_secret, "token", "publish-token")).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    pods.create(&PostParams::default(), &claim_pod(node, "secret-user", "sleep 3600", false)).await.unwrap();
+
+    // The stage secret is missing: the pod waits, nothing is staged.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let waiting = eventually("the FailedMount event of the missing secret", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("secret-user") && e.reason.as_deref() == Some("FailedMount")
+        })
+    })
+    .await;
+    assert_eq!(
+        waiting.message.unwrap(),
+        format!(
+            "MountVolume.MountDevice failed for volume {pv:?} : fetching NodeStageSecretRef default/{stage_secret} \
+             failed: kubernetes.io/csi: failed to find the secret {stage_secret} in the namespace default with \
+             error: secrets {stage_secret:?} not found"
+        )
+    );
+    assert_eq!(pods.get("secret-user").await.unwrap().status.unwrap().phase.as_deref(), Some("Pending"));
+    assert!(volume_calls(&driver).is_empty(), "nothing is staged without its secret");
+
+    // There: staged and published, each with its own secret's data.
+    secrets.create(&PostParams::default(), &secret(&stage_secret, "user", "stage-user")).await.unwrap();
+    running(&gantry, &pods, "secret-user").await;
+    let uid = pods.get("secret-user").await.unwrap().metadata.uid.unwrap();
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}/mount"));
+    let want = |k: &str, v: &str| Some([(k.to_string(), v.to_string())].into_iter().collect());
+    assert_eq!(driver.stage_secrets("vol-1"), want("user", "stage-user"));
+    assert_eq!(driver.publish_secrets(&target), want("token", "publish-token"));
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    deleted(&gantry, &pods, "secret-user").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    for name in [&stage_secret, &publish_secret] {
+        let _ = secrets.delete(name, &DeleteParams::default()).await;
+    }
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

@@ -1098,3 +1098,86 @@ async fn a_volumes_node_secrets_reach_the_driver() {
     }
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }
+
+/// A Block claim in a container's `volumeMounts`, or a file system claim in its
+/// `volumeDevices`, is refused as upstream refuses it: the pod waits with a `FailedMount`
+/// event, nothing is staged or published for it, and other pods run.
+#[tokio::test]
+async fn a_volume_used_against_its_mode_is_refused() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "mode", "mode-pv").await;
+    let block_pv = format!("{node}-mode-block-pv");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "disk"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": block_pv,
+                 "volumeMode": "Block", "resources": {"requests": {"storage": "16Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": block_pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Block",
+            "claimRef": {"namespace": "default", "name": "disk", "uid": claim.metadata.uid.unwrap()},
+            "csi": {"driver": driver_name, "volumeHandle": "blk-1"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    bind_named(&admin, &block_pv, "disk").await;
+    let gantry = cluster::start_node(&env, &cluster);
+
+    // The block claim mounted, the file system claim as a device.
+    let mut mounts_block = claim_pod(node, "mounts-block", "sleep 3600", false);
+    let spec = mounts_block.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}})).unwrap(),
+    ]);
+    spec.containers[0].volume_mounts =
+        Some(vec![serde_json::from_value(json!({"name": "disk", "mountPath": "/disk"})).unwrap()]);
+    let mut maps_files = claim_pod(node, "maps-files", "sleep 3600", false);
+    maps_files.spec.as_mut().unwrap().containers[0].volume_mounts = None;
+    maps_files.spec.as_mut().unwrap().containers[0].volume_devices =
+        Some(vec![serde_json::from_value(json!({"name": "data", "devicePath": "/dev/xvda"})).unwrap()]);
+    for pod in [&mounts_block, &maps_files] {
+        pods.create(&PostParams::default(), pod).await.unwrap();
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    for (pod, want) in [
+        ("mounts-block", "volume disk has volumeMode Block, but is specified in volumeMounts"),
+        ("maps-files", "volume data has volumeMode Filesystem, but is specified in volumeDevices"),
+    ] {
+        let event = eventually(&format!("the FailedMount event of {pod}"), &gantry, || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.involved_object.name.as_deref() == Some(pod) && e.reason.as_deref() == Some("FailedMount"))
+        })
+        .await;
+        assert_eq!(event.message.as_deref(), Some(want));
+    }
+
+    // A pod using the file system claim as a file system runs beside them.
+    pods.create(&PostParams::default(), &claim_pod(node, "fine", "sleep 3600", false)).await.unwrap();
+    running(&gantry, &pods, "fine").await;
+    for pod in ["mounts-block", "maps-files"] {
+        let status = pods.get(pod).await.unwrap().status.unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Pending"), "{pod}");
+        let waiting = status.container_statuses.unwrap_or_default();
+        assert!(waiting.iter().all(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_none()), "{pod}");
+    }
+    assert_eq!(volume_calls(&driver), ["stage", "publish"], "only the fine pod's volume");
+    assert!(driver.calls().iter().all(|c| !matches!(c, CsiCall::NodeStageVolume { volume, .. } if volume == "blk-1")));
+
+    for pod in ["fine", "mounts-block", "maps-files"] {
+        deleted(&gantry, &pods, pod).await;
+    }
+    let _ = claims.delete("disk", &DeleteParams::default()).await;
+    let _ = Api::<PersistentVolume>::all(admin.clone()).delete(&block_pv, &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}

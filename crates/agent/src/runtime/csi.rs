@@ -40,6 +40,8 @@ pub enum CsiVolumeError {
     Read { namespace: String, claim: String, source: ObjectError },
     #[error(transparent)]
     NotForPod(#[from] claim::NotForPod),
+    #[error(transparent)]
+    Mode(#[from] claim::VolumeModeMismatch),
     #[error("persistentVolumeClaim volumes need an API server")]
     NoApiServer,
     #[error(
@@ -301,6 +303,7 @@ impl CsiVolumes {
         let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
         let read_only = claim_read_only || csi.read_only.unwrap_or(false);
         let block = pv.as_ref().and_then(|p| p.spec.as_ref()?.volume_mode.as_deref()) == Some("Block");
+        claim::check_volume_mode(pod, &v.name, block)?;
         let layout = Layout::new(&self.root_dir, spec::uid(pod), &pv_name, block, &csi.driver, &csi.volume_handle);
         if read_vol_data(&layout.record).is_some() {
             return Ok(Published { path: layout.target, read_only, block });

@@ -404,7 +404,9 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
 
     let api = NodeApi::new(&env.ctd.dir());
     let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), node).display());
-    let gantry = api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow"]).await;
+    // The volumes measured every 2 s (upstream's default is a minute).
+    let gantry =
+        api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow", "--volume-stats-agg-period=2s"]).await;
     let reader = api.ca.client("stats-reader", &[]);
     let get = |path: &'static str| {
         let request = api.client(Some(&reader)).get(api.url(path));
@@ -426,11 +428,13 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     })
     .await;
 
-    // /stats/summary: the pod's volume by its name, with its claim, as the driver measures it.
+    // /stats/summary: the pod's volume by its name, with its claim, as the driver measured it
+    // (in the background, after the write).
     let volume = eventually("the claim's volume in /stats/summary", &gantry, || async {
         let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await?).ok()?;
         let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "measured")?.clone();
-        pod["volume"].as_array()?.iter().find(|v| v["name"] == "data").cloned()
+        let volume = pod["volume"].as_array()?.iter().find(|v| v["name"] == "data").cloned()?;
+        (volume["usedBytes"].as_i64()? >= 1024 * 1024).then_some(volume)
     })
     .await;
     let [bytes, inodes] = gantry_testkit::csi_driver::statvfs_usage(&driver.volume_dir("vol-1")).unwrap();
@@ -448,6 +452,17 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
         "asked about the published path: {:?}",
         driver.calls()
     );
+
+    // Scrapes read the last measure: they do not ask the driver each time.
+    let asked = || driver.calls().iter().filter(|c| matches!(c, CsiCall::NodeGetVolumeStats { .. })).count();
+    let before = asked();
+    let mut times = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await.unwrap()).unwrap();
+        let pod = summary["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "measured").cloned();
+        times.insert(pod.unwrap()["volume"][0]["time"].as_str().unwrap().to_string());
+    }
+    assert!(asked() - before <= 1 && times.len() <= 2, "5 scrapes, {} calls, times {times:?}", asked() - before);
 
     // /metrics: upstream's gauges by claim.
     let metrics = get("/metrics").await.unwrap();
@@ -689,7 +704,11 @@ async fn a_block_volume_is_a_device_in_the_container() {
     .unwrap();
     Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
     bind_named(&admin, &pv, "disk").await;
-    let gantry = cluster::start_node(&env, &cluster);
+    // The node API on, for the block volume's stats (measured every 2 s).
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), node).display());
+    let flags = [kubeconfig.as_str(), "--authorization-mode=AlwaysAllow", "--volume-stats-agg-period=2s"];
+    let gantry = api.start_agent(&env, &flags).await;
 
     // The container writes the raw device and reads it back.
     let script = "echo written-to-the-device | dd of=/dev/xvda conv=fsync 2>/dev/null && \
@@ -737,6 +756,25 @@ async fn a_block_volume_is_a_device_in_the_container() {
     assert_eq!(volume_calls(&driver), ["stage", "publish"]);
     let record = root.join(format!("pods/{uid}/volumeDevices/kubernetes.io~csi/{pv}/vol_data.json"));
     assert!(record.exists(), "the pod's record of its block volume");
+
+    // Its size as the driver reports it, asked at the device file, in the summary and /metrics.
+    let reader = api.ca.client("stats-reader", &[]);
+    let get = |path: &'static str| {
+        let request = api.client(Some(&reader)).get(api.url(path));
+        async move { request.send().await.ok()?.text().await.ok() }
+    };
+    let volume = eventually("the block volume in /stats/summary", &gantry, || async {
+        let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await?).ok()?;
+        let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "raw")?.clone();
+        pod["volume"].as_array()?.iter().find(|v| v["name"] == "disk").cloned()
+    })
+    .await;
+    assert_eq!(volume["capacityBytes"], 16 << 20, "{volume}");
+    assert_eq!(volume["pvcRef"], json!({"name": "disk", "namespace": "default"}), "{volume}");
+    assert!(driver.calls().contains(&CsiCall::NodeGetVolumeStats { volume: "blk-1".into(), path: target.clone() }));
+    let metrics = get("/metrics").await.unwrap();
+    let sample = r#"kubelet_volume_stats_capacity_bytes{namespace="default",persistentvolumeclaim="disk"} 16777216"#;
+    assert!(metrics.lines().any(|l| l == sample), "{metrics}");
 
     deleted(&gantry, &pods, "raw").await;
     eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;

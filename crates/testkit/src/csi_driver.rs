@@ -104,7 +104,7 @@ impl Service {
     }
 }
 
-/// The size of a block volume's sparse backing file.
+/// The size of a block volume's sparse backing file (and what `NodeGetVolumeStats` reports).
 const BLOCK_VOLUME_BYTES: u64 = 16 << 20;
 
 fn is_block(capability: Option<&VolumeCapability>) -> bool {
@@ -406,6 +406,12 @@ impl Node for Service {
         self.record(CsiCall::NodeGetVolumeStats { volume: r.volume_id.clone(), path: path.clone() });
         if !path.exists() {
             return Err(Status::not_found(format!("volume path {} does not exist", path.display())));
+        }
+        // A block volume has no file system: its size only, as drivers report it.
+        if self.loops.lock().unwrap().contains_key(&r.volume_id) {
+            use gantry_plugins::api::csi::volume_usage::Unit;
+            let size = VolumeUsage { total: BLOCK_VOLUME_BYTES as i64, unit: Unit::Bytes as i32, ..Default::default() };
+            return Ok(Response::new(NodeGetVolumeStatsResponse { usage: vec![size], volume_condition: None }));
         }
         let usage = statvfs_usage(&path).map_err(|e| Status::internal(format!("statvfs {}: {e}", path.display())))?;
         Ok(Response::new(NodeGetVolumeStatsResponse { usage: usage.to_vec(), volume_condition: None }))

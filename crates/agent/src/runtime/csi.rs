@@ -604,21 +604,25 @@ async fn secret_data(objects: &ObjectSource, r: &SecretReference) -> Result<BTre
 
 /// The usage of the pod `uid`'s published CSI volumes whose driver reports it
 /// (`GET_VOLUME_STATS`), by the pod's volume name; a volume whose driver cannot answer now is
-/// left out (as upstream leaves out a volume whose metrics fail).
+/// left out (as upstream leaves out a volume whose metrics fail). A file system is asked about
+/// at its mount, a block volume at its device file (upstream's block mapper has metrics too).
 pub async fn volume_stats(drivers: &CsiDrivers, root_dir: &Path, uid: &str) -> Vec<(String, VolumeUsage)> {
-    let plugin = paths::pod_dir(root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
-    let published = std::fs::read_dir(plugin).into_iter().flatten().flatten().map(|e| e.path());
     let mut out = Vec::new();
-    for dir in published {
-        let Some(data) = read_vol_data(&dir).filter(|d| !d.pod_volume_name.is_empty()) else { continue };
-        if !drivers.driver(&data.driver_name).is_ok_and(|d| d.volume_stats) {
-            continue;
-        }
-        match drivers.volume_stats(&data.driver_name, &data.volume_handle, &dir.join("mount")).await {
-            Ok(usage) => out.push((data.pod_volume_name, usage)),
-            // Every scrape asks again: debug, not a warning per scrape.
-            Err(e) => {
-                tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+    for (plugin, block) in pod_plugin_dirs(root_dir, uid) {
+        let published = std::fs::read_dir(plugin).into_iter().flatten().flatten().map(|e| e.path());
+        for dir in published {
+            let Some(data) = read_vol_data(&dir).filter(|d| !d.pod_volume_name.is_empty()) else { continue };
+            if !drivers.driver(&data.driver_name).is_ok_and(|d| d.volume_stats) {
+                continue;
+            }
+            let (driver, handle) = (&data.driver_name, &data.volume_handle);
+            let target = Layout::new(root_dir, uid, &data.spec_vol_id, block, driver, handle).target;
+            match drivers.volume_stats(driver, handle, &target).await {
+                Ok(usage) => out.push((data.pod_volume_name, usage)),
+                // Asked again every period: debug, not a warning each time.
+                Err(e) => {
+                    tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+                }
             }
         }
     }

@@ -56,7 +56,6 @@ fn sources(state: &ServerState, pods: Vec<Pod>, all_pods: bool) -> Sources<'_> {
         pods,
         all_pods,
         cache: state.stats_cache(),
-        plugin_volumes: state.plugin_volumes(),
     }
 }
 

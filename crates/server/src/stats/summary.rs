@@ -36,6 +36,8 @@ pub struct StatsCache {
     no_sandbox_stats: AtomicBool,
     /// The process of each ready sandbox (its network namespace), by sandbox ID.
     sandbox_pids: Mutex<HashMap<String, u32>>,
+    /// The pods' volumes as last measured in the background (`volumeStatsAggPeriod`).
+    pub volumes: super::volumes::VolumeStatsCache,
 }
 
 /// Where the inputs come from.
@@ -63,8 +65,6 @@ pub struct Sources<'a> {
     /// pods not in the summary dropped (a partial read keeps the others' for the next scrape).
     pub all_pods: bool,
     pub cache: &'a StatsCache,
-    /// The volumes only their plugins measure (CSI).
-    pub plugin_volumes: &'a dyn crate::PluginVolumes,
 }
 
 fn rfc3339(ts: Timestamp) -> String {
@@ -75,7 +75,7 @@ fn from_nanos(n: i64) -> String {
     Timestamp::from_nanosecond(n as i128).map(rfc3339).unwrap_or_default()
 }
 
-/// What the runtime and the volume plugins said for a summary, read before the host's files.
+/// What the runtime said for a summary, read before the host's files.
 pub struct Gathered {
     time: String,
     at: i128,
@@ -83,10 +83,9 @@ pub struct Gathered {
     stats: HashMap<String, api::ContainerStats>,
     sandbox_stats: HashMap<String, SandboxStats>,
     image_fs: Option<FsStats>,
-    plugin_volumes: HashMap<String, Vec<(String, FsStats)>>,
 }
 
-/// The summary's runtime and plugin reads (async); [`assemble`] adds what the host's files say.
+/// The summary's runtime reads (async); [`assemble`] adds what the host's files say.
 /// `only_cpu_and_memory` leaves out filesystems, network and volumes.
 pub async fn gather(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Gathered, CriError> {
     let now = Timestamp::now();
@@ -119,21 +118,15 @@ pub async fn gather(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Gath
         sandbox_stats(src.runtime, &owned, src.cache).await
     };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
-    let mut plugin_volumes = HashMap::new();
-    if !only_cpu_and_memory {
-        for pod in &src.pods {
-            let uid = spec::uid(pod);
-            plugin_volumes.insert(uid.to_string(), src.plugin_volumes.usage(uid).await);
-        }
-    }
-    Ok(Gathered { time, at, containers, stats, sandbox_stats, image_fs, plugin_volumes })
+    Ok(Gathered { time, at, containers, stats, sandbox_stats, image_fs })
 }
 
 /// Builds the summary from what [`gather`] read and the host's cgroups, `/proc` and the pods'
-/// volume and log directories. Blocking: a walk of every volume and log directory, and
-/// hundreds of small reads at density, are for a blocking thread, not an async worker.
+/// log directories (volumes come from the background measure). Blocking: a walk of every log
+/// directory and hundreds of small reads at density are for a blocking thread, not an async
+/// worker.
 pub fn assemble(src: &Sources<'_>, gathered: Gathered, only_cpu_and_memory: bool) -> Summary {
-    let Gathered { time, at, containers, stats, sandbox_stats, image_fs, mut plugin_volumes } = gathered;
+    let Gathered { time, at, containers, stats, sandbox_stats, image_fs } = gathered;
     let hierarchy = cgroup::hierarchy(&src.cgroup_mount);
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
     let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,8 +185,7 @@ pub fn assemble(src: &Sources<'_>, gathered: Gathered, only_cpu_and_memory: bool
         pod_totals(&mut ps, &time, at, &mut rates, cgroup.as_ref(), sandbox_stats.get(uid));
         if !only_cpu_and_memory {
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
-            let measured = plugin_volumes.remove(uid).unwrap_or_default();
-            ps.volume = volumes(src.root_dir, pod, measured, &time);
+            ps.volume = src.cache.volumes.get(uid);
             let etc_hosts = host::file_usage(&paths::pod_dir(src.root_dir, uid).join(paths::ETC_HOSTS));
             let pod_logs = host::files_usage(&paths::pod_log_dir(src.pod_logs_dir, pod));
             let pod_files =
@@ -500,34 +492,8 @@ fn ephemeral(ps: &PodStats, pod: &Pod, root_fs: Option<&FsStats>, pod_files: (u6
     }
 }
 
-fn spec_volumes(pod: &Pod) -> &[Volume] {
+pub(super) fn spec_volumes(pod: &Pod) -> &[Volume] {
     pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default()
-}
-
-/// Every volume the node keeps for the pod (emptyDir, configMap, secret, downward API,
-/// projected): bytes and inodes used under it (as upstream's `MetricsDu`), on its filesystem;
-/// and those a plugin `measured` (by pod volume name), with the claim behind each.
-fn volumes(root_dir: &Path, pod: &Pod, measured: Vec<(String, FsStats)>, time: &str) -> Vec<VolumeStats> {
-    let local = spec_volumes(pod).iter().filter_map(|v| {
-        let path = paths::volume_dir(root_dir, spec::uid(pod), paths::volume_plugin(v)?, &v.name);
-        let base = host::filesystem(&path, time)?;
-        let (used, inodes) = host::disk_usage(&path);
-        Some(VolumeStats {
-            fs: FsStats { used_bytes: Some(used), inodes_used: Some(inodes), ..base },
-            name: v.name.clone(),
-            pvc_ref: None,
-        })
-    });
-    let by_plugin = measured.into_iter().map(|(name, fs)| {
-        let spec_volume = spec_volumes(pod).iter().find(|v| v.name == name);
-        let pvc_ref = spec_volume
-            .and_then(|v| spec::claim_name(pod, v))
-            .map(|claim| PvcReference { name: claim, namespace: spec::namespace(pod).into() });
-        VolumeStats { fs: FsStats { time: time.into(), ..fs }, name, pvc_ref }
-    });
-    let mut out: Vec<VolumeStats> = local.chain(by_plugin).collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
 }
 
 async fn image_fs(images: &ImageClient, time: &str) -> Option<FsStats> {

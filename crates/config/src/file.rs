@@ -103,6 +103,7 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "shutdownGracePeriodCriticalPods",
     "shutdownGracePeriodByPodPriority",
     "singleProcessOOMKill",
+    "volumeStatsAggPeriod",
 ];
 
 /// A `KubeletConfiguration` (v1beta1) as written in the file. Every field

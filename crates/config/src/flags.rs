@@ -341,6 +341,10 @@ pub struct ServerFlags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     pub authentication_token_webhook: Option<bool>,
 
+    /// How often the pods' volume usage is measured; negative (or 0) measures none. (volumeStatsAggPeriod) [default: 1m]
+    #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
+    pub volume_stats_agg_period: Option<GoDuration>,
+
     /// How long TokenReview answers are cached. (authentication.webhook.cacheTTL) [default: 2m]
     #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
     pub authentication_token_webhook_cache_ttl: Option<GoDuration>,
@@ -539,7 +543,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "topology-manager-scope",
     "vmodule",
     "volume-plugin-dir",
-    "volume-stats-agg-period",
 ];
 
 /// Go-kubelet boolean flags that Gantry accepts without acting on them (yet).

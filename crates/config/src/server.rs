@@ -19,6 +19,8 @@ pub const LEGACY_READ_ONLY_PORT: u16 = 10255;
 pub const DEFAULT_WEBHOOK_CACHE_TTL: Duration = Duration::from_secs(120);
 pub const DEFAULT_CACHE_AUTHORIZED_TTL: Duration = Duration::from_secs(300);
 pub const DEFAULT_CACHE_UNAUTHORIZED_TTL: Duration = Duration::from_secs(30);
+/// Upstream's `volumeStatsAggPeriod` default.
+pub const DEFAULT_VOLUME_STATS_AGG_PERIOD: Duration = Duration::from_secs(60);
 /// Upstream's names of the self-signed serving certificate in `--cert-dir`.
 pub const SELF_SIGNED_CERT: &str = "kubelet.crt";
 pub const SELF_SIGNED_KEY: &str = "kubelet.key";
@@ -92,6 +94,10 @@ pub struct ServerSettings {
     pub cache_authorized_ttl: Duration,
     /// `authorization.webhook.cacheUnauthorizedTTL`, default 30s.
     pub cache_unauthorized_ttl: Duration,
+    /// `volumeStatsAggPeriod` / `--volume-stats-agg-period`, default 1m: how often the pods'
+    /// volume usage is measured for `/stats/summary` and `/metrics`; `None` (a negative
+    /// period, or 0 on the command line) measures none, as upstream.
+    pub volume_stats_agg_period: Option<Duration>,
 }
 
 impl Default for ServerSettings {
@@ -117,6 +123,7 @@ impl Default for ServerSettings {
             authorization_mode: AuthorizationMode::Webhook,
             cache_authorized_ttl: DEFAULT_CACHE_AUTHORIZED_TTL,
             cache_unauthorized_ttl: DEFAULT_CACHE_UNAUTHORIZED_TTL,
+            volume_stats_agg_period: Some(DEFAULT_VOLUME_STATS_AGG_PERIOD),
         }
     }
 }
@@ -251,6 +258,10 @@ impl ServerSettings {
     }
 
     pub(super) fn apply_file(&mut self, c: &KubeletConfiguration, invalid: Invalid) -> Result<(), ConfigError> {
+        // Zero is "default" in the file (upstream's defaulting); negative turns it off.
+        if let Some(d) = c.volume_stats_agg_period.filter(|d| !d.is_zero()) {
+            self.volume_stats_agg_period = d.to_std();
+        }
         if let Some(e) = c.enable_server {
             self.enabled = e;
         }
@@ -320,6 +331,9 @@ impl ServerSettings {
 
     pub(super) fn apply_flags(&mut self, f: &Flags, invalid: Invalid) -> Result<(), ConfigError> {
         let s = &f.server;
+        if let Some(d) = s.volume_stats_agg_period {
+            self.volume_stats_agg_period = d.to_std().filter(|d| !d.is_zero());
+        }
         if let Some(e) = s.enable_server {
             self.enabled = e;
         }

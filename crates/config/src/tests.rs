@@ -806,3 +806,14 @@ fn eviction_flags_override_the_file_and_name_themselves_in_errors() {
     let e = err(&["--eviction-max-pod-grace-period=-1"], None);
     assert!(e.to_string().contains("--eviction-max-pod-grace-period"), "{e}");
 }
+
+#[test]
+fn volume_stats_agg_period_defaults_to_a_minute_and_a_negative_one_turns_it_off() {
+    let period = |args: &[&str], body: Option<&str>| ok(args, body).server.volume_stats_agg_period;
+    assert_eq!(period(&[], None), Some(Duration::from_secs(60)));
+    assert_eq!(period(&[], Some("volumeStatsAggPeriod: 0s\n")), Some(Duration::from_secs(60)), "0 is the default");
+    assert_eq!(period(&[], Some("volumeStatsAggPeriod: 10s\n")), Some(Duration::from_secs(10)));
+    assert_eq!(period(&[], Some("volumeStatsAggPeriod: -1s\n")), None);
+    assert_eq!(period(&["--volume-stats-agg-period=2s"], None), Some(Duration::from_secs(2)));
+    assert_eq!(period(&["--volume-stats-agg-period=0s"], None), None, "the flag's 0 is not defaulted");
+}

@@ -271,6 +271,7 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("tlsCipherSuites", "tls_cipher_suites", "crates/server/src/tls.rs"),
     ("tlsMinVersion", "tls_min_version", "crates/server/src/tls.rs"),
     ("serverTLSBootstrap", "server_tls_bootstrap", "crates/node/src/lib.rs"),
+    ("volumeStatsAggPeriod", "volume_stats_agg_period", "crates/node/src/lib.rs"),
     ("authentication", "anonymous", "crates/server/src/authn.rs"),
     ("authorization", "authorization_mode", "crates/server/src/authz.rs"),
     ("healthzPort", "healthz_port", "crates/server/src/lib.rs"),
@@ -459,6 +460,12 @@ const SPAWNS: &[(&str, &str, usize, &str)] = &[
     ("crates/agent/src/runtime/driver/resize.rs", "spawn_blocking(", 1, "blocking cgroup writes, awaited in place"),
     ("crates/agent/src/runtime/volumes.rs", "spawn_blocking(", 1, "blocking volume writes, awaited in place"),
     ("crates/agent/src/runtime/csi.rs", "spawn_blocking(", 1, "the fsGroup ownership walk, awaited in place"),
+    (
+        "crates/server/src/stats/volumes.rs",
+        "spawn_blocking(",
+        1,
+        "the walk of a pod's volume directories, awaited in place",
+    ),
     (
         "crates/logs/src/rotation.rs",
         "spawn_blocking(",

@@ -14,9 +14,13 @@ use std::path::Path;
 use common::cluster::{self, Cluster};
 use common::node_api::NodeApi;
 use common::{Env, container_output, eventually};
-use gantry_testkit::{CsiCall, TestCsiDriver};
-use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
+use gantry_plugins::api::deviceplugin::DevicePluginOptions;
+use gantry_plugins::api::podresources::ListPodResourcesRequest;
+use gantry_plugins::api::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use gantry_testkit::{CsiCall, PluginCall, TestCsiDriver, TestDevicePlugin};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass, VolumeAttachment};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -400,7 +404,9 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
 
     let api = NodeApi::new(&env.ctd.dir());
     let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), node).display());
-    let gantry = api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow"]).await;
+    // The volumes measured every 2 s (upstream's default is a minute).
+    let gantry =
+        api.start_agent(&env, &[&kubeconfig, "--authorization-mode=AlwaysAllow", "--volume-stats-agg-period=2s"]).await;
     let reader = api.ca.client("stats-reader", &[]);
     let get = |path: &'static str| {
         let request = api.client(Some(&reader)).get(api.url(path));
@@ -422,11 +428,13 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     })
     .await;
 
-    // /stats/summary: the pod's volume by its name, with its claim, as the driver measures it.
+    // /stats/summary: the pod's volume by its name, with its claim, as the driver measured it
+    // (in the background, after the write).
     let volume = eventually("the claim's volume in /stats/summary", &gantry, || async {
         let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await?).ok()?;
         let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "measured")?.clone();
-        pod["volume"].as_array()?.iter().find(|v| v["name"] == "data").cloned()
+        let volume = pod["volume"].as_array()?.iter().find(|v| v["name"] == "data").cloned()?;
+        (volume["usedBytes"].as_i64()? >= 1024 * 1024).then_some(volume)
     })
     .await;
     let [bytes, inodes] = gantry_testkit::csi_driver::statvfs_usage(&driver.volume_dir("vol-1")).unwrap();
@@ -444,6 +452,17 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
         "asked about the published path: {:?}",
         driver.calls()
     );
+
+    // Scrapes read the last measure: they do not ask the driver each time.
+    let asked = || driver.calls().iter().filter(|c| matches!(c, CsiCall::NodeGetVolumeStats { .. })).count();
+    let before = asked();
+    let mut times = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await.unwrap()).unwrap();
+        let pod = summary["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "measured").cloned();
+        times.insert(pod.unwrap()["volume"][0]["time"].as_str().unwrap().to_string());
+    }
+    assert!(asked() - before <= 1 && times.len() <= 2, "5 scrapes, {} calls, times {times:?}", asked() - before);
 
     // /metrics: upstream's gauges by claim.
     let metrics = get("/metrics").await.unwrap();
@@ -685,7 +704,11 @@ async fn a_block_volume_is_a_device_in_the_container() {
     .unwrap();
     Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
     bind_named(&admin, &pv, "disk").await;
-    let gantry = cluster::start_node(&env, &cluster);
+    // The node API on, for the block volume's stats (measured every 2 s).
+    let api = NodeApi::new(&env.ctd.dir());
+    let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), node).display());
+    let flags = [kubeconfig.as_str(), "--authorization-mode=AlwaysAllow", "--volume-stats-agg-period=2s"];
+    let gantry = api.start_agent(&env, &flags).await;
 
     // The container writes the raw device and reads it back.
     let script = "echo written-to-the-device | dd of=/dev/xvda conv=fsync 2>/dev/null && \
@@ -734,6 +757,25 @@ async fn a_block_volume_is_a_device_in_the_container() {
     let record = root.join(format!("pods/{uid}/volumeDevices/kubernetes.io~csi/{pv}/vol_data.json"));
     assert!(record.exists(), "the pod's record of its block volume");
 
+    // Its size as the driver reports it, asked at the device file, in the summary and /metrics.
+    let reader = api.ca.client("stats-reader", &[]);
+    let get = |path: &'static str| {
+        let request = api.client(Some(&reader)).get(api.url(path));
+        async move { request.send().await.ok()?.text().await.ok() }
+    };
+    let volume = eventually("the block volume in /stats/summary", &gantry, || async {
+        let summary: serde_json::Value = serde_json::from_str(&get("/stats/summary").await?).ok()?;
+        let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "raw")?.clone();
+        pod["volume"].as_array()?.iter().find(|v| v["name"] == "disk").cloned()
+    })
+    .await;
+    assert_eq!(volume["capacityBytes"], 16 << 20, "{volume}");
+    assert_eq!(volume["pvcRef"], json!({"name": "disk", "namespace": "default"}), "{volume}");
+    assert!(driver.calls().contains(&CsiCall::NodeGetVolumeStats { volume: "blk-1".into(), path: target.clone() }));
+    let metrics = get("/metrics").await.unwrap();
+    let sample = r#"kubelet_volume_stats_capacity_bytes{namespace="default",persistentvolumeclaim="disk"} 16777216"#;
+    assert!(metrics.lines().any(|l| l == sample), "{metrics}");
+
     deleted(&gantry, &pods, "raw").await;
     eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
@@ -766,5 +808,414 @@ async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     let pod_dirs = || std::fs::read_dir(root.join("pods")).into_iter().flatten().count();
     eventually("the pod's directory is removed", &gantry, || async { (pod_dirs() == 0).then_some(()) }).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+/// The example device plugin's resource.
+const GPU: &str = "example.com/gpu";
+
+/// A StatefulSet `name` of one replica on the node: its pods ask for one `GPU` and mount the
+/// claim from the template `data` (storage class `class`) at `/data`; the first one writes
+/// there, a later one reads it.
+fn stateful_set(node: &str, name: &str, class: &str) -> StatefulSet {
+    let script = "if [ -f /data/file ]; then echo \"found=$(cat /data/file)\"; \
+                  else echo kept-by-the-claim > /data/file && echo wrote; fi; \
+                  echo devices=$EXAMPLE_DEVICES; ls /run/example-devices; echo done; sleep 3600";
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceName": name,
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 1,
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "main",
+                        "image": gantry_testkit::BUSYBOX_IMAGE,
+                        "command": ["sh", "-c", script],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "resources": {"limits": {GPU: "1"}, "requests": {GPU: "1"}},
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                         "resources": {"requests": {"storage": "1Mi"}}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// The StatefulSet controller's part on the test server (a real cluster's controller does it):
+/// the claim `<template>-<set>-0` from the template, unless it exists, and the pod `<set>-0`
+/// from the pod template, controlled by the set, with the claim as its volume.
+async fn play_stateful_set_controller(admin: &Client, set: &StatefulSet) -> String {
+    let name = set.metadata.name.clone().unwrap();
+    let spec = set.spec.clone().unwrap();
+    let pod_name = format!("{name}-0");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let mut template = spec.volume_claim_templates.unwrap()[0].clone();
+    let claim_name = format!("{}-{pod_name}", template.metadata.name.as_deref().unwrap());
+    if claims.get_opt(&claim_name).await.unwrap().is_none() {
+        template.metadata = kube::api::ObjectMeta {
+            name: Some(claim_name.clone()),
+            labels: spec.selector.match_labels.clone(),
+            ..Default::default()
+        };
+        template.status = None;
+        claims.create(&PostParams::default(), &template).await.unwrap();
+    }
+    let mut pod = Pod { metadata: spec.template.metadata.unwrap_or_default(), spec: spec.template.spec, status: None };
+    pod.metadata.name = Some(pod_name.clone());
+    let labels = pod.metadata.labels.get_or_insert_default();
+    labels.insert("statefulset.kubernetes.io/pod-name".into(), pod_name.clone());
+    labels.insert("apps.kubernetes.io/pod-index".into(), "0".into());
+    pod.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "uid": set.metadata.uid.clone().unwrap(),
+            "controller": true, "blockOwnerDeletion": true,
+        }))
+        .unwrap(),
+    ]);
+    let pod_spec = pod.spec.as_mut().unwrap();
+    pod_spec.hostname = Some(pod_name.clone());
+    pod_spec.subdomain = spec.service_name.clone();
+    pod_spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "data", "persistentVolumeClaim": {"claimName": claim_name}})).unwrap(),
+    ]);
+    Api::<Pod>::namespaced(admin.clone(), "default").create(&PostParams::default(), &pod).await.unwrap();
+    claim_name
+}
+
+/// The provisioner's part (the test driver has none): a PV of the driver for the claim,
+/// pre-bound to it. On the test server the test also plays the PV controller and binds them.
+async fn provision(admin: &Client, claim_name: &str, class: &str, driver: &str, pv: &str, binder: bool) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let claim = claims.get(claim_name).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv, "annotations": {"pv.kubernetes.io/provisioned-by": driver}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": class,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": "default", "name": claim_name, "uid": claim.metadata.uid.unwrap()},
+            "csi": {"driver": driver, "volumeHandle": "sts-vol", "fsType": "ext4"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    if binder {
+        let volume_name = Patch::Merge(json!({"spec": {"volumeName": pv}}));
+        claims.patch(claim_name, &PatchParams::default(), &volume_name).await.unwrap();
+        bind_named(admin, pv, claim_name).await;
+    }
+}
+
+/// What the container of the pod with `uid` printed.
+fn pod_output(env: &Env, pod: &str, uid: &str) -> String {
+    let dir = env.pod_logs.join(format!("default_{pod}_{uid}/main"));
+    let logs = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let lines: Vec<String> = logs
+        .flat_map(|l| {
+            std::fs::read_to_string(l.path())
+                .unwrap_or_default()
+                .lines()
+                .map(|line| line.splitn(4, ' ').nth(3).unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// The pod `name` running, not `old_uid` (a recreated pod): its UID.
+async fn running_pod(gantry: &common::Gantry, pods: &Api<Pod>, name: &str, old_uid: Option<&str>) -> String {
+    eventually(&format!("{name} runs"), gantry, || async {
+        let pod = pods.get_opt(name).await.ok()??;
+        let uid = pod.metadata.uid?;
+        (pod.status?.phase? == "Running" && Some(uid.as_str()) != old_uid).then_some(uid)
+    })
+    .await
+}
+
+/// The issue's done criterion: a StatefulSet with a claim and a pod asking for an extended
+/// resource run on the node, through the test CSI driver and device plugin (both speaking the
+/// upstream protocols). The recreated pod finds the data on its claim and gets a device again.
+#[tokio::test]
+async fn a_stateful_set_with_a_claim_and_a_device_runs_through_the_node_plugins() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let test_server = matches!(cluster, Cluster::Test(_));
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.sts.gantry.test");
+    let (pv, class, set_name) = (format!("{node}-sts-pv"), format!("{node}-sts"), format!("{node}-db"));
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
+    let options = DevicePluginOptions::default();
+    let plugin =
+        TestDevicePlugin::start(&root.join("plugins_registry/example-gpu.sock"), GPU, 1, options).await.unwrap();
+    let storage_class: StorageClass =
+        serde_json::from_value(json!({"metadata": {"name": class}, "provisioner": driver_name})).unwrap();
+    Api::<StorageClass>::all(admin.clone()).create(&PostParams::default(), &storage_class).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("the Node offers the device", &gantry, || async {
+        let allocatable = nodes.get(node).await.ok()?.status?.allocatable?;
+        (allocatable.get(GPU)?.0 == "1").then_some(())
+    })
+    .await;
+
+    let sets: Api<StatefulSet> = Api::namespaced(admin.clone(), "default");
+    let set = sets.create(&PostParams::default(), &stateful_set(node, &set_name, &class)).await.unwrap();
+    let pod_name = format!("{set_name}-0");
+    let claim_name = format!("data-{pod_name}");
+    if test_server {
+        play_stateful_set_controller(&admin, &set).await;
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    eventually("the set's claim exists", &gantry, || async { claims.get_opt(&claim_name).await.ok()? }).await;
+    provision(&admin, &claim_name, &class, &driver_name, &pv, test_server).await;
+
+    // Running: the claim's volume staged and published, the device allocated.
+    let uid = running_pod(&gantry, &pods, &pod_name, None).await;
+    let pod = pods.get(&pod_name).await.unwrap();
+    let owner = &pod.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("StatefulSet", set_name.as_str(), Some(true))
+    );
+    let output = eventually("the first pod wrote", &gantry, || async {
+        let out = pod_output(&env, &pod_name, &uid);
+        out.contains("done").then_some(out)
+    })
+    .await;
+    assert!(output.contains("wrote") && output.contains("devices=dev-0"), "{output}");
+    assert!(output.lines().any(|l| l == "dev-0"), "the device's file is mounted: {output}");
+    assert_eq!(std::fs::read_to_string(driver.volume_dir("sts-vol").join("file")).unwrap(), "kept-by-the-claim\n");
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+    assert!(plugin.calls().contains(&PluginCall::Allocate { devices: vec!["dev-0".into()] }));
+    let checkpoint_file = root.join("device-plugins/kubelet_internal_checkpoint");
+    let checkpoint = std::fs::read_to_string(&checkpoint_file).unwrap();
+    assert!(checkpoint.contains(&uid) && checkpoint.contains(GPU), "the allocation is accounted: {checkpoint}");
+    let channel = gantry_testkit::cri::connect(&root.join("pod-resources/kubelet.sock")).await.unwrap();
+    let list = PodResourcesListerClient::new(channel).list(ListPodResourcesRequest {}).await.unwrap().into_inner();
+    let listed = list.pod_resources.iter().find(|p| p.name == pod_name).expect("the pod in pod-resources");
+    let devices: Vec<_> =
+        listed.containers[0].devices.iter().map(|d| (d.resource_name.as_str(), d.device_ids.clone())).collect();
+    assert_eq!(devices, [(GPU, vec!["dev-0".to_string()])]);
+
+    // The pod is deleted; the controller makes it again, on the same claim and the freed device.
+    pods.delete(&pod_name, &DeleteParams::default()).await.unwrap();
+    if test_server {
+        // As the controller, once the first pod is gone (its device freed, its volume torn down).
+        eventually("the first pod is gone", &gantry, || async {
+            let freed = !std::fs::read_to_string(&checkpoint_file).ok()?.contains(&uid);
+            (pods.get_opt(&pod_name).await.ok()?.is_none() && freed && volume_calls(&driver).len() == 4).then_some(())
+        })
+        .await;
+        play_stateful_set_controller(&admin, &set).await;
+    }
+    let second = running_pod(&gantry, &pods, &pod_name, Some(&uid)).await;
+    let output = eventually("the recreated pod read the claim", &gantry, || async {
+        let out = pod_output(&env, &pod_name, &second);
+        out.contains("done").then_some(out)
+    })
+    .await;
+    assert!(output.contains("found=kept-by-the-claim"), "{output}");
+    assert!(output.contains("devices=dev-0"), "the freed device again: {output}");
+    // A real controller may recreate the pod before the first one's volume is torn down; then
+    // the volume stays staged for it.
+    let calls = volume_calls(&driver);
+    let each_pod = ["stage", "publish", "unpublish", "unstage", "stage", "publish"];
+    assert!(calls == each_pod || (!test_server && calls == ["stage", "publish", "publish", "unpublish"]), "{calls:?}");
+    let checkpoint = std::fs::read_to_string(&checkpoint_file).unwrap();
+    assert!(checkpoint.contains(&second) && !checkpoint.contains(&uid), "{checkpoint}");
+
+    // Removed (as `kubectl delete` would, the set first): torn down, nothing left mounted.
+    sets.delete(&set_name, &DeleteParams::default()).await.unwrap();
+    let _ = pods.delete(&pod_name, &DeleteParams::default()).await;
+    eventually("the volume is unstaged", &gantry, || async {
+        let calls = volume_calls(&driver);
+        let count = |c: &str| calls.iter().filter(|x| **x == c).count();
+        (calls.last() == Some(&"unstage") && count("publish") == count("unpublish")).then_some(())
+    })
+    .await;
+    assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
+    let _ = claims.delete(&claim_name, &DeleteParams::default()).await;
+    let _ = Api::<StorageClass>::all(admin.clone()).delete(&class, &DeleteParams::default()).await;
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+/// The PV's `nodeStageSecretRef` and `nodePublishSecretRef`: the Secrets' data go to the
+/// driver with `NodeStageVolume` and `NodePublishVolume`; while one is missing the pod waits,
+/// with upstream's `FailedMount` message, and nothing is staged.
+#[tokio::test]
+async fn a_volumes_node_secrets_reach_the_driver() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let driver_name = format!("{node}.secrets.gantry.test");
+    let pv = format!("{node}-secrets-pv");
+    let (stage_secret, publish_secret) = (format!("{node}-stage"), format!("{node}-publish"));
+    let driver = start_driver(root, node, &driver_name, true, 0).await;
+    no_attach(&admin, &driver_name).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "claimRef": {"namespace": "default", "name": "data", "uid": claim.metadata.uid.unwrap()},
+            "csi": {
+                "driver": driver_name, "volumeHandle": "vol-1",
+                "nodeStageSecretRef": {"name": stage_secret, "namespace": "default"},
+                "nodePublishSecretRef": {"name": publish_secret, "namespace": "default"},
+            },
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    bind(&admin, &pv).await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    let secret = |name: &str, key: &str, value: &str| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {key: value}})).unwrap()
+    };
+    secrets.create(&PostParams::default(), &secret(&publish_secret, "token", "publish-token")).await.unwrap();
+    let gantry = cluster::start_node(&env, &cluster);
+    pods.create(&PostParams::default(), &claim_pod(node, "secret-user", "sleep 3600", false)).await.unwrap();
+
+    // The stage secret is missing: the pod waits, nothing is staged.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let waiting = eventually("the FailedMount event of the missing secret", &gantry, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("secret-user") && e.reason.as_deref() == Some("FailedMount")
+        })
+    })
+    .await;
+    assert_eq!(
+        waiting.message.unwrap(),
+        format!(
+            "MountVolume.MountDevice failed for volume {pv:?} : fetching NodeStageSecretRef default/{stage_secret} \
+             failed: kubernetes.io/csi: failed to find the secret {stage_secret} in the namespace default with \
+             error: secrets {stage_secret:?} not found"
+        )
+    );
+    assert_eq!(pods.get("secret-user").await.unwrap().status.unwrap().phase.as_deref(), Some("Pending"));
+    assert!(volume_calls(&driver).is_empty(), "nothing is staged without its secret");
+
+    // There: staged and published, each with its own secret's data.
+    secrets.create(&PostParams::default(), &secret(&stage_secret, "user", "stage-user")).await.unwrap();
+    running(&gantry, &pods, "secret-user").await;
+    let uid = pods.get("secret-user").await.unwrap().metadata.uid.unwrap();
+    let target = root.join(format!("pods/{uid}/volumes/kubernetes.io~csi/{pv}/mount"));
+    let want = |k: &str, v: &str| Some([(k.to_string(), v.to_string())].into_iter().collect());
+    assert_eq!(driver.stage_secrets("vol-1"), want("user", "stage-user"));
+    assert_eq!(driver.publish_secrets(&target), want("token", "publish-token"));
+    assert_eq!(volume_calls(&driver), ["stage", "publish"]);
+
+    deleted(&gantry, &pods, "secret-user").await;
+    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    for name in [&stage_secret, &publish_secret] {
+        let _ = secrets.delete(name, &DeleteParams::default()).await;
+    }
+    cleanup(&cluster, &admin, node, &driver_name, &pv).await;
+}
+
+/// A Block claim in a container's `volumeMounts`, or a file system claim in its
+/// `volumeDevices`, is refused as upstream refuses it: the pod waits with a `FailedMount`
+/// event, nothing is staged or published for it, and other pods run.
+#[tokio::test]
+async fn a_volume_used_against_its_mode_is_refused() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let admin = cluster.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
+    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "mode", "mode-pv").await;
+    let block_pv = format!("{node}-mode-block-pv");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "disk"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": block_pv,
+                 "volumeMode": "Block", "resources": {"requests": {"storage": "16Mi"}}},
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": block_pv},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}, "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Block",
+            "claimRef": {"namespace": "default", "name": "disk", "uid": claim.metadata.uid.unwrap()},
+            "csi": {"driver": driver_name, "volumeHandle": "blk-1"},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &volume).await.unwrap();
+    bind_named(&admin, &block_pv, "disk").await;
+    let gantry = cluster::start_node(&env, &cluster);
+
+    // The block claim mounted, the file system claim as a device.
+    let mut mounts_block = claim_pod(node, "mounts-block", "sleep 3600", false);
+    let spec = mounts_block.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}})).unwrap(),
+    ]);
+    spec.containers[0].volume_mounts =
+        Some(vec![serde_json::from_value(json!({"name": "disk", "mountPath": "/disk"})).unwrap()]);
+    let mut maps_files = claim_pod(node, "maps-files", "sleep 3600", false);
+    maps_files.spec.as_mut().unwrap().containers[0].volume_mounts = None;
+    maps_files.spec.as_mut().unwrap().containers[0].volume_devices =
+        Some(vec![serde_json::from_value(json!({"name": "data", "devicePath": "/dev/xvda"})).unwrap()]);
+    for pod in [&mounts_block, &maps_files] {
+        pods.create(&PostParams::default(), pod).await.unwrap();
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    for (pod, want) in [
+        ("mounts-block", "volume disk has volumeMode Block, but is specified in volumeMounts"),
+        ("maps-files", "volume data has volumeMode Filesystem, but is specified in volumeDevices"),
+    ] {
+        let event = eventually(&format!("the FailedMount event of {pod}"), &gantry, || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.involved_object.name.as_deref() == Some(pod) && e.reason.as_deref() == Some("FailedMount"))
+        })
+        .await;
+        assert_eq!(event.message.as_deref(), Some(want));
+    }
+
+    // A pod using the file system claim as a file system runs beside them.
+    pods.create(&PostParams::default(), &claim_pod(node, "fine", "sleep 3600", false)).await.unwrap();
+    running(&gantry, &pods, "fine").await;
+    for pod in ["mounts-block", "maps-files"] {
+        let status = pods.get(pod).await.unwrap().status.unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Pending"), "{pod}");
+        let waiting = status.container_statuses.unwrap_or_default();
+        assert!(waiting.iter().all(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_none()), "{pod}");
+    }
+    assert_eq!(volume_calls(&driver), ["stage", "publish"], "only the fine pod's volume");
+    assert!(driver.calls().iter().all(|c| !matches!(c, CsiCall::NodeStageVolume { volume, .. } if volume == "blk-1")));
+
+    for pod in ["fine", "mounts-block", "maps-files"] {
+        deleted(&gantry, &pods, pod).await;
+    }
+    let _ = claims.delete("disk", &DeleteParams::default()).await;
+    let _ = Api::<PersistentVolume>::all(admin.clone()).delete(&block_pv, &DeleteParams::default()).await;
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
 }

@@ -218,6 +218,11 @@ async fn devices_are_reported_allocated_checkpointed_and_listed() {
 #[tokio::test]
 async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     let Some(Setup { env, cluster, nodes, pods }) = setup().await else { return };
+    // What an earlier run left in device-plugins/: a plugin's socket, and a file of someone's.
+    let plugins_dir = env.root.join("device-plugins");
+    std::fs::create_dir_all(&plugins_dir).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(plugins_dir.join("stale.sock")).unwrap());
+    std::fs::write(plugins_dir.join("notes"), "kept").unwrap();
     // The node API on, for its /metrics.
     let api = NodeApi::new(&env.ctd.dir());
     let kubeconfig = format!("--kubeconfig={}", cluster.node_kubeconfig(&env.ctd.dir(), &env.node).display());
@@ -250,6 +255,9 @@ async fn plugins_register_on_kubelet_sock_or_are_told_why_not() {
     // The classic way: Register on device-plugins/kubelet.sock.
     let kubelet_sock = env.root.join("device-plugins/kubelet.sock");
     eventually("kubelet.sock is served", &gantry, || async { kubelet_sock.exists().then_some(()) }).await;
+    // Upstream's start: every socket but the checkpoint removed, other files kept.
+    assert!(!plugins_dir.join("stale.sock").exists(), "the earlier run's socket is removed");
+    assert_eq!(std::fs::read_to_string(plugins_dir.join("notes")).unwrap(), "kept");
     let classic = TestDevicePlugin::start(
         &env.root.join("device-plugins/classic.sock"),
         "example.com/classic",

@@ -296,7 +296,9 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
     let kubelet_cgroup = format!("{}/gantry-kubelet", env.ctd.cgroup_root());
     let kubelet_flag = format!("--kubelet-cgroups={kubelet_cgroup}");
     let runtime_flag = format!("--runtime-cgroups={}/kubepods", env.ctd.cgroup_root());
-    let gantry = api.start_agent(&env, &["--authorization-mode=AlwaysAllow", &kubelet_flag, &runtime_flag]).await;
+    // The volumes measured every second (upstream's default is a minute).
+    let flags = ["--authorization-mode=AlwaysAllow", &kubelet_flag, &runtime_flag, "--volume-stats-agg-period=1s"];
+    let gantry = api.start_agent(&env, &flags).await;
     let alice = api.ca.client("alice", &["dev"]);
     // Ready once both writes are done: the emptyDir's 2 MiB come after the 40 MiB the
     // summary's own wait below sees, so without this the volume figures race the second dd.
@@ -319,8 +321,10 @@ async fn stats_summary_and_metrics_show_what_pods_do() {
         assert_eq!(code, 200, "{body}");
         let s: serde_json::Value = serde_json::from_str(&body).unwrap();
         let ws = find_pod(&s, "hog")?["containers"][0]["memory"]["workingSetBytes"].as_u64()?;
+        // The volume as measured after the pod's write (in the background, every second).
+        let volume = find_pod(&s, "hog")?["volume"][0]["usedBytes"].as_u64()?;
         // usageNanoCores needs a second sample.
-        (ws >= min && s["node"]["cpu"]["usageNanoCores"].is_u64()).then_some(s)
+        (ws >= min && volume >= 2 << 20 && s["node"]["cpu"]["usageNanoCores"].is_u64()).then_some(s)
     })
     .await;
     let node = &summary["node"];
@@ -498,6 +502,7 @@ async fn cluster_pod_logs_and_api_request_metrics() {
     let mut flags = api.flags();
     flags.push(format!("--kubeconfig={}", kubeconfig.display()));
     flags.push("--authorization-mode=AlwaysAllow".into());
+    flags.push("--volume-stats-agg-period=1s".into());
     let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     let gantry = env.kubelet(&refs);
     let alice = api.ca.client("alice", &["dev"]);
@@ -538,11 +543,16 @@ async fn cluster_pod_logs_and_api_request_metrics() {
     assert!(counted("201", "POST") >= 1.0, "{text}");
     assert!(counted("200", "GET") >= 1.0, "{text}");
 
-    // pods[].volume lists both volumes; ephemeral-storage adds the configMap, not the token.
-    let (code, body) = get(&api, &alice, "/stats/summary", &[]).await;
-    assert_eq!(code, 200, "{body}");
-    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let pod = summary["pods"].as_array().unwrap().iter().find(|p| p["podRef"]["name"] == "talker").unwrap();
+    // pods[].volume lists both volumes (once measured, in the background); ephemeral-storage
+    // adds the configMap, not the token.
+    let pod = eventually("the pod's volumes measured", &gantry, || async {
+        let (code, body) = get(&api, &alice, "/stats/summary", &[]).await;
+        assert_eq!(code, 200, "{body}");
+        let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let pod = summary["pods"].as_array()?.iter().find(|p| p["podRef"]["name"] == "talker")?.clone();
+        (pod["volume"].as_array()?.len() == 2).then_some(pod)
+    })
+    .await;
     let volume = |prefix: &str| {
         pod["volume"].as_array().unwrap().iter().find(|v| v["name"].as_str().unwrap().starts_with(prefix)).cloned()
     };

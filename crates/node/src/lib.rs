@@ -144,6 +144,9 @@ impl Node {
         // The node API's state: its routes, and the stats the eviction manager reads.
         let client = cluster.as_ref().map(|c| c.client.clone());
         let state = server_state(settings, &shared, csi, client);
+        if let Some(period) = settings.server.volume_stats_agg_period {
+            supervisor.spawn("volume-stats", server::stats::volumes::run(state.clone(), period));
+        }
         if settings.server.enabled {
             let serving = serve(settings, state.clone(), serving_cert).await?;
             spawn_all(&mut supervisor, serving.tasks);

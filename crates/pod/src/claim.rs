@@ -80,6 +80,33 @@ pub fn claim_for_pod(pod: &Pod, claim: &PersistentVolumeClaim) -> Result<(), Not
     })
 }
 
+/// A claim's volume used against its PV's `volumeMode`: a `Block` volume in a container's
+/// `volumeMounts`, or a file system in its `volumeDevices` (upstream's desired-state-of-world
+/// populator refuses both; the pod waits).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("volume {volume} has volumeMode {mode}, but is specified in {field}")]
+pub struct VolumeModeMismatch {
+    pub volume: String,
+    pub mode: &'static str,
+    pub field: &'static str,
+}
+
+/// Checks that every container of the pod (init, regular, ephemeral) uses the volume `volume`
+/// as its mode says: mounted when a file system, as a device when `block`.
+pub fn check_volume_mode(pod: &Pod, volume: &str, block: bool) -> Result<(), VolumeModeMismatch> {
+    use gantry_vocab::spec;
+    let ephemeral: Vec<_> = spec::ephemeral_containers(pod).iter().map(spec::ephemeral_as_container).collect();
+    let all = || spec::init_containers(pod).iter().chain(spec::containers(pod)).chain(&ephemeral);
+    let mounted = all().any(|c| c.volume_mounts.iter().flatten().any(|m| m.name == volume));
+    let mapped = all().any(|c| c.volume_devices.iter().flatten().any(|d| d.name == volume));
+    let field = match (block, mounted, mapped) {
+        (true, true, _) => "volumeMounts",
+        (false, _, true) => "volumeDevices",
+        _ => return Ok(()),
+    };
+    Err(VolumeModeMismatch { volume: volume.to_string(), mode: if block { "Block" } else { "Filesystem" }, field })
+}
+
 /// The CSI source of the volume `pv_name` bound to the claim with UID `claim_uid`.
 pub fn csi_source<'a>(
     pv_name: &str,
@@ -350,6 +377,28 @@ mod tests {
         assert_eq!(info["csi.storage.k8s.io/serviceAccount.name"], "sa");
         assert_eq!(info["csi.storage.k8s.io/ephemeral"], "true");
         assert_eq!(pod_info(&pod, Lifecycle::Persistent)["csi.storage.k8s.io/ephemeral"], "false");
+    }
+
+    #[test]
+    fn a_volume_is_used_as_its_mode_says() {
+        let pod: Pod = k8s_openapi::serde_json::from_value(k8s_openapi::serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "i", "volumeDevices": [{"name": "raw", "devicePath": "/dev/x"}]}],
+                "containers": [{"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/d"}]}],
+            },
+        }))
+        .unwrap();
+        assert_eq!(check_volume_mode(&pod, "data", false), Ok(()));
+        assert_eq!(check_volume_mode(&pod, "raw", true), Ok(()));
+        assert_eq!(
+            check_volume_mode(&pod, "data", true).unwrap_err().to_string(),
+            "volume data has volumeMode Block, but is specified in volumeMounts"
+        );
+        assert_eq!(
+            check_volume_mode(&pod, "raw", false).unwrap_err().to_string(),
+            "volume raw has volumeMode Filesystem, but is specified in volumeDevices"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 pub async fn metrics(State(state): State<ServerState>) -> Response {
     refresh_running(&state).await;
-    refresh_volume_stats(&state).await;
+    refresh_volume_stats(&state);
     ([(header::CONTENT_TYPE, OPENMETRICS)], state.metrics().encode()).into_response()
 }
 
@@ -53,18 +53,15 @@ async fn refresh_running(state: &ServerState) {
     set_running(state.metrics(), pods.len() as i64, &by_state);
 }
 
-/// The claims' volumes as their plugins measure them right now (upstream's volume stats
-/// collector reads the same figures as `/stats/summary`; one sample per claim).
-async fn refresh_volume_stats(state: &ServerState) {
+/// The claims' volumes as last measured in the background (upstream's volume stats collector
+/// reads the same figures as `/stats/summary`; one sample per claim).
+fn refresh_volume_stats(state: &ServerState) {
     let mut claims = Vec::new();
     for pod in state.pods() {
-        let measured = state.plugin_volumes().usage(spec::uid(&pod)).await;
-        let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
-        for (name, fs) in measured {
-            let Some(claim) = volumes.iter().find(|v| v.name == name).and_then(|v| spec::claim_name(&pod, v)) else {
-                continue;
-            };
-            let labels = VolumeLabels { namespace: spec::namespace(&pod).into(), persistentvolumeclaim: claim };
+        for volume in state.stats_cache().volumes.get(spec::uid(&pod)) {
+            let Some(claim) = volume.pvc_ref else { continue };
+            let labels = VolumeLabels { namespace: claim.namespace, persistentvolumeclaim: claim.name };
+            let fs = volume.fs;
             let figures = VolumeFigures {
                 capacity_bytes: fs.capacity_bytes,
                 available_bytes: fs.available_bytes,

@@ -13,6 +13,7 @@ use crate::pdb;
 use crate::pods;
 use crate::resources::{CrdSpec, ResourceType};
 use crate::status::{ApiError, ApiResult, FieldError, GroupResource};
+use crate::storage_workloads;
 use crate::store::StoreInner;
 
 /// Namespaces every cluster starts with; the first three may not be deleted.
@@ -47,7 +48,9 @@ pub fn prepare_create(inner: &StoreInner, ctx: &WriteCtx<'_>, obj: &mut Value) -
         ("", "persistentvolumes") => obj["status"] = json!({"phase": "Pending"}),
         ("storage.k8s.io", "csidrivers") => default_csi_driver(obj),
         ("storage.k8s.io", "volumeattachments") => obj["status"] = json!({"attached": false}),
-        ("apps", "deployments" | "replicasets" | "statefulsets") => {
+        ("apps", "statefulsets") => storage_workloads::prepare_stateful_set(obj)?,
+        ("storage.k8s.io", "storageclasses") => storage_workloads::prepare_storage_class(obj)?,
+        ("apps", "deployments" | "replicasets") => {
             if obj.pointer("/spec/replicas").is_none() && obj["spec"].is_object() {
                 obj["spec"]["replicas"] = json!(1);
             }
@@ -104,6 +107,8 @@ pub fn prepare_update(_inner: &StoreInner, ctx: &WriteCtx<'_>, existing: &Value,
         (("", "pods"), "resize") => crate::resize::validate(existing, new)?,
         (("", "secrets"), _) => fold_string_data(new),
         (("", "services"), "") => prepare_service(_inner, new, Some(existing))?,
+        (("apps", "statefulsets"), "") => storage_workloads::validate_stateful_set_update(existing, new)?,
+        (("storage.k8s.io", "storageclasses"), _) => storage_workloads::validate_storage_class_update(existing, new)?,
         // spec.finalizers changes only through the finalize subresource (not served here).
         (("", "namespaces"), _) => new["spec"] = existing["spec"].clone(),
         (("certificates.k8s.io", "certificatesigningrequests"), sub) => crate::csr::prepare_update(sub, existing, new)?,

@@ -42,6 +42,7 @@ pub mod selectors;
 mod server;
 mod state;
 mod status;
+mod storage_workloads;
 mod store;
 mod tokens;
 mod watch;

@@ -663,6 +663,10 @@ pub fn node_references(inner: &StoreInner, node: &str, kind: RefKind, ns: &str, 
             }
         });
     }
+    // node <- pod <- pvc <- pv <- secret (the secrets a CSI PV names for its driver).
+    if kind == RefKind::Secret && pv_secret_of_node(inner, node, ns, name) {
+        return true;
+    }
     inner.list("pods", Some(ns)).iter().filter(|p| on_node(p)).any(|p| {
         let r = references(p);
         match kind {
@@ -672,6 +676,27 @@ pub fn node_references(inner: &StoreInner, node: &str, kind: RefKind, ns: &str, 
             RefKind::ServiceAccount => r.service_account.as_deref() == Some(name),
             RefKind::Pod | RefKind::Pv => false,
         }
+    })
+}
+
+/// The secret references of a CSI PersistentVolume (upstream's `VisitPVSecretNames` for CSI).
+const PV_CSI_SECRETS: &[&str] = &[
+    "controllerPublishSecretRef",
+    "controllerExpandSecretRef",
+    "nodeExpandSecretRef",
+    "nodePublishSecretRef",
+    "nodeStageSecretRef",
+];
+
+/// Whether a PV related to `node` names the secret `ns/name`.
+fn pv_secret_of_node(inner: &StoreInner, node: &str, ns: &str, name: &str) -> bool {
+    inner.list("persistentvolumes", None).iter().any(|pv| {
+        let names = |field: &&str| {
+            let r = pv.pointer(&format!("/spec/csi/{field}"));
+            r.and_then(|r| r.get("name")?.as_str()) == Some(name)
+                && r.and_then(|r| r.get("namespace")?.as_str()) == Some(ns)
+        };
+        PV_CSI_SECRETS.iter().any(names) && node_references(inner, node, RefKind::Pv, "", crate::meta::name(pv))
     })
 }
 

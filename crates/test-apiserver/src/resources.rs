@@ -172,6 +172,7 @@ fn builtins() -> Vec<Builtin> {
         b("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, &["pvc"], &[Status], &[]),
         b("", "v1", "persistentvolumes", "PersistentVolume", false, &["pv"], &[Status], &[]),
         b("coordination.k8s.io", "v1", "leases", "Lease", true, &[], &[], &[]),
+        b("storage.k8s.io", "v1", "storageclasses", "StorageClass", false, &["sc"], &[], &[]),
         b("storage.k8s.io", "v1", "csidrivers", "CSIDriver", false, &[], &[], &[]),
         b("storage.k8s.io", "v1", "csinodes", "CSINode", false, &[], &[], &[]),
         b("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", false, &[], &[Status], &[]),

@@ -8,7 +8,9 @@ use gantry_test_apiserver::{Decision, TestApiServer, User, UserInfo};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview};
 use k8s_openapi::api::authorization::v1::{SelfSubjectAccessReview, SubjectAccessReview};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -430,4 +432,42 @@ async fn node_csi_objects() {
     let e = status(node_attachments.get("csi-theirs").await.unwrap_err());
     assert!(e.message.ends_with("no relationship found between node 'n1' and this object"), "{}", e.message);
     assert_eq!(status(node_attachments.list(&ListParams::default()).await.unwrap_err()).code, 403);
+}
+
+#[tokio::test]
+async fn node_reads_the_secrets_a_csi_volume_of_its_pods_names() {
+    let (server, admin) = start().await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    for name in ["stage", "unrelated"] {
+        let s: Secret = serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": "v"}})).unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pv1"},
+        "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "csi": {
+            "driver": "d.example.com", "volumeHandle": "h1",
+            "nodeStageSecretRef": {"name": "stage", "namespace": "default"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(admin.clone()).create(&PostParams::default(), &pv).await.unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv1", "resources": {"requests": {"storage": "1Mi"}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let server_node = server.client(&node_client_user("n1")).await;
+    let node_secrets: Api<Secret> = Api::namespaced(server_node.clone(), "default");
+    // No pod of the node uses the claim yet: no relationship.
+    assert_eq!(status(node_secrets.get("stage").await.unwrap_err()).code, 403);
+    let mut pod = pod_json("user", Some("n1"));
+    pod["spec"]["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    Api::<Pod>::namespaced(admin.clone(), "default").create(&PostParams::default(), &pod).await.unwrap();
+    assert_eq!(node_secrets.get("stage").await.unwrap().data.unwrap()["k"].0, b"v");
+    let e = status(node_secrets.get("unrelated").await.unwrap_err());
+    assert!(e.message.ends_with("no relationship found between node 'n1' and this object"), "{}", e.message);
 }

@@ -5,7 +5,7 @@
 //! volume handle): `NodeStageVolume` bind-mounts the volume's directory on the staging path,
 //! `NodePublishVolume` creates the target and bind-mounts the staging path (or, for a driver
 //! that does not stage, the volume's directory) there, read-only when asked; unpublish and
-//! unstage unmount. A block volume (`Block` access type) is a loop device on a sparse file
+//! unstage unmount. The secrets and volume context each call got are kept for the test. A block volume (`Block` access type) is a loop device on a sparse file
 //! (`losetup`, detached when the driver is dropped), published by bind-mounting the device node
 //! on the target file. Every call is recorded, in order.
 
@@ -62,6 +62,9 @@ struct Service {
     calls: Arc<Mutex<Vec<CsiCall>>>,
     /// The volume context of each publish, by target path.
     contexts: Arc<Mutex<BTreeMap<PathBuf, BTreeMap<String, String>>>>,
+    /// The secrets of each stage, by volume ID, and of each publish, by target path.
+    stage_secrets: Arc<Mutex<BTreeMap<String, BTreeMap<String, String>>>>,
+    publish_secrets: Arc<Mutex<BTreeMap<PathBuf, BTreeMap<String, String>>>>,
     /// The loop device backing each block volume, by volume ID.
     loops: Arc<Mutex<BTreeMap<String, PathBuf>>>,
 }
@@ -101,7 +104,7 @@ impl Service {
     }
 }
 
-/// The size of a block volume's sparse backing file.
+/// The size of a block volume's sparse backing file (and what `NodeGetVolumeStats` reports).
 const BLOCK_VOLUME_BYTES: u64 = 16 << 20;
 
 fn is_block(capability: Option<&VolumeCapability>) -> bool {
@@ -129,6 +132,8 @@ impl TestCsiDriver {
             volumes: volumes.path().to_path_buf(),
             calls: Arc::default(),
             contexts: Arc::default(),
+            stage_secrets: Arc::default(),
+            publish_secrets: Arc::default(),
             loops: Arc::default(),
         };
         if let Some(dir) = socket.parent() {
@@ -167,6 +172,16 @@ impl TestCsiDriver {
     /// The volume context `NodePublishVolume` last got for `target`.
     pub fn publish_context(&self, target: &Path) -> Option<BTreeMap<String, String>> {
         self.service.contexts.lock().unwrap().get(target).cloned()
+    }
+
+    /// The secrets `NodeStageVolume` last got for volume `id`.
+    pub fn stage_secrets(&self, id: &str) -> Option<BTreeMap<String, String>> {
+        self.service.stage_secrets.lock().unwrap().get(id).cloned()
+    }
+
+    /// The secrets `NodePublishVolume` last got for `target`.
+    pub fn publish_secrets(&self, target: &Path) -> Option<BTreeMap<String, String>> {
+        self.service.publish_secrets.lock().unwrap().get(target).cloned()
     }
 
     /// The file backing block volume `id` (its loop device's).
@@ -300,6 +315,7 @@ impl Node for Service {
         let r = request.into_inner();
         let staging = PathBuf::from(&r.staging_target_path);
         self.record(CsiCall::NodeStageVolume { volume: r.volume_id.clone(), staging: staging.clone() });
+        self.stage_secrets.lock().unwrap().insert(r.volume_id.clone(), r.secrets.into_iter().collect());
         if !staging.is_dir() {
             return Err(Status::failed_precondition(format!("staging path {} does not exist", staging.display())));
         }
@@ -336,6 +352,7 @@ impl Node for Service {
             target: target.clone(),
             read_only: r.readonly,
         });
+        self.publish_secrets.lock().unwrap().insert(target.clone(), r.secrets.into_iter().collect());
         let context: BTreeMap<String, String> = r.volume_context.into_iter().collect();
         // An inline ephemeral volume is never staged (the node says which it is when the
         // CSIDriver asks for pod info, as real drivers require).
@@ -389,6 +406,12 @@ impl Node for Service {
         self.record(CsiCall::NodeGetVolumeStats { volume: r.volume_id.clone(), path: path.clone() });
         if !path.exists() {
             return Err(Status::not_found(format!("volume path {} does not exist", path.display())));
+        }
+        // A block volume has no file system: its size only, as drivers report it.
+        if self.loops.lock().unwrap().contains_key(&r.volume_id) {
+            use gantry_plugins::api::csi::volume_usage::Unit;
+            let size = VolumeUsage { total: BLOCK_VOLUME_BYTES as i64, unit: Unit::Bytes as i32, ..Default::default() };
+            return Ok(Response::new(NodeGetVolumeStatsResponse { usage: vec![size], volume_condition: None }));
         }
         let usage = statvfs_usage(&path).map_err(|e| Status::internal(format!("statvfs {}: {e}", path.display())))?;
         Ok(Response::new(NodeGetVolumeStatsResponse { usage: usage.to_vec(), volume_condition: None }))

@@ -217,6 +217,12 @@ impl ObjectSource {
         Api::<K>::namespaced(self.inner.client.clone(), ns).get_opt(name).await.map_err(ObjectError::Read)
     }
 
+    /// A Secret a PersistentVolume names for its CSI driver (`nodeStageSecretRef`,
+    /// `nodePublishSecretRef`), read on every use as upstream's CSI plugin reads it.
+    pub async fn volume_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, ObjectError> {
+        self.read(ns, name).await
+    }
+
     /// A PersistentVolumeClaim, read on every use (as upstream's volume manager reads claims).
     pub async fn claim(&self, ns: &str, name: &str) -> Result<Option<PersistentVolumeClaim>, ObjectError> {
         self.read(ns, name).await

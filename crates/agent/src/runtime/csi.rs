@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use gantry_plugins::csi::{CsiDrivers, CsiError, VolumeUsage};
 use gantry_pod::claim::{self, ClaimError, Lifecycle};
 use gantry_vocab::{paths, spec};
-use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::core::v1::{Pod, SecretReference, Volume};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -40,6 +40,8 @@ pub enum CsiVolumeError {
     Read { namespace: String, claim: String, source: ObjectError },
     #[error(transparent)]
     NotForPod(#[from] claim::NotForPod),
+    #[error(transparent)]
+    Mode(#[from] claim::VolumeModeMismatch),
     #[error("persistentVolumeClaim volumes need an API server")]
     NoApiServer,
     #[error(
@@ -52,8 +54,32 @@ pub enum CsiVolumeError {
     Stage { pv: String, source: CsiError },
     #[error("MountVolume.SetUp failed for volume {pv:?} : {source}")]
     Publish { pv: String, source: CsiError },
+    #[error("MountVolume.MountDevice failed for volume {pv:?} : fetching NodeStageSecretRef {source}")]
+    StageSecret { pv: String, source: SecretError },
+    #[error("MountVolume.SetUp failed for volume {pv:?} : fetching NodePublishSecretRef {source}")]
+    PublishSecret { pv: String, source: SecretError },
     #[error("MountVolume.SetUp failed for volume {pv:?} : kubernetes.io/csi: {action} {}: {source}", path.display())]
     Io { pv: String, action: &'static str, path: PathBuf, source: std::io::Error },
+}
+
+/// Why the Secret a PersistentVolume names for its driver could not be read (upstream's
+/// `getCredentialsFromSecret` text, after the reference).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{namespace}/{name} failed: kubernetes.io/csi: failed to find the secret {name} in the namespace {namespace} with error: {why}"
+)]
+pub struct SecretError {
+    namespace: String,
+    name: String,
+    why: SecretMissing,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretMissing {
+    #[error("secrets {0:?} not found")]
+    NotFound(String),
+    #[error(transparent)]
+    Read(ObjectError),
 }
 
 impl CsiVolumeError {
@@ -182,6 +208,10 @@ struct Plan {
     lifecycle: Lifecycle,
     /// The PV's access modes (`None` for an inline volume), for the fsGroup policy.
     access_modes: Option<Vec<String>>,
+    /// The PV's `nodeStageSecretRef` and `nodePublishSecretRef` (an inline volume's
+    /// `nodePublishSecretRef`, in the pod's namespace).
+    stage_secret: Option<SecretReference>,
+    publish_secret: Option<SecretReference>,
 }
 
 /// The node's CSI volumes.
@@ -273,6 +303,7 @@ impl CsiVolumes {
         let csi = claim::csi_source(&pv_name, pv.as_ref(), &claim_uid).map_err(claim_err)?;
         let read_only = claim_read_only || csi.read_only.unwrap_or(false);
         let block = pv.as_ref().and_then(|p| p.spec.as_ref()?.volume_mode.as_deref()) == Some("Block");
+        claim::check_volume_mode(pod, &v.name, block)?;
         let layout = Layout::new(&self.root_dir, spec::uid(pod), &pv_name, block, &csi.driver, &csi.volume_handle);
         if read_vol_data(&layout.record).is_some() {
             return Ok(Published { path: layout.target, read_only, block });
@@ -291,8 +322,16 @@ impl CsiVolumes {
         // Upstream: without a CSIDriver object the volume is attachable.
         let attach = driver_object.as_ref().is_none_or(|d| d.spec.attach_required.unwrap_or(true));
         let access_modes = Some(pv.as_ref().and_then(|p| p.spec.as_ref()?.access_modes.clone()).unwrap_or_default());
-        let plan =
-            Plan { spec_vol_id: pv_name, layout, volume, attach, lifecycle: Lifecycle::Persistent, access_modes };
+        let plan = Plan {
+            spec_vol_id: pv_name,
+            layout,
+            volume,
+            attach,
+            lifecycle: Lifecycle::Persistent,
+            access_modes,
+            stage_secret: csi.node_stage_secret_ref.clone(),
+            publish_secret: csi.node_publish_secret_ref.clone(),
+        };
         self.publish(pod, v, plan, driver_object.as_ref(), objects).await
     }
 
@@ -331,6 +370,11 @@ impl CsiVolumes {
             attach: false,
             lifecycle: Lifecycle::Ephemeral,
             access_modes: None,
+            stage_secret: None,
+            publish_secret: source.node_publish_secret_ref.as_ref().map(|r| SecretReference {
+                name: Some(r.name.clone()),
+                namespace: Some(spec::namespace(pod).to_string()),
+            }),
         };
         self.publish(pod, v, plan, driver_object.as_ref(), objects).await
     }
@@ -344,7 +388,16 @@ impl CsiVolumes {
         driver_object: Option<&CSIDriver>,
         objects: &ObjectSource,
     ) -> Result<Published, CsiVolumeError> {
-        let Plan { spec_vol_id: pv_name, layout, mut volume, attach, lifecycle, access_modes } = plan;
+        let Plan {
+            spec_vol_id: pv_name,
+            layout,
+            mut volume,
+            attach,
+            lifecycle,
+            access_modes,
+            stage_secret,
+            publish_secret,
+        } = plan;
         let (read_only, block) = (volume.read_only, volume.block);
         let _guard = self.one_at_a_time.lock().await;
         // Another container of the pod may have published it meanwhile.
@@ -375,6 +428,11 @@ impl CsiVolumes {
         // Inline volumes are never staged (upstream stages only persistent volumes).
         let stages = driver.stages && lifecycle == Lifecycle::Persistent;
         if stages && read_vol_data(&layout.staged).is_none() {
+            if let Some(r) = &stage_secret {
+                volume.stage_secrets = secret_data(objects, r)
+                    .await
+                    .map_err(|source| CsiVolumeError::StageSecret { pv: pv_name.clone(), source })?;
+            }
             create_dir(&layout.staging).map_err(|e| io("cannot create", &layout.staging, e))?;
             create_dir(&layout.staged).map_err(|e| io("cannot create", &layout.staged, e))?;
             self.drivers
@@ -388,6 +446,11 @@ impl CsiVolumes {
             };
             write_vol_data(&layout.staged, &data).map_err(|e| io("cannot write", &layout.staged, e))?;
             tracing::info!(pod = %spec::full_name(pod), volume = %pv_name, driver = %volume.driver, "volume staged");
+        }
+        if let Some(r) = &publish_secret {
+            volume.publish_secrets = secret_data(objects, r)
+                .await
+                .map_err(|source| CsiVolumeError::PublishSecret { pv: pv_name.clone(), source })?;
         }
         // The driver creates the target itself; its parent is the node's.
         let parent = layout.target.parent().unwrap_or(&layout.record);
@@ -524,23 +587,42 @@ impl CsiVolumes {
     }
 }
 
+/// The data of the Secret `r` names, as the driver gets it (upstream's
+/// `getCredentialsFromSecret`: every key, its value as a string).
+async fn secret_data(objects: &ObjectSource, r: &SecretReference) -> Result<BTreeMap<String, String>, SecretError> {
+    let (namespace, name) = (r.namespace.clone().unwrap_or_default(), r.name.clone().unwrap_or_default());
+    let why = match objects.volume_secret(&namespace, &name).await {
+        Ok(Some(secret)) => {
+            let data = secret.data.unwrap_or_default().into_iter();
+            return Ok(data.map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned())).collect());
+        }
+        Ok(None) => SecretMissing::NotFound(name.clone()),
+        Err(e) => SecretMissing::Read(e),
+    };
+    Err(SecretError { namespace, name, why })
+}
+
 /// The usage of the pod `uid`'s published CSI volumes whose driver reports it
 /// (`GET_VOLUME_STATS`), by the pod's volume name; a volume whose driver cannot answer now is
-/// left out (as upstream leaves out a volume whose metrics fail).
+/// left out (as upstream leaves out a volume whose metrics fail). A file system is asked about
+/// at its mount, a block volume at its device file (upstream's block mapper has metrics too).
 pub async fn volume_stats(drivers: &CsiDrivers, root_dir: &Path, uid: &str) -> Vec<(String, VolumeUsage)> {
-    let plugin = paths::pod_dir(root_dir, uid).join("volumes").join(POD_PLUGIN_DIR);
-    let published = std::fs::read_dir(plugin).into_iter().flatten().flatten().map(|e| e.path());
     let mut out = Vec::new();
-    for dir in published {
-        let Some(data) = read_vol_data(&dir).filter(|d| !d.pod_volume_name.is_empty()) else { continue };
-        if !drivers.driver(&data.driver_name).is_ok_and(|d| d.volume_stats) {
-            continue;
-        }
-        match drivers.volume_stats(&data.driver_name, &data.volume_handle, &dir.join("mount")).await {
-            Ok(usage) => out.push((data.pod_volume_name, usage)),
-            // Every scrape asks again: debug, not a warning per scrape.
-            Err(e) => {
-                tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+    for (plugin, block) in pod_plugin_dirs(root_dir, uid) {
+        let published = std::fs::read_dir(plugin).into_iter().flatten().flatten().map(|e| e.path());
+        for dir in published {
+            let Some(data) = read_vol_data(&dir).filter(|d| !d.pod_volume_name.is_empty()) else { continue };
+            if !drivers.driver(&data.driver_name).is_ok_and(|d| d.volume_stats) {
+                continue;
+            }
+            let (driver, handle) = (&data.driver_name, &data.volume_handle);
+            let target = Layout::new(root_dir, uid, &data.spec_vol_id, block, driver, handle).target;
+            match drivers.volume_stats(driver, handle, &target).await {
+                Ok(usage) => out.push((data.pod_volume_name, usage)),
+                // Asked again every period: debug, not a warning each time.
+                Err(e) => {
+                    tracing::debug!(pod_uid = uid, volume = %data.pod_volume_name, error = %e, "NodeGetVolumeStats failed")
+                }
             }
         }
     }

@@ -50,12 +50,16 @@ const GRACE_CHECK: Duration = Duration::from_secs(30);
 /// Why a plugin cannot register (upstream's texts; the plugin gets them back).
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
-    #[error("requested API version {version:?} is not supported by kubelet. Supported versions are [{VERSION:?}]")]
+    #[error("requested API version {version:?} is not supported by kubelet. Supported version is [{VERSION:?}]")]
     UnsupportedVersion { version: String },
     #[error("manager version, {VERSION}, is not among plugin supported versions [{}]", .versions.join(" "))]
     NoSupportedVersion { versions: Vec<String> },
+    /// On `kubelet.sock`.
     #[error("the ResourceName {0:?} is invalid")]
     InvalidResourceName(String),
+    /// Through `plugins_registry`, where the name is the socket's plugin name.
+    #[error("invalid name of device plugin socket: the ResourceName {0:?} is invalid")]
+    InvalidSocketName(String),
     #[error("failed to dial device plugin: {source}")]
     Dial {
         #[source]
@@ -247,7 +251,7 @@ impl DeviceManager {
             return Err(RegisterError::NoSupportedVersion { versions: versions.to_vec() });
         }
         if !is_extended_resource_name(name) {
-            return Err(RegisterError::InvalidResourceName(name.to_string()));
+            return Err(RegisterError::InvalidSocketName(name.to_string()));
         }
         Ok(())
     }
@@ -461,6 +465,7 @@ impl Tasks {
     /// for the node's lifetime (the streams are children of this task).
     pub async fn run(mut self) {
         let dir = self.manager.inner.dir.clone();
+        remove_stale_sockets(&dir);
         let socket = dir.join(KUBELET_SOCKET);
         let incoming = match crate::dial::listen(&socket) {
             Ok(incoming) => incoming,
@@ -494,6 +499,28 @@ impl Tasks {
                         self.manager.notify();
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Upstream's `CleanupPluginDirectory` at start: every socket in `dir` but the checkpoint is
+/// removed (plugins that registered on the last run's `kubelet.sock` register again when it is
+/// back, as upstream's plugins do); directories and other files stay.
+fn remove_stale_sockets(dir: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        // `file_type` does not follow symlinks (upstream's Lstat).
+        let socket = entry.file_type().is_ok_and(|t| t.is_socket());
+        if !socket || entry.file_name() == checkpoint::FILE_NAME {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(socket = %path.display(), "removed a device plugin socket of an earlier run"),
+            Err(e) => {
+                tracing::warn!(socket = %path.display(), error = %e, "cannot remove a stale device plugin socket")
             }
         }
     }
@@ -575,8 +602,29 @@ mod tests {
         let e = DeviceManager::validate("example.com/gpu", &["v1alpha".into(), "v2".into()]).unwrap_err();
         assert_eq!(e.to_string(), "manager version, v1beta1, is not among plugin supported versions [v1alpha v2]");
         let e = DeviceManager::validate("gpu", &[VERSION.into()]).unwrap_err();
-        assert_eq!(e.to_string(), "the ResourceName \"gpu\" is invalid");
+        assert_eq!(e.to_string(), "invalid name of device plugin socket: the ResourceName \"gpu\" is invalid");
+        let e = RegisterError::UnsupportedVersion { version: "v1alpha".into() };
+        assert_eq!(
+            e.to_string(),
+            "requested API version \"v1alpha\" is not supported by kubelet. Supported version is [\"v1beta1\"]"
+        );
+        assert_eq!(RegisterError::InvalidResourceName("gpu".into()).to_string(), "the ResourceName \"gpu\" is invalid");
         assert!(DeviceManager::validate("example.com/gpu", &[VERSION.into()]).is_ok());
+    }
+
+    #[test]
+    fn only_sockets_but_the_checkpoint_are_removed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        std::fs::write(dir.path().join(checkpoint::FILE_NAME), "{}").unwrap();
+        std::fs::write(dir.path().join("notes"), "kept").unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        remove_stale_sockets(dir.path());
+        assert!(!stale.exists());
+        for kept in [checkpoint::FILE_NAME, "notes", "sub"] {
+            assert!(dir.path().join(kept).exists(), "{kept}");
+        }
     }
 
     #[test]

@@ -44,7 +44,6 @@ async fn collect_pods(
         pods,
         all_pods,
         cache: state.stats_cache(),
-        plugin_volumes: state.plugin_volumes(),
     };
     summary::collect(&sources, only_cpu_and_memory).await
 }

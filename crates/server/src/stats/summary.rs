@@ -36,6 +36,8 @@ pub struct StatsCache {
     no_sandbox_stats: AtomicBool,
     /// The process of each ready sandbox (its network namespace), by sandbox ID.
     sandbox_pids: Mutex<HashMap<String, u32>>,
+    /// The pods' volumes as last measured in the background (`volumeStatsAggPeriod`).
+    pub volumes: super::volumes::VolumeStatsCache,
 }
 
 /// Where the inputs come from.
@@ -63,8 +65,6 @@ pub struct Sources<'a> {
     /// pods not in the summary dropped (a partial read keeps the others' for the next scrape).
     pub all_pods: bool,
     pub cache: &'a StatsCache,
-    /// The volumes only their plugins measure (CSI).
-    pub plugin_volumes: &'a dyn crate::PluginVolumes,
 }
 
 fn rfc3339(ts: Timestamp) -> String {
@@ -109,13 +109,6 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
     };
     let image_fs = if only_cpu_and_memory { None } else { image_fs(src.images, &time).await };
     let logs_fs = host::filesystem(src.pod_logs_dir, &time);
-    let mut plugin_volumes: HashMap<&str, Vec<(String, FsStats)>> = HashMap::new();
-    if !only_cpu_and_memory {
-        for pod in &src.pods {
-            let uid = spec::uid(pod);
-            plugin_volumes.insert(uid, src.plugin_volumes.usage(uid).await);
-        }
-    }
 
     let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
     let node = node_stats(src, hierarchy, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
@@ -173,8 +166,7 @@ pub async fn collect(src: &Sources<'_>, only_cpu_and_memory: bool) -> Result<Sum
         pod_totals(&mut ps, &time, at, &mut rates, cgroup.as_ref(), sandbox_stats.get(uid));
         if !only_cpu_and_memory {
             ps.network = sandbox_stats.get(uid).and_then(|s| s.network.clone());
-            let measured = plugin_volumes.remove(uid).unwrap_or_default();
-            ps.volume = volumes(src.root_dir, pod, measured, &time);
+            ps.volume = src.cache.volumes.get(uid);
             let etc_hosts = host::file_usage(&paths::pod_dir(src.root_dir, uid).join(paths::ETC_HOSTS));
             let pod_logs = host::files_usage(&paths::pod_log_dir(src.pod_logs_dir, pod));
             let pod_files =
@@ -481,34 +473,8 @@ fn ephemeral(ps: &PodStats, pod: &Pod, root_fs: Option<&FsStats>, pod_files: (u6
     }
 }
 
-fn spec_volumes(pod: &Pod) -> &[Volume] {
+pub(super) fn spec_volumes(pod: &Pod) -> &[Volume] {
     pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default()
-}
-
-/// Every volume the node keeps for the pod (emptyDir, configMap, secret, downward API,
-/// projected): bytes and inodes used under it (as upstream's `MetricsDu`), on its filesystem;
-/// and those a plugin `measured` (by pod volume name), with the claim behind each.
-fn volumes(root_dir: &Path, pod: &Pod, measured: Vec<(String, FsStats)>, time: &str) -> Vec<VolumeStats> {
-    let local = spec_volumes(pod).iter().filter_map(|v| {
-        let path = paths::volume_dir(root_dir, spec::uid(pod), paths::volume_plugin(v)?, &v.name);
-        let base = host::filesystem(&path, time)?;
-        let (used, inodes) = host::disk_usage(&path);
-        Some(VolumeStats {
-            fs: FsStats { used_bytes: Some(used), inodes_used: Some(inodes), ..base },
-            name: v.name.clone(),
-            pvc_ref: None,
-        })
-    });
-    let by_plugin = measured.into_iter().map(|(name, fs)| {
-        let spec_volume = spec_volumes(pod).iter().find(|v| v.name == name);
-        let pvc_ref = spec_volume
-            .and_then(|v| spec::claim_name(pod, v))
-            .map(|claim| PvcReference { name: claim, namespace: spec::namespace(pod).into() });
-        VolumeStats { fs: FsStats { time: time.into(), ..fs }, name, pvc_ref }
-    });
-    let mut out: Vec<VolumeStats> = local.chain(by_plugin).collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
 }
 
 async fn image_fs(images: &ImageClient, time: &str) -> Option<FsStats> {

@@ -213,7 +213,7 @@ pub struct ContainerStats {
     pub swap: Option<SwapStats>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeStats {
     #[serde(flatten)]

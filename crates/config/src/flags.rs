@@ -18,6 +18,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::{LazyLock, Mutex, PoisonError};
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, CommandFactory, FromArgMatches, Parser};
@@ -382,6 +383,15 @@ pub enum FlagValueError {
     MalformedHeader(String),
 }
 
+/// The kubelet's clap command, built once: building it (a few hundred flags, checked and
+/// sorted by clap) costs many times the parse itself, which a fuzzer or a test calls many
+/// times. Behind a lock because clap's matching takes the command mutably.
+static COMMAND: LazyLock<Mutex<Command>> = LazyLock::new(|| {
+    let mut command = <Flags as CommandFactory>::command();
+    command.build();
+    Mutex::new(command)
+});
+
 fn go_bool(s: &str) -> Result<bool, FlagValueError> {
     parse_go_bool(s).ok_or(FlagValueError::NotBool)
 }
@@ -407,7 +417,10 @@ impl Flags {
             return Err(dockershim_error(flag));
         }
         let argv = std::iter::once(OsString::from("kubelet")).chain(args.iter().map(OsString::from));
-        Flags::try_parse_from(argv).map_err(from_clap_error)
+        // A panic inside clap leaves the command as it was (matching does not change it).
+        let mut command = COMMAND.lock().unwrap_or_else(PoisonError::into_inner);
+        let matches = command.try_get_matches_from_mut(argv).map_err(from_clap_error)?;
+        Flags::from_arg_matches(&matches).map_err(|e| from_clap_error(e.format(&mut command)))
     }
 
     /// The clap command, e.g. for rendering help.

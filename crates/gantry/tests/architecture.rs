@@ -409,6 +409,8 @@ const STATICS: &[(&str, &str)] = &[
     ("crates/agent/src/runtime/volumes.rs: ONE_AT_A_TIME", "serialises tmpfs mounts"),
     // Holds configuration only: connection reuse is off, so nothing of one node leaks to another.
     ("crates/agent/src/runtime/handlers.rs: CLIENT", "the probe and hook HTTP client"),
+    // Immutable after its first use: the same for every node.
+    ("crates/config/src/flags.rs: COMMAND", "the kubelet's clap command, built once"),
     // Test harness.
     ("crates/testkit/src/images.rs: BUILD_LOCK", "serialises test image builds in one process"),
     ("crates/testkit/src/raw.rs: NEXT_POD", "unique pod names in one test process"),

@@ -69,6 +69,13 @@ fn volume_calls(driver: &TestCsiDriver) -> Vec<&'static str> {
         .collect()
 }
 
+/// Waits until the driver has seen `n` stage/publish/unpublish/unstage calls in all (the last
+/// of a teardown is the unstage).
+async fn calls_reach(gantry: &common::Gantry, driver: &TestCsiDriver, n: usize) {
+    eventually(&format!("{n} volume calls"), gantry, || async { (volume_calls(driver).len() == n).then_some(()) })
+        .await;
+}
+
 async fn running(gantry: &common::Gantry, pods: &Api<Pod>, name: &str) {
     eventually(&format!("{name} runs"), gantry, || async {
         (pods.get(name).await.ok()?.status?.phase? == "Running").then_some(())
@@ -244,7 +251,7 @@ async fn a_claim_is_staged_published_and_torn_down_in_order_and_keeps_its_data()
 
     // Deleted: unpublished, then unstaged (no other pod uses it), nothing left mounted.
     deleted(&gantry, &pods, "writer").await;
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     assert!(!published.exists() && !staging.exists(), "the node's volume directories are removed");
@@ -373,7 +380,7 @@ async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() 
 
     // Deleted after the restart: torn down from the record on disk, once each, in order.
     deleted(&gantry, &pods, "kept").await;
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     cleanup(&cluster, &admin, node, &driver_name, &pv).await;
@@ -478,7 +485,7 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
     }
 
     deleted(&gantry, &pods, "measured").await;
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     let metrics = get("/metrics").await.unwrap();
     assert!(!metrics.contains(claim), "a claim no pod mounts is not measured: {metrics}");
     eventually("the volume is no longer in use", &gantry, || async { in_use().await.is_none().then_some(()) }).await;
@@ -667,7 +674,7 @@ async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
     assert!(published.join("vol_data.json").exists(), "published under the PV's name, as a claim's volume");
 
     deleted(&gantry, &pods, "eph").await;
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     let _ = claims.delete("eph-data", &DeleteParams::default()).await;
@@ -777,7 +784,7 @@ async fn a_block_volume_is_a_device_in_the_container() {
     assert!(metrics.lines().any(|l| l == sample), "{metrics}");
 
     deleted(&gantry, &pods, "raw").await;
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     assert!(!target.exists() && !staging.exists() && !record.exists(), "the node's files are removed");
@@ -803,7 +810,7 @@ async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
     pods.delete("gone", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
     assert!(pods.get_opt("gone").await.unwrap().is_none());
     let gantry = cluster::start_node(&env, &cluster);
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     assert_eq!(volume_calls(&driver), ["stage", "publish", "unpublish", "unstage"]);
     assert!(mounts_below(root).iter().all(|m| !m.contains("kubernetes.io")), "{:?}", mounts_below(root));
     let pod_dirs = || std::fs::read_dir(root.join("pods")).into_iter().flatten().count();
@@ -1130,7 +1137,7 @@ async fn a_volumes_node_secrets_reach_the_driver() {
     assert_eq!(volume_calls(&driver), ["stage", "publish"]);
 
     deleted(&gantry, &pods, "secret-user").await;
-    eventually("the volume is unstaged", &gantry, || async { (volume_calls(&driver).len() == 4).then_some(()) }).await;
+    calls_reach(&gantry, &driver, 4).await;
     for name in [&stage_secret, &publish_secret] {
         let _ = secrets.delete(name, &DeleteParams::default()).await;
     }

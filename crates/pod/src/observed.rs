@@ -94,6 +94,11 @@ impl ObservedPod {
         self.sandboxes.iter().max_by_key(|s| (s.created_at, s.attempt))
     }
 
+    /// More than one sandbox is ready: only one may hold the pod.
+    pub fn several_ready(&self) -> bool {
+        self.sandboxes.iter().filter(|s| s.ready).count() > 1
+    }
+
     /// The newest instance of container `name`, in any sandbox.
     pub fn latest(&self, name: &str) -> Option<&ContainerInfo> {
         self.instances(name).max_by_key(|c| (c.attempt, c.created_at))

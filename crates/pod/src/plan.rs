@@ -84,7 +84,9 @@ pub fn compute(
     let planner =
         Planner { pod, observed, health, backoff, now, uid: spec::uid(pod), policy: spec::restart_policy(pod) };
     match observed.current_sandbox() {
-        Some(sandbox) if sandbox.ready => planner.in_sandbox(sandbox),
+        Some(sandbox) if sandbox.ready && !observed.several_ready() => planner.in_sandbox(sandbox),
+        // Several ready sandboxes (one made by an agent cut off mid-start, say) are reconciled
+        // as upstream does: everything is stopped and the pod gets one new sandbox.
         previous => planner.without_sandbox(previous),
     }
 }
@@ -101,7 +103,8 @@ struct Planner<'a> {
 
 impl Planner<'_> {
     fn without_sandbox(&self, previous: Option<&SandboxInfo>) -> PodActions {
-        let mut actions = PodActions { kill_pod: self.observed.running().next().is_some(), ..Default::default() };
+        let leftovers = self.observed.running().next().is_some() || self.observed.sandboxes.iter().any(|s| s.ready);
+        let mut actions = PodActions { kill_pod: leftovers, ..Default::default() };
         if self.ran_to_completion() {
             return actions;
         }

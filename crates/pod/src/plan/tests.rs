@@ -201,6 +201,33 @@ fn dead_sandbox_is_replaced_and_init_containers_run_again() {
 }
 
 #[test]
+fn several_ready_sandboxes_are_stopped_and_replaced_by_one() {
+    // An agent killed in the middle of RunPodSandbox: the runtime finished that sandbox after
+    // the next agent had already made another.
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s0", 0, true), sandbox("s1", 1, true)],
+        containers: vec![instance(&p, "a", "s1", 0, ContainerState::Running, 0)],
+    };
+    let actions = plan(&p, &obs);
+    assert!(actions.kill_pod, "both sandboxes and the container are stopped");
+    assert_eq!(actions.create_sandbox, Some(2));
+    assert_eq!(names(&actions.start), ["a"]);
+}
+
+#[test]
+fn a_ready_leftover_beside_a_dead_current_sandbox_is_stopped() {
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod { sandboxes: vec![sandbox("s0", 0, true), sandbox("s1", 1, false)], containers: vec![] };
+    let actions = plan(&p, &obs);
+    assert!(actions.kill_pod, "the older ready sandbox would otherwise run for ever");
+    assert_eq!(actions.create_sandbox, Some(2));
+
+    let one_dead = ObservedPod { sandboxes: vec![sandbox("s1", 1, false)], containers: vec![] };
+    assert!(!plan(&p, &one_dead).kill_pod, "nothing to stop");
+}
+
+#[test]
 fn completed_pod_gets_no_new_sandbox() {
     let p = pod(&[], &["a"], "Never");
     let obs = ObservedPod {

@@ -196,6 +196,30 @@ async fn failing_create_container_affects_only_its_pod() {
     assert_eq!(count(&calls, "StartContainer", &broken_name), 0, "nothing to start after a failed create");
 }
 
+/// A container the runtime created but could not start: Created (upstream records it once
+/// CreateContainer returned), then Failed with the runtime's error, and no Started.
+#[tokio::test]
+async fn a_container_that_fails_to_start_was_still_created() {
+    capture_events();
+    let node = Node::start().await;
+    node.fake.add_image("registry.test/app:v1");
+    let pod = static_pod("unstartable", &["app"]);
+    node.fake.fail("StartContainer", pod.metadata.name.as_deref(), Code::Unknown);
+    let (shared, tx) = node.agent().await;
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the container to wait in RunContainerError", |s| {
+        waiting(s, &pod, "app").is_some_and(|w| w.reason.as_deref() == Some("RunContainerError"))
+    })
+    .await;
+
+    let events = events_of(uid(&pod));
+    let reasons: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(reasons[..3], ["Pulled", "Created", "Failed"], "events: {events:?}");
+    assert_eq!(events[1].1, "Created container: app");
+    assert!(events[2].1.starts_with("Error: ") && events[2].1.contains("fails as scripted"), "{events:?}");
+    assert!(!reasons.contains(&"Started"), "never started: {events:?}");
+}
+
 /// Two agents in one process record into their own metrics: one node's pod start and CRI
 /// calls do not show in the other's `/metrics`.
 #[tokio::test]
@@ -329,7 +353,7 @@ async fn normal_start_events_in_upstream_order() {
     assert_eq!(reasons, ["Pulling", "Pulled", "Created", "Started"], "events: {events:?}");
     assert_eq!(events[0].1, r#"Pulling image "registry.test/app:v1""#);
     assert!(events[1].1.starts_with(r#"Successfully pulled image "registry.test/app:v1" in "#), "{events:?}");
-    assert_eq!((events[2].1.as_str(), events[3].1.as_str()), ("Created container app", "Started container app"));
+    assert_eq!((events[2].1.as_str(), events[3].1.as_str()), ("Created container: app", "Started container app"));
     let calls = node.fake.calls();
     let order: Vec<&str> = calls
         .iter()

@@ -147,7 +147,8 @@ async fn restarting_the_agent_keeps_api_pods_running_unchanged() {
 }
 
 /// Events as the Go kubelet writes them: core/v1 with `source` and `reporting*` set, init
-/// containers under `spec.initContainers{…}`, and a repeat counted on the first event.
+/// containers under `spec.initContainers{…}`, a repeat counted on the first event, and the
+/// v1.34 wording of the Created and BackOff messages.
 #[tokio::test]
 async fn pod_events_carry_source_field_paths_and_counts() {
     let Some((env, cluster)) = cluster::setup().await else { return };
@@ -197,6 +198,28 @@ async fn pod_events_carry_source_field_paths_and_counts() {
             && e.involved_object.field_path.as_deref() == Some("spec.containers{main}")
     });
     assert_eq!(main_started.count(), 1, "repeats patch the first event");
+    // The v1.34 kubelet's wording, which differs by release. The first restart is immediate;
+    // the second waits in back-off.
+    let message = |reason: &'static str, path: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?.items;
+            list.into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some("flaky")
+                        && e.reason.as_deref() == Some(reason)
+                        && e.involved_object.field_path.as_deref() == Some(path)
+                })
+                .and_then(|e| e.message)
+        }
+    };
+    let created =
+        eventually("the init container's Created event", &gantry, || message("Created", "spec.initContainers{setup}"))
+            .await;
+    assert_eq!(created, "Created container: setup");
+    let back_off = eventually("the BackOff event", &gantry, || message("BackOff", "spec.containers{main}")).await;
+    let uid = pods.get("flaky").await.unwrap().metadata.uid.unwrap();
+    assert_eq!(back_off, format!("Back-off restarting failed container main in pod flaky_default({uid})"));
     cluster.cleanup(&env.node).await;
 }
 

@@ -282,11 +282,9 @@ fn kill(i: &ContainerInfo, reason: KillReason) -> Kill {
 /// The upstream CrashLoopBackOff message.
 fn back_off_message(delay: Nanos, container: &str, pod: &Pod) -> String {
     format!(
-        "back-off {} restarting failed container={container} pod={}_{}({})",
+        "back-off {} restarting failed container={container} pod={}",
         format_go_duration(delay),
-        spec::name(pod),
-        spec::namespace(pod),
-        spec::uid(pod)
+        spec::format_pod(pod)
     )
 }
 

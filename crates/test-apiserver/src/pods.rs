@@ -395,9 +395,9 @@ pub fn validate_update(old: &Value, new: &Value) -> Result<(), ApiError> {
     ))
 }
 
-/// The checks `ValidatePodStatusUpdate` (1.34) makes on the fields a kubelet reports:
-/// `observedGeneration` (pod and conditions) non-negative, the container `user` ids in the
-/// uid/gid range.
+/// The checks `ValidatePodStatusUpdate` (1.34, unchanged in 1.35) makes on the fields a kubelet
+/// reports: `observedGeneration` (pod and conditions) non-negative, the container `user` ids in
+/// the uid/gid range, and no Linux `user` for a pod whose `spec.os` is Windows.
 pub fn validate_status(pod: &Value) -> Result<(), ApiError> {
     let status = &pod["status"];
     let mut errs = Vec::new();
@@ -410,9 +410,15 @@ pub fn validate_status(pod: &Value) -> Result<(), ApiError> {
     for (i, c) in status.get("conditions").and_then(Value::as_array).into_iter().flatten().enumerate() {
         nonnegative(format!("status.conditions[{i}].observedGeneration"), c.get("observedGeneration"));
     }
+    let windows = pod.pointer("/spec/os/name").and_then(Value::as_str) == Some("windows");
     for list in ["initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"] {
         for (i, cs) in status.get(list).and_then(Value::as_array).into_iter().flatten().enumerate() {
-            errs.extend(validate_container_user(&cs["user"]["linux"], &format!("status.{list}[{i}].user.linux")));
+            let (linux, field) = (&cs["user"]["linux"], format!("status.{list}[{i}].user.linux"));
+            if windows && !linux.is_null() {
+                errs.push(FieldError::forbidden(&field, "cannot be set for a windows pod"));
+            } else if !windows {
+                errs.extend(validate_container_user(linux, &field));
+            }
         }
     }
     if errs.is_empty() {

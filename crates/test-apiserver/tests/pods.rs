@@ -354,6 +354,22 @@ async fn kubelet_status_fields_are_stored_and_validated() {
         err.message
     );
     assert!(err.message.contains("user.linux.supplementalGroups[0]"), "{}", err.message);
+
+    // A Windows pod's containers have no Linux identity.
+    let mut windows = pod_json("w", Some("n"));
+    windows["spec"]["os"] = json!({"name": "windows"});
+    pods.create(&PostParams::default(), &serde_json::from_value(windows).unwrap()).await.unwrap();
+    let linux_user = json!({"status": {"containerStatuses": [{
+        "name": "app", "image": "registry.local/app:1", "imageID": "", "ready": true, "restartCount": 0,
+        "user": {"linux": {"uid": 0, "gid": 0}}
+    }]}});
+    let err = status_of(pods.patch_status("w", &PatchParams::default(), &Patch::Merge(linux_user)).await);
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message.contains("status.containerStatuses[0].user.linux: Forbidden: cannot be set for a windows pod"),
+        "{}",
+        err.message
+    );
 }
 
 fn status_of(r: kube::Result<Pod>) -> Box<kube::core::Status> {

@@ -176,6 +176,11 @@ pub fn full_name(pod: &Pod) -> String {
     format!("{}/{}", namespace(pod), name(pod))
 }
 
+/// `name_namespace(uid)`, the way upstream's messages name a pod (its `format.Pod`).
+pub fn format_pod(pod: &Pod) -> String {
+    format!("{}_{}({})", name(pod), namespace(pod), uid(pod))
+}
+
 /// The claim behind the pod's volume `v`: a `persistentVolumeClaim`'s, or the one the ephemeral
 /// volume controller creates for a generic ephemeral volume (upstream's `ephemeral.VolumeClaimName`,
 /// `<pod name>-<volume name>`).
@@ -208,6 +213,15 @@ mod tests {
         assert_eq!(PullPolicy::of(&container("registry:5000/busybox:1.36", None)), PullPolicy::IfNotPresent);
         assert_eq!(PullPolicy::of(&container("busybox@sha256:abc", None)), PullPolicy::IfNotPresent);
         assert_eq!(PullPolicy::of(&container("busybox", Some("Never"))), PullPolicy::Never);
+    }
+
+    #[test]
+    fn pods_are_named_as_upstream_formats_them() {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web".into());
+        pod.metadata.namespace = Some("prod".into());
+        pod.metadata.uid = Some("u1".into());
+        assert_eq!(format_pod(&pod), "web_prod(u1)");
     }
 
     #[test]

@@ -340,7 +340,7 @@ impl Worker {
                     Some(&b.name),
                     EventType::Warning,
                     "BackOff",
-                    &format!("Back-off restarting failed container {} in pod {}", b.name, spec::name(&self.pod)),
+                    &format!("Back-off restarting failed container {} in pod {}", b.name, spec::format_pod(&self.pod)),
                 );
             }
             self.waiting.insert(b.name.clone(), waiting);
@@ -474,10 +474,23 @@ impl Worker {
         let event = |reason: &str, message: &str| {
             self.shared.events.record(&self.pod, Some(&s.name), EventType::Normal, reason, message)
         };
+        // Upstream records each step the runtime took: Created once CreateContainer returned,
+        // Started once StartContainer did (before the postStart hook), whatever failed later.
+        let (created, started) = match &result {
+            Ok(_) => (true, true),
+            Err(e) => (
+                matches!(e.reason, StartFailure::RunContainerError | StartFailure::PostStartHookError),
+                e.reason == StartFailure::PostStartHookError,
+            ),
+        };
+        if created {
+            event("Created", &format!("Created container: {}", s.name));
+        }
+        if started {
+            event("Started", &format!("Started container {}", s.name));
+        }
         match result {
             Ok(started) => {
-                event("Created", &format!("Created container {}", s.name));
-                event("Started", &format!("Started container {}", s.name));
                 tracing::debug!(container_id = %started.id, container = %s.name, "container started");
                 self.waiting.remove(&s.name);
                 true

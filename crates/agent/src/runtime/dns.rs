@@ -146,7 +146,7 @@ pub fn compose(pod: &Pod, node: &NodeDns) -> PodDns {
                 "MissingClusterDNS",
                 format!(
                     "pod: {:?}. kubelet does not have ClusterDNS IP configured and cannot create Pod using \"ClusterFirst\" policy. Falling back to \"Default\" policy.",
-                    format!("{}_{}({})", spec::name(pod), spec::namespace(pod), spec::uid(pod))
+                    spec::format_pod(pod)
                 ),
             ));
             host

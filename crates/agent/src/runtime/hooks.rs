@@ -29,7 +29,7 @@ pub enum HookError {
 /// waiting state (events only say that the hook failed, so secrets do not leak into them). An
 /// HTTP hook succeeds on any response, as upstream's does.
 pub async fn run(t: Target<'_>, pod: &Pod, handler: &LifecycleHandler) -> Result<(), HookError> {
-    let who = Who { container: &t.container.name, pod: pod_ref(pod) };
+    let who = Who { container: &t.container.name, pod: spec::format_pod(pod) };
     if let Some(e) = &handler.exec {
         let cmd = e.command.clone().unwrap_or_default();
         return match handlers::exec(t, &cmd, Duration::ZERO).await {
@@ -78,11 +78,6 @@ impl Who<'_> {
     }
 }
 
-/// Upstream's `format.Pod`: `name_namespace(uid)`.
-pub fn pod_ref(pod: &Pod) -> String {
-    format!("{}_{}({})", spec::name(pod), spec::namespace(pod), spec::uid(pod))
-}
-
 /// The grace left for StopContainer after preStop ran for `elapsed` (whole seconds, as
 /// upstream counts them), never below [`MIN_GRACE`].
 pub fn remaining_grace(grace: Duration, elapsed: Duration) -> Duration {
@@ -91,8 +86,6 @@ pub fn remaining_grace(grace: Duration, elapsed: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
     use super::*;
 
     #[test]
@@ -121,19 +114,5 @@ mod tests {
             "HTTP lifecycle hook (/hook) for Container \"web\" in Pod \"web_prod(u1)\" failed - error: Get \"http://x/hook\": \
              connection refused"
         );
-    }
-
-    #[test]
-    fn pod_reference_as_upstream_formats_it() {
-        let pod = Pod {
-            metadata: ObjectMeta {
-                name: Some("web".into()),
-                namespace: Some("prod".into()),
-                uid: Some("u1".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        assert_eq!(pod_ref(&pod), "web_prod(u1)");
     }
 }

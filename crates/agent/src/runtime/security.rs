@@ -71,11 +71,6 @@ pub fn effective(pod: &Pod, c: &Container) -> SecurityContext {
     sc
 }
 
-/// upstream `format.Pod`: `name_namespace(uid)`.
-fn pod_ref(pod: &Pod) -> String {
-    format!("{}_{}({})", spec::name(pod), spec::namespace(pod), spec::uid(pod))
-}
-
 /// Why a container's security context is refused, with upstream's messages. `pod` is
 /// upstream's `name_namespace(uid)` reference.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,12 +103,14 @@ pub fn verify_run_as_non_root(pod: &Pod, c: &Container, image: &ImageUser) -> Re
         return Ok(());
     }
     match (sc.run_as_user, image.uid) {
-        (Some(0), _) => Err(SecurityError::RunAsRoot { pod: pod_ref(pod), container: c.name.clone() }),
+        (Some(0), _) => Err(SecurityError::RunAsRoot { pod: spec::format_pod(pod), container: c.name.clone() }),
         (Some(_), _) => Ok(()),
-        (None, Some(0)) => Err(SecurityError::ImageRunsAsRoot { pod: pod_ref(pod), container: c.name.clone() }),
+        (None, Some(0)) => {
+            Err(SecurityError::ImageRunsAsRoot { pod: spec::format_pod(pod), container: c.name.clone() })
+        }
         (None, None) if !image.username.is_empty() => Err(SecurityError::NonNumericImageUser {
             user: image.username.clone(),
-            pod: pod_ref(pod),
+            pod: spec::format_pod(pod),
             container: c.name.clone(),
         }),
         _ => Ok(()),

@@ -126,6 +126,8 @@ fn completion_scripts_cover_the_subcommands() {
     let (ok, stdout, _) = run(None, &["completion", "bash"]);
     assert!(ok);
     assert!(stdout.contains("_gantry") && stdout.contains("maintenance-controller"), "{stdout}");
+    let (ok, stdout, _) = run(None, &["completion", "zsh"]);
+    assert!(ok && stdout.starts_with("#compdef gantry") && stdout.contains("maintenance-controller"), "{stdout}");
     let (ok, stdout, _) = run(None, &["completion", "fish"]);
     assert!(ok && stdout.contains("complete -c gantry"), "{stdout}");
     let (ok, _, stderr) = run(None, &["completion", "tcsh"]);

@@ -1,19 +1,21 @@
-//! End-to-end: the maintenance controller's container image (`scripts/image`) imported into the
-//! node's containerd and run as a pod on a Gantry node, the way `deploy/controller.yaml` runs
-//! it (its Namespace, ServiceAccount, RBAC, and the Deployment's pod template), then draining a
-//! node through its in-cluster service account.
+//! End-to-end: the maintenance controller's container image (`scripts/image`, which links the
+//! binary statically; the test checks that the layer holds a static binary and no library)
+//! imported into the node's containerd and run as a pod on a Gantry node, the way
+//! `deploy/controller.yaml` runs it (its Namespace, ServiceAccount, RBAC, and the Deployment's
+//! pod template), then draining a node through its in-cluster service account.
 //!
 //! The pod differs from the Deployment's only where this machine needs it: it is bound to the
 //! node directly (the test API server runs no workload controllers), uses the host network
 //! with the API server's address in `KUBERNETES_SERVICE_HOST`/`PORT` (no kube-proxy here,
-//! and the API server listens on loopback), and serves metrics and probes on a free
-//! loopback port. The test API server has no RBAC objects, so its authorizer evaluates the
+//! and the API server listens on loopback; the test server is named by a host alias, so the
+//! static binary resolves a name), and serves metrics and probes on a free loopback port. The test API server has no RBAC objects, so its authorizer evaluates the
 //! Roles of `deploy/controller.yaml` for the service account; a real cluster gets the objects.
 
 mod common;
 #[path = "common/maintenance_kit.rs"]
 mod kit;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::cluster::{self, Cluster};
@@ -30,6 +32,8 @@ use serde_json::json;
 
 const MANIFESTS: &str = include_str!("../../../deploy/controller.yaml");
 const NAMESPACE: &str = "gantry-system";
+/// The in-cluster name of the API server, which the test server's certificate carries.
+const API_SERVER_NAME: &str = "kubernetes.default.svc";
 const SERVICE_ACCOUNT: &str = "system:serviceaccount:gantry-system:maintenance-controller";
 
 /// The documents of `deploy/controller.yaml` of one kind.
@@ -41,16 +45,95 @@ fn documents<T: DeserializeOwned>(kind: &str) -> Vec<T> {
         .collect()
 }
 
-/// `scripts/image` on the binary under test; the tarball it wrote.
+/// The environment variables cargo sets for a test (names and prefixes).
+const CARGO_SET_FOR_TESTS: [&str; 8] = [
+    "CARGO_PKG_",
+    "CARGO_MANIFEST_",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
+fn image_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/image")
+}
+
+/// `scripts/image` as a user runs it, from the profile and the target dir of the binary under
+/// test: it links that binary statically (beside, not over, the test's); the tarball it wrote.
 fn build_image(dir: &Path) -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/image");
-    let out = std::process::Command::new(script)
-        .env("GANTRY_BIN", env!("CARGO_BIN_EXE_gantry"))
+    let profile_dir = Path::new(env!("CARGO_BIN_EXE_gantry")).parent().unwrap();
+    let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+        "debug" => "dev",
+        other => other,
+    };
+    let mut command = std::process::Command::new(image_script());
+    // What cargo set for this test describes the test's package, not the build: some build
+    // scripts rerun when such variables change (ring's on OUT_DIR, CARGO_PKG_NAME, …), and a
+    // rerun here would rebuild their dependents for the next `cargo test` too.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if CARGO_SET_FOR_TESTS.iter().any(|prefix| name.starts_with(prefix)) {
+            command.env_remove(&*name);
+        }
+    }
+    let out = command
+        .env("CARGO", env!("CARGO"))
+        .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
+        .env("IMAGE_PROFILE", profile)
         .env("IMAGE_OUT", dir.join("gantry-dev.oci.tar"))
         .output()
         .unwrap();
     assert!(out.status.success(), "scripts/image failed: {}", String::from_utf8_lossy(&out.stderr));
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The one layer of the image-layout tarball: its regular files, path → content.
+fn layer_files(tarball: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut blobs = BTreeMap::new();
+    for entry in tar::Archive::new(std::fs::File::open(tarball).unwrap()).entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+        blobs.insert(path, data);
+    }
+    let blob = |digest: &serde_json::Value| {
+        let digest = digest.as_str().unwrap().strip_prefix("sha256:").unwrap();
+        blobs[&format!("blobs/sha256/{digest}")].as_slice()
+    };
+    let index: serde_json::Value = serde_json::from_slice(&blobs["index.json"]).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(blob(&index["manifests"][0]["digest"])).unwrap();
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{manifest}");
+    let mut files = BTreeMap::new();
+    for entry in tar::Archive::new(blob(&layers[0]["digest"])).entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if entry.header().entry_type().is_file() {
+            let path = entry.path().unwrap().to_string_lossy().trim_start_matches("./").to_string();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+            files.insert(path, data);
+        }
+    }
+    files
+}
+
+/// The program headers' answer to "does this binary need the dynamic loader?": a static
+/// binary has no interpreter (`PT_INTERP`) and names no shared library (`DT_NEEDED`).
+fn assert_static(binary: &[u8]) {
+    use object::elf::{DT_NEEDED, PT_INTERP};
+    use object::read::elf::{Dyn, ElfFile64, ProgramHeader};
+    let elf = ElfFile64::<object::Endianness>::parse(binary).expect("the image's gantry is an ELF binary");
+    let endian = elf.endian();
+    for header in elf.elf_program_headers() {
+        assert_ne!(header.p_type(endian), PT_INTERP, "the image's gantry asks for a program interpreter");
+        if let Some(dynamic) = header.dynamic(endian, binary).unwrap() {
+            assert!(!dynamic.iter().any(|d| d.d_tag(endian) == DT_NEEDED), "the image's gantry needs libraries");
+        }
+    }
 }
 
 /// RBAC's rule match, for the test API server's authorizer.
@@ -141,12 +224,18 @@ fn controller_pod(node: &str, kubeconfig: &Path, metrics_port: u16) -> Pod {
         status: None,
     })
     .unwrap();
-    let (host, port) = api_address(kubeconfig);
+    let (mut host, port) = api_address(kubeconfig);
     pod["metadata"]["name"] = json!(format!("maintenance-controller-{node}"));
     pod["metadata"]["namespace"] = json!(NAMESPACE);
     let spec = &mut pod["spec"];
     spec["nodeName"] = json!(node);
     spec["hostNetwork"] = json!(true);
+    // The test server by a name from the pod's hosts file (its certificate has the name): the
+    // static binary resolves names with glibc's built-in `files` service, no module to load.
+    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) {
+        spec["hostAliases"] = json!([{"ip": host, "hostnames": [API_SERVER_NAME]}]);
+        host = API_SERVER_NAME.to_string();
+    }
     let container = &mut spec["containers"][0];
     assert_eq!(container["image"], "gantry:dev", "the image scripts/image names");
     container["args"] = json!([format!("--metrics-bind-address=127.0.0.1:{metrics_port}")]);
@@ -182,7 +271,13 @@ fn replica(name: &str, node: &str) -> Pod {
 async fn the_controller_image_runs_as_a_pod_on_a_gantry_node_and_drains_a_node() {
     let Some((env, cluster)) = cluster::setup().await else { return };
     let dir = tempfile::tempdir().unwrap();
-    env.ctd.import_tarball(&build_image(dir.path())).await.unwrap();
+    let image = build_image(dir.path());
+    let files = layer_files(&image);
+    // The binary and the three files it may read; nothing a dynamic loader would want.
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(names, ["etc/group", "etc/nsswitch.conf", "etc/passwd", "usr/bin/gantry"]);
+    assert_static(&files["usr/bin/gantry"]);
+    env.ctd.import_tarball(&image).await.unwrap();
     let gantry = cluster::start_node(&env, &cluster);
     let client = cluster.admin().await;
     install_crd(&client).await;
@@ -244,4 +339,20 @@ async fn the_controller_image_runs_as_a_pod_on_a_gantry_node_and_drains_a_node()
     let _ = pods.delete(&name, &DeleteParams::default()).await;
     cluster.cleanup(&target).await;
     cluster.cleanup(&env.node).await;
+}
+
+#[test]
+fn scripts_image_refuses_a_dynamically_linked_binary() {
+    // The test's gantry is linked the usual way, against the system's glibc.
+    let dynamic = env!("CARGO_BIN_EXE_gantry");
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(image_script())
+        .env("GANTRY_BIN", dynamic)
+        .env("IMAGE_OUT", dir.path().join("image.tar"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("{dynamic} is dynamically linked")), "{stderr}");
+    assert!(!dir.path().join("image.tar").exists());
 }

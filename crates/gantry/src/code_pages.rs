@@ -32,7 +32,12 @@ pub fn page_out() {
 fn try_page_out() -> std::io::Result<()> {
     let exe = std::env::current_exe()?;
     let maps = std::fs::read_to_string("/proc/self/maps")?;
-    for (start, end) in read_only_mappings_of(&maps, &exe.to_string_lossy()) {
+    page_out_ranges(&read_only_mappings_of(&maps, &exe.to_string_lossy()))
+}
+
+/// `ranges` must be read-only file mappings of this process.
+fn page_out_ranges(ranges: &[(usize, usize)]) -> std::io::Result<()> {
+    for &(start, end) in ranges {
         // SAFETY: the range is one of this process's own read-only file mappings: paging it
         // out changes no content; the kernel maps the pages back from the file when touched.
         if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) } != 0 {
@@ -92,29 +97,41 @@ mod tests {
         assert!(read_only_mappings_of("not a maps line", "/bin/gantry").is_empty());
     }
 
-    /// The resident KiB of this process's read-only mappings of its executable.
-    fn resident_code_kib() -> u64 {
-        let exe = std::env::current_exe().unwrap().to_string_lossy().into_owned();
+    /// The resident KiB of this process's mapping that starts at `start`.
+    fn resident_kib(start: usize) -> u64 {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut ours = false;
-        let mut kib = 0;
-        for line in smaps.lines() {
-            if let Some(rss) = line.strip_prefix("Rss:") {
-                kib += if ours { rss.trim().trim_end_matches(" kB").parse::<u64>().unwrap() } else { 0 };
-            } else if line.split(' ').next().is_some_and(|f| f.contains('-')) {
-                ours = read_only_mapping_of(line, &exe).is_some();
-            }
-        }
-        kib
+        let header = format!("{start:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&header));
+        let rss = lines.find_map(|l| l.strip_prefix("Rss:")).expect("the mapping is in smaps");
+        rss.trim().trim_end_matches(" kB").parse().unwrap()
     }
 
     #[test]
-    fn pages_out_the_running_executable_which_keeps_running() {
-        let before = resident_code_kib();
-        assert!(before > 0, "the test binary's code is resident while it runs");
+    fn the_executable_can_be_paged_out() {
         try_page_out().expect("madvise(MADV_PAGEOUT) over the executable's mappings");
-        let after = resident_code_kib();
-        // What faulted back in since (this test's own code, the other tests') is a fraction.
-        assert!(after < before / 2, "resident code {before} KiB before paging out, {after} KiB after");
+    }
+
+    #[test]
+    fn a_paged_out_file_mapping_leaves_memory_and_reads_back_the_same() {
+        const LEN: usize = 1 << 20;
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &[7u8; LEN]).unwrap();
+        file.sync_all().unwrap();
+        // SAFETY: a new private read-only mapping of a file this test owns, unmapped below.
+        let addr = unsafe {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+            libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0)
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        // SAFETY: the mapping is LEN bytes long and readable.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, LEN) };
+        let sum = |b: &[u8]| b.iter().step_by(4096).map(|&x| u64::from(std::hint::black_box(x))).sum::<u64>();
+        let expected = sum(bytes);
+        assert_eq!(resident_kib(addr as usize), (LEN / 1024) as u64, "every page read: resident");
+        page_out_ranges(&[(addr as usize, addr as usize + LEN)]).unwrap();
+        assert_eq!(resident_kib(addr as usize), 0, "nothing touched it since: none resident");
+        assert_eq!(sum(bytes), expected, "the pages read back from the file");
+        // SAFETY: unmapped once, after its last use.
+        assert_eq!(unsafe { libc::munmap(addr, LEN) }, 0);
     }
 }

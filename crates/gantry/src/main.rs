@@ -2,6 +2,7 @@
 //! `gantry kubelet`, so it can replace the Go kubelet in an existing systemd unit; invoked as
 //! `kubectl-maintenance` (found by kubectl on the PATH) it is `gantry maintenance`.
 
+mod code_pages;
 mod kubelet;
 mod logging;
 mod maintenance;

@@ -143,16 +143,46 @@ async fn no_attach(admin: &Client, driver_name: &str) {
     Api::<CSIDriver>::all(admin.clone()).create(&PostParams::default(), &driver).await.unwrap();
 }
 
-/// A staging driver needing no attach, named after `tag`, and the claim `data` bound to its
-/// volume `pv` (a name of the node's own on a real cluster).
-async fn bound_claim(admin: &Client, root: &Path, node: &str, tag: &str, pv: &str) -> (TestCsiDriver, String, String) {
-    let driver_name = format!("{node}.{tag}.gantry.test");
-    let pv = format!("{node}-{pv}");
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(admin, &driver_name).await;
-    claim_and_volume(admin, &driver_name, &pv).await;
-    bind(admin, &pv).await;
-    (driver, driver_name, pv)
+/// The claim `data` bound to the driver's volume `pv`; returns `pv`.
+async fn bound_claim(admin: &Client, driver_name: &str, pv: &str) -> String {
+    claim_and_volume(admin, driver_name, pv).await;
+    bind(admin, pv).await;
+    pv.to_string()
+}
+
+/// What each test starts from: the node's environment and cluster, an admin client with the
+/// default namespace's pods and claims, and the test driver, named after the test (names of
+/// the node's own, as cluster-scoped objects on a real cluster need).
+struct Setup {
+    env: Env,
+    cluster: Cluster,
+    admin: Client,
+    pods: Api<Pod>,
+    claims: Api<PersistentVolumeClaim>,
+    driver: TestCsiDriver,
+    driver_name: String,
+}
+
+/// The test driver's capabilities, and whether its CSIDriver object (saying its volumes need no
+/// attaching) is created.
+struct DriverKind {
+    stages: bool,
+    max_volumes: i64,
+    no_attach: bool,
+}
+
+const STAGING: DriverKind = DriverKind { stages: true, max_volumes: 0, no_attach: true };
+
+async fn setup(tag: &str, kind: DriverKind) -> Option<Setup> {
+    let (env, cluster) = cluster::setup().await?;
+    let admin = cluster.admin().await;
+    let driver_name = format!("{}.{tag}.gantry.test", env.node);
+    let driver = start_driver(&env.root, &env.node, &driver_name, kind.stages, kind.max_volumes).await;
+    if kind.no_attach {
+        no_attach(&admin, &driver_name).await;
+    }
+    let (pods, claims) = (Api::namespaced(admin.clone(), "default"), Api::namespaced(admin.clone(), "default"));
+    Some(Setup { env, cluster, admin, pods, claims, driver, driver_name })
 }
 
 /// Removes the cluster-scoped objects a real cluster keeps after the test.
@@ -167,15 +197,11 @@ async fn cleanup(cluster: &Cluster, admin: &Client, node: &str, driver: &str, pv
 
 #[tokio::test]
 async fn a_claim_is_staged_published_and_torn_down_in_order_and_keeps_its_data() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let kind = DriverKind { max_volumes: 8, ..STAGING };
+    let Some(Setup { env, cluster, admin, pods, driver, driver_name, .. }) = setup("csi", kind).await else { return };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     // Cluster-scoped names of their own on a real cluster.
-    let driver_name = format!("{node}.csi.gantry.test");
     let pv = format!("{node}-pv");
-    let driver = start_driver(root, node, &driver_name, true, 8).await;
-    no_attach(&admin, &driver_name).await;
     let gantry = cluster::start_node(&env, &cluster);
 
     // Registration: the driver in CSINode, its topology on the Node.
@@ -287,14 +313,13 @@ async fn a_claim_is_staged_published_and_torn_down_in_order_and_keeps_its_data()
 
 #[tokio::test]
 async fn a_volume_that_needs_attaching_waits_for_its_volume_attachment() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
-    let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.attach.gantry.test");
-    let pv = format!("{node}-attached-pv");
     // A driver without STAGE_UNSTAGE_VOLUME, and no CSIDriver object: attach is required.
-    let driver = start_driver(root, node, &driver_name, false, 0).await;
+    let kind = DriverKind { stages: false, max_volumes: 0, no_attach: false };
+    let Some(Setup { env, cluster, admin, pods, driver, driver_name, .. }) = setup("attach", kind).await else {
+        return;
+    };
+    let Env { ref root, ref node, .. } = env;
+    let pv = format!("{node}-attached-pv");
     let gantry = cluster::start_node(&env, &cluster);
     let csi_nodes: Api<CSINode> = Api::all(admin.clone());
     let entry = eventually("the driver is in the node's CSINode", &gantry, || async {
@@ -355,11 +380,11 @@ async fn a_volume_that_needs_attaching_waits_for_its_volume_attachment() {
 
 #[tokio::test]
 async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Some(Setup { env, cluster, admin, pods, driver, driver_name, .. }) = setup("restart", STAGING).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "restart", "restart-pv").await;
+    let pv = bound_claim(&admin, &driver_name, &format!("{node}-restart-pv")).await;
     let mut gantry = cluster::start_node(&env, &cluster);
     pods.create(&PostParams::default(), &claim_pod(node, "kept", "sleep 3600", false)).await.unwrap();
     running(&gantry, &pods, "kept").await;
@@ -388,16 +413,11 @@ async fn a_restart_repeats_no_call_and_tears_down_what_the_earlier_run_set_up() 
 
 #[tokio::test]
 async fn a_published_volume_is_measured_and_reported_in_use() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
-    let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.stats.gantry.test");
-    let pv = format!("{node}-stats-pv");
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
     // No CSIDriver object: attach is required, so the volume is one the node reports in use.
-    claim_and_volume(&admin, &driver_name, &pv).await;
-    bind(&admin, &pv).await;
+    let kind = DriverKind { no_attach: false, ..STAGING };
+    let Some(Setup { env, cluster, admin, pods, driver, driver_name, .. }) = setup("stats", kind).await else { return };
+    let Env { ref root, ref node, .. } = env;
+    let pv = bound_claim(&admin, &driver_name, &format!("{node}-stats-pv")).await;
     let attachment = gantry_agent::runtime::csi::attachment_name("vol-1", &driver_name, node);
     let attachments: Api<VolumeAttachment> = Api::all(admin.clone());
     let va: VolumeAttachment = serde_json::from_value(json!({
@@ -495,13 +515,13 @@ async fn a_published_volume_is_measured_and_reported_in_use() {
 
 #[tokio::test]
 async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    // A driver that stages its persistent volumes: an inline one is still never staged. Its
+    // CSIDriver object is the test's own.
+    let kind = DriverKind { no_attach: false, ..STAGING };
+    let Some(Setup { env, cluster, admin, pods, driver, driver_name, .. }) = setup("inline", kind).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.inline.gantry.test");
-    // A driver that stages its persistent volumes: an inline one is still never staged.
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
     let csi_driver = |modes: &[&str]| -> CSIDriver {
         serde_json::from_value(json!({
             "metadata": {"name": driver_name},
@@ -606,15 +626,11 @@ async fn an_inline_ephemeral_volume_is_published_for_its_pod_alone() {
 
 #[tokio::test]
 async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Some(Setup { env, cluster, admin, pods, claims, driver, driver_name }) = setup("generic", STAGING).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.generic.gantry.test");
     let pv = format!("{node}-generic-pv");
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(&admin, &driver_name).await;
     // The test plays the binder, and the ephemeral volume controller only in part: a claim of
     // the right name (`<pod>-<volume>`) that the pod does not control yet.
     claim_and_volume_named(&admin, &driver_name, &pv, "eph-data").await;
@@ -683,15 +699,11 @@ async fn a_generic_ephemeral_volume_uses_only_the_claim_its_pod_controls() {
 
 #[tokio::test]
 async fn a_block_volume_is_a_device_in_the_container() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Some(Setup { env, cluster, admin, pods, claims, driver, driver_name }) = setup("block", STAGING).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.block.gantry.test");
     let pv = format!("{node}-block-pv");
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(&admin, &driver_name).await;
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "disk"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv, "volumeMode": "Block",
@@ -794,11 +806,11 @@ async fn a_block_volume_is_a_device_in_the_container() {
 
 #[tokio::test]
 async fn a_pod_deleted_while_gantry_was_down_has_its_volume_torn_down() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Some(Setup { env, cluster, admin, pods, driver, driver_name, .. }) = setup("down", STAGING).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "down", "down-pv").await;
+    let pv = bound_claim(&admin, &driver_name, &format!("{node}-down-pv")).await;
     let mut gantry = cluster::start_node(&env, &cluster);
     pods.create(&PostParams::default(), &claim_pod(node, "gone", "sleep 3600", false)).await.unwrap();
     running(&gantry, &pods, "gone").await;
@@ -956,15 +968,12 @@ async fn running_pod(gantry: &common::Gantry, pods: &Api<Pod>, name: &str, old_u
 /// upstream protocols). The recreated pod finds the data on its claim and gets a device again.
 #[tokio::test]
 async fn a_stateful_set_with_a_claim_and_a_device_runs_through_the_node_plugins() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Some(Setup { env, cluster, admin, pods, claims, driver, driver_name }) = setup("sts", STAGING).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
     let test_server = matches!(cluster, Cluster::Test(_));
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.sts.gantry.test");
     let (pv, class, set_name) = (format!("{node}-sts-pv"), format!("{node}-sts"), format!("{node}-db"));
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(&admin, &driver_name).await;
     let options = DevicePluginOptions::default();
     let plugin =
         TestDevicePlugin::start(&root.join("plugins_registry/example-gpu.sock"), GPU, 1, options).await.unwrap();
@@ -986,7 +995,6 @@ async fn a_stateful_set_with_a_claim_and_a_device_runs_through_the_node_plugins(
     if test_server {
         play_stateful_set_controller(&admin, &set).await;
     }
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
     eventually("the set's claim exists", &gantry, || async { claims.get_opt(&claim_name).await.ok()? }).await;
     provision(&admin, &claim_name, &class, &driver_name, &pv, test_server).await;
 
@@ -1065,16 +1073,12 @@ async fn a_stateful_set_with_a_claim_and_a_device_runs_through_the_node_plugins(
 /// with upstream's `FailedMount` message, and nothing is staged.
 #[tokio::test]
 async fn a_volumes_node_secrets_reach_the_driver() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
+    let Some(Setup { env, cluster, admin, pods, claims, driver, driver_name }) = setup("secrets", STAGING).await else {
+        return;
+    };
     let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let driver_name = format!("{node}.secrets.gantry.test");
     let pv = format!("{node}-secrets-pv");
     let (stage_secret, publish_secret) = (format!("{node}-stage"), format!("{node}-publish"));
-    let driver = start_driver(root, node, &driver_name, true, 0).await;
-    no_attach(&admin, &driver_name).await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "data"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
@@ -1149,12 +1153,11 @@ async fn a_volumes_node_secrets_reach_the_driver() {
 /// event, nothing is staged or published for it, and other pods run.
 #[tokio::test]
 async fn a_volume_used_against_its_mode_is_refused() {
-    let Some((env, cluster)) = cluster::setup().await else { return };
-    let Env { ref root, ref node, .. } = env;
-    let admin = cluster.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "default");
-    let (driver, driver_name, pv) = bound_claim(&admin, root, node, "mode", "mode-pv").await;
+    let Some(Setup { env, cluster, admin, pods, claims, driver, driver_name }) = setup("mode", STAGING).await else {
+        return;
+    };
+    let Env { ref node, .. } = env;
+    let pv = bound_claim(&admin, &driver_name, &format!("{node}-mode-pv")).await;
     let block_pv = format!("{node}-mode-block-pv");
     let claim: PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "disk"},

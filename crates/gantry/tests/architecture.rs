@@ -411,6 +411,8 @@ const STATICS: &[(&str, &str)] = &[
     ("crates/agent/src/runtime/handlers.rs: CLIENT", "the probe and hook HTTP client"),
     // Immutable after its first use: the same for every node.
     ("crates/config/src/flags.rs: COMMAND", "the kubelet's clap command, built once"),
+    // The process's own state, not a node's: its code pages are paged out once per settle.
+    ("crates/gantry/src/code_pages.rs: WARNED", "the page-out failure is warned about once per process"),
     // Test harness.
     ("crates/testkit/src/images.rs: BUILD_LOCK", "serialises test image builds in one process"),
     ("crates/testkit/src/raw.rs: NEXT_POD", "unique pod names in one test process"),

@@ -223,8 +223,9 @@ async fn pod_events_carry_source_field_paths_and_counts() {
     cluster.cleanup(&env.node).await;
 }
 
-/// The status fields a 1.34 kubelet reports beside the state: the container's volume mounts,
-/// the identity of its process (as the runtime reports it), its resources while running, and
+/// The status fields a 1.34 kubelet reports beside the state: the container's volume mounts
+/// (recursively read-only where asked and the runtime supports it; a pod that insists on it
+/// without support is refused with upstream's message, the other pod runs), the identity of its process (as the runtime reports it), its resources while running, and
 /// `observedGeneration` following a spec change the API allows on a running pod.
 #[tokio::test]
 async fn pod_status_reports_mounts_user_resources_and_observed_generation() {
@@ -244,13 +245,28 @@ async fn pod_status_reports_mounts_user_resources_and_observed_generation() {
     main.volume_mounts = Some(
         serde_json::from_value(serde_json::json!([
             {"name": "data", "mountPath": "/data"},
-            {"name": "data", "mountPath": "/ro", "readOnly": true}
+            {"name": "data", "mountPath": "/ro", "readOnly": true},
+            {"name": "data", "mountPath": "/rro-if-possible", "readOnly": true, "recursiveReadOnly": "IfPossible"},
+            {"name": "data", "mountPath": "/rro-disabled", "readOnly": true, "recursiveReadOnly": "Disabled"}
         ]))
         .unwrap(),
     );
     main.resources =
         Some(serde_json::from_value(serde_json::json!({"limits": {"cpu": "500m", "memory": "64Mi"}})).unwrap());
     pods.create(&PostParams::default(), &pod).await.unwrap();
+    // A mount that insists on recursive read-only runs only where the runtime supports it.
+    let mut insisting = bound_pod(&env.node, "rro-enabled", "sleep 3600");
+    let spec = insisting.spec.as_mut().unwrap();
+    spec.volumes = Some(serde_json::from_value(serde_json::json!([{"name": "data", "emptyDir": {}}])).unwrap());
+    spec.containers[0].volume_mounts = Some(
+        serde_json::from_value(serde_json::json!([
+            {"name": "data", "mountPath": "/rro", "readOnly": true, "recursiveReadOnly": "Enabled"}
+        ]))
+        .unwrap(),
+    );
+    pods.create(&PostParams::default(), &insisting).await.unwrap();
+    let rro = runtime_supports_recursive_read_only(&env).await;
+    let rro_mode = if rro { "Enabled" } else { "Disabled" };
 
     let running = eventually("API status Running", &gantry, || async {
         let pod = pods.get("identity").await.ok()?;
@@ -267,9 +283,34 @@ async fn pod_status_reports_mounts_user_resources_and_observed_generation() {
         mounts,
         serde_json::json!([
             {"name": "data", "mountPath": "/data"},
-            {"name": "data", "mountPath": "/ro", "readOnly": true, "recursiveReadOnly": "Disabled"}
+            {"name": "data", "mountPath": "/ro", "readOnly": true, "recursiveReadOnly": "Disabled"},
+            {"name": "data", "mountPath": "/rro-if-possible", "readOnly": true, "recursiveReadOnly": rro_mode},
+            {"name": "data", "mountPath": "/rro-disabled", "readOnly": true, "recursiveReadOnly": "Disabled"}
         ])
     );
+    let insisting = eventually("the recursive read-only pod's verdict", &gantry, || async {
+        let cs = pods.get("rro-enabled").await.ok()?.status?.container_statuses?.pop()?;
+        let state = cs.state.clone()?;
+        let decided = state.running.is_some()
+            || state.waiting.as_ref().is_some_and(|w| w.reason.as_deref() == Some("CreateContainerConfigError"));
+        decided.then_some(cs)
+    })
+    .await;
+    let state = insisting.state.unwrap();
+    if rro {
+        assert!(state.running.is_some(), "{state:?}");
+        assert_eq!(insisting.volume_mounts.unwrap()[0].recursive_read_only.as_deref(), Some("Enabled"));
+    } else {
+        // Upstream's refusal on a runtime without the feature (Debian's containerd 1.6).
+        assert_eq!(
+            state.waiting.unwrap().message.as_deref(),
+            Some(
+                "failed to resolve recursive read-only mode: volume \"data\" requested recursive read-only \
+                 mode, but it is not supported by the runtime"
+            )
+        );
+        assert_eq!(insisting.volume_mounts.unwrap()[0].recursive_read_only.as_deref(), Some("Disabled"));
+    }
     // Limits as the runtime applied them; requests defaulted from the limits by the API.
     let resources = serde_json::to_value(&cs.resources).unwrap();
     assert_eq!(
@@ -308,6 +349,16 @@ async fn pod_status_reports_mounts_user_resources_and_observed_generation() {
     let ready = observed.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!(ready.observed_generation, Some(2));
     cluster.cleanup(&env.node).await;
+}
+
+/// Whether the runtime's default handler supports recursive read-only mounts (CRI `Status`).
+async fn runtime_supports_recursive_read_only(env: &common::Env) -> bool {
+    let mut client = env.ctd.runtime_client().await;
+    let status = client.status(gantry_cri::api::StatusRequest { verbose: false }).await.unwrap().into_inner();
+    status
+        .runtime_handlers
+        .iter()
+        .any(|h| h.name.is_empty() && h.features.as_ref().is_some_and(|f| f.recursive_read_only_mounts))
 }
 
 /// The CRI `ContainerStatus.user.linux` of a container, straight from the runtime.

@@ -15,6 +15,7 @@ pub mod observed;
 pub mod plan;
 pub mod probe;
 pub mod qos;
+pub mod recursive_read_only;
 pub mod requests;
 pub mod resize;
 pub mod resources;

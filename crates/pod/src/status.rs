@@ -29,6 +29,8 @@ pub struct Input<'a> {
     pub health: &'a HashMap<String, Health>,
     /// `runtimeName` from CRI Version, the prefix of container IDs (`containerd://…`).
     pub runtime_name: &'a str,
+    /// The runtime handler supports recursive read-only mounts.
+    pub recursive_read_only: bool,
     pub host_ip: Option<&'a str>,
     pub start_time: Option<Nanos>,
     /// The previous status, so condition transition times only move on a change.
@@ -114,7 +116,7 @@ fn container_status(input: &Input, c: &Container, init: bool) -> ContainerStatus
         started: Some(started),
         state: Some(state),
         last_state: last_state.or_else(|| Some(ApiState::default())),
-        volume_mounts: container_fields::volume_mounts(c),
+        volume_mounts: container_fields::volume_mounts(c, input.recursive_read_only),
         user: latest.and_then(|i| container_fields::user(i.user.as_ref())),
         resources: latest.filter(|_| is_running).map(|i| container_fields::resources(c, &i.applied)),
         ..Default::default()

@@ -191,9 +191,34 @@ fn validate_spec(pod: &Value, name: &str) -> Result<(), ApiError> {
         for (i, c) in pod.pointer(&format!("/spec/{list}")).and_then(Value::as_array).into_iter().flatten().enumerate()
         {
             errs.extend(validate_resize_policy(c, &format!("spec.{list}[{i}].resizePolicy"), never));
+            errs.extend(validate_recursive_read_only(c, &format!("spec.{list}[{i}].volumeMounts")));
         }
     }
     if errs.is_empty() { Ok(()) } else { Err(ApiError::invalid("Pod", "", name, errs)) }
+}
+
+/// `validateMountRecursiveReadOnly`: a known mode; other than `Disabled` only on a read-only
+/// mount without propagation. Upstream names the field without the mount's index.
+fn validate_recursive_read_only(c: &Value, field: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let field = format!("{field}.recursiveReadOnly");
+    for m in c.get("volumeMounts").and_then(Value::as_array).into_iter().flatten() {
+        let Some(mode) = m.get("recursiveReadOnly") else { continue };
+        match mode.as_str() {
+            Some("Disabled") => {}
+            Some("Enabled" | "IfPossible") => {
+                if m.get("readOnly").and_then(Value::as_bool) != Some(true) {
+                    errs.push(FieldError::forbidden(&field, "may only be specified when readOnly is true"));
+                }
+                if m.get("mountPropagation").and_then(Value::as_str).is_some_and(|p| p != "None") {
+                    let detail = "may only be specified when mountPropagation is None or not specified";
+                    errs.push(FieldError::forbidden(&field, detail));
+                }
+            }
+            _ => errs.push(FieldError::not_supported(&field, mode, &["Disabled", "Enabled", "IfPossible"])),
+        }
+    }
+    errs
 }
 
 /// `validateResizePolicy`: each of cpu and memory at most once, with a known restart policy;

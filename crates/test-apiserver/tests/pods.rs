@@ -519,3 +519,60 @@ async fn resize_is_validated_as_upstream() {
     let want = r#"spec.containers[0].resizePolicy[0].restartPolicy: Invalid value: "RestartContainer": must be 'NotRequired' when `restartPolicy` is 'Never'"#;
     assert!(e.message.contains(want), "{}", e.message);
 }
+
+#[tokio::test]
+async fn recursive_read_only_mounts_are_validated_on_create() {
+    let (_server, client) = start().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let with_mount = |name: &str, mount: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [{"name": "app", "image": "busybox", "volumeMounts": [mount]}]
+            }
+        }))
+        .unwrap()
+    };
+    let refused = |pod: Pod| {
+        let pods = pods.clone();
+        async move { status(pods.create(&PostParams::default(), &pod).await.unwrap_err()) }
+    };
+    let e = refused(with_mount("rw", json!({"name": "data", "mountPath": "/d", "recursiveReadOnly": "Enabled"}))).await;
+    assert_eq!(e.code, 422);
+    assert!(
+        e.message.contains(
+            "spec.containers[0].volumeMounts.recursiveReadOnly: Forbidden: may only be specified when readOnly is true"
+        ),
+        "{}",
+        e.message
+    );
+    let propagated = json!({"name": "data", "mountPath": "/d", "readOnly": true, "recursiveReadOnly": "IfPossible",
+        "mountPropagation": "HostToContainer"});
+    let e = refused(with_mount("prop", propagated)).await;
+    assert!(
+        e.message.contains("Forbidden: may only be specified when mountPropagation is None or not specified"),
+        "{}",
+        e.message
+    );
+    let e = refused(with_mount(
+        "odd",
+        json!({"name": "data", "mountPath": "/d", "readOnly": true, "recursiveReadOnly": "Always"}),
+    ))
+    .await;
+    assert!(
+        e.message.contains(
+            r#"recursiveReadOnly: Unsupported value: "Always": supported values: "Disabled", "Enabled", "IfPossible""#
+        ),
+        "{}",
+        e.message
+    );
+    let fine = json!({"name": "data", "mountPath": "/d", "readOnly": true, "recursiveReadOnly": "Enabled", "mountPropagation": "None"});
+    pods.create(&PostParams::default(), &with_mount("fine", fine)).await.unwrap();
+    pods.create(
+        &PostParams::default(),
+        &with_mount("off", json!({"name": "data", "mountPath": "/d", "recursiveReadOnly": "Disabled"})),
+    )
+    .await
+    .unwrap();
+}

@@ -160,6 +160,7 @@ impl Shared {
         .with_pod_settings(settings.pods.clone(), kubepods_limits(settings, capacity))
         .await?;
         driver.check_runtime_cgroup_driver().await?;
+        driver.refresh_runtime_features().await;
         driver.enforce_reserved(settings).await?;
         let events = crate::events::Recorder::default();
         let allocations = allocation::Allocations::load(&settings.root_dir, allocatable);

@@ -557,6 +557,7 @@ impl Worker {
             waiting: &self.waiting,
             health,
             runtime_name: self.shared.driver.runtime_name(),
+            recursive_read_only: self.shared.driver.supports_recursive_read_only(),
             host_ip: self.shared.host_ip.as_deref(),
             start_time: self.start_time,
             previous: previous.as_ref(),

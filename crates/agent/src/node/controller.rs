@@ -120,6 +120,7 @@ struct Observed {
     images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
     devices: gantry_plugins::devices::Capacity,
     volumes_in_use: Option<Vec<String>>,
+    runtime_handlers: Vec<k8s_openapi::api::core::v1::NodeRuntimeHandler>,
     now: Timestamp,
 }
 
@@ -324,7 +325,18 @@ impl NodeController {
         };
         let devices = self.devices.as_ref().map(DeviceManager::capacity).unwrap_or_default();
         let volumes_in_use = self.volumes_in_use.as_ref().map(|v| v.borrow().clone());
-        Observed { runtime_version, runtime_errors, pressure, addresses, images, devices, volumes_in_use, now }
+        let runtime_handlers = self.runtime.lock().unwrap_or_else(|e| e.into_inner()).handlers().to_vec();
+        Observed {
+            runtime_version,
+            runtime_errors,
+            pressure,
+            addresses,
+            images,
+            devices,
+            volumes_in_use,
+            runtime_handlers,
+            now,
+        }
     }
 
     fn inputs<'a>(&'a self, o: &'a Observed) -> NodeInputs<'a> {
@@ -340,6 +352,7 @@ impl NodeController {
             images: o.images.clone(),
             devices: o.devices.clone(),
             volumes_in_use: o.volumes_in_use.clone(),
+            runtime_handlers: o.runtime_handlers.clone(),
             now: o.now,
         }
     }

@@ -3,6 +3,7 @@
 //! answers, read as the list of errors that make the node NotReady.
 
 use gantry_cri::api::{RuntimeCondition, StatusResponse};
+use k8s_openapi::api::core::v1::{NodeRuntimeHandler, NodeRuntimeHandlerFeatures};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// After this long without a healthy runtime status the runtime is "down"
@@ -12,16 +13,24 @@ pub const RUNTIME_SYNC_THRESHOLD: SignedDuration = SignedDuration::from_secs(30)
 /// The initial network error (upstream `ErrNetworkUnknown`).
 pub const NETWORK_UNKNOWN: &str = "network state unknown";
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RuntimeState {
     last_sync: Option<Timestamp>,
     runtime_error: Option<String>,
     network_error: Option<String>,
+    /// The runtime handlers and their features, as the last `Status` listed them (none for a
+    /// runtime that does not list them, such as containerd before 2.0).
+    handlers: Vec<NodeRuntimeHandler>,
 }
 
 impl Default for RuntimeState {
     fn default() -> Self {
-        RuntimeState { last_sync: None, runtime_error: None, network_error: Some(NETWORK_UNKNOWN.to_string()) }
+        RuntimeState {
+            last_sync: None,
+            runtime_error: None,
+            network_error: Some(NETWORK_UNKNOWN.to_string()),
+            handlers: Vec::new(),
+        }
     }
 }
 
@@ -30,6 +39,7 @@ impl RuntimeState {
     /// failed `Status` call changes nothing: the runtime turns "down" once
     /// the last good answer is older than [`RUNTIME_SYNC_THRESHOLD`].
     pub fn observe(&mut self, status: &StatusResponse, now: Timestamp) {
+        self.handlers = status.runtime_handlers.iter().map(node_runtime_handler).collect();
         let conditions = status.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         let find = |t: &str| conditions.iter().find(|c| c.r#type == t);
         let network = find("NetworkReady");
@@ -49,6 +59,11 @@ impl RuntimeState {
         }
     }
 
+    /// `status.runtimeHandlers` of the Node.
+    pub fn handlers(&self) -> &[NodeRuntimeHandler] {
+        &self.handlers
+    }
+
     /// The errors that make the node NotReady, in upstream's order (runtime,
     /// then network).
     pub fn errors(&self, now: Timestamp) -> Vec<String> {
@@ -61,6 +76,19 @@ impl RuntimeState {
         errs.extend(self.runtime_error.clone());
         errs.extend(self.network_error.clone());
         errs
+    }
+}
+
+/// A CRI runtime handler as the Node reports it (upstream's `RuntimeHandlers` setter: both
+/// features always present).
+fn node_runtime_handler(h: &gantry_cri::api::RuntimeHandler) -> NodeRuntimeHandler {
+    let features = h.features.unwrap_or_default();
+    NodeRuntimeHandler {
+        name: Some(h.name.clone()),
+        features: Some(NodeRuntimeHandlerFeatures {
+            recursive_read_only_mounts: Some(features.recursive_read_only_mounts),
+            user_namespaces: Some(features.user_namespaces),
+        }),
     }
 }
 
@@ -113,6 +141,20 @@ mod tests {
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + s).unwrap()
+    }
+
+    #[test]
+    fn handlers_are_those_of_the_last_status_with_both_features() {
+        let mut state = RuntimeState::default();
+        let mut answer = status(Some(true), Some((true, "", "")));
+        answer.runtime_handlers = vec![gantry_cri::api::RuntimeHandler { name: String::new(), features: None }];
+        state.observe(&answer, t(0));
+        let reported = serde_json::to_value(state.handlers()).unwrap();
+        let expected =
+            serde_json::json!([{"name": "", "features": {"recursiveReadOnlyMounts": false, "userNamespaces": false}}]);
+        assert_eq!(reported, expected);
+        state.observe(&status(Some(true), Some((true, "", ""))), t(1));
+        assert!(state.handlers().is_empty(), "a runtime that lists none");
     }
 
     #[test]

@@ -14,7 +14,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeRuntimeHandler, NodeSpec, NodeStatus,
+    NodeSystemInfo, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -87,6 +88,8 @@ pub struct NodeInputs<'a> {
     /// `status.volumesInUse` (upstream's unique volume names, sorted); `None` when the node
     /// serves no CSI volumes (the field is left as it is).
     pub volumes_in_use: Option<Vec<String>>,
+    /// `status.runtimeHandlers`: the runtime's handlers and their features (CRI `Status`).
+    pub runtime_handlers: Vec<NodeRuntimeHandler>,
     pub now: Timestamp,
 }
 
@@ -444,6 +447,7 @@ pub fn compute_status(previous: &NodeStatus, inputs: &NodeInputs<'_>) -> (NodeSt
     if let Some(in_use) = &inputs.volumes_in_use {
         status.volumes_in_use = (!in_use.is_empty()).then(|| in_use.clone());
     }
+    status.runtime_handlers = (!inputs.runtime_handlers.is_empty()).then(|| inputs.runtime_handlers.clone());
 
     let previous_boot = previous.node_info.as_ref().map(|i| i.boot_id.as_str()).unwrap_or_default();
     if !previous_boot.is_empty() && previous_boot != inputs.facts.boot_id {
@@ -650,6 +654,11 @@ pub fn status_patch(old: &NodeStatus, new: &NodeStatus) -> Value {
         // A plain list: replaced as a whole, removed when empty.
         let list = new.volumes_in_use.as_ref().map(|v| json!(v)).unwrap_or(Value::Null);
         status.insert("volumesInUse".into(), list);
+    }
+    if old.runtime_handlers != new.runtime_handlers {
+        // An atomic list: replaced as a whole, removed when empty.
+        let list = new.runtime_handlers.as_ref().map(|h| json!(h)).unwrap_or(Value::Null);
+        status.insert("runtimeHandlers".into(), list);
     }
     let old_addresses = old.addresses.as_deref().unwrap_or_default();
     let new_addresses = new.addresses.as_deref().unwrap_or_default();

@@ -4,10 +4,12 @@ mod resize;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
 use gantry_cri::{Cri, CriError, api};
+use gantry_pod::recursive_read_only;
 use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
@@ -86,6 +88,9 @@ pub struct Driver {
     /// Sandbox creations and container create-and-starts in flight, node-wide (see
     /// [`RUNTIME_STARTS`]).
     starts: Arc<tokio::sync::Semaphore>,
+    /// The runtime's default handler supports recursive read-only mounts, as its last
+    /// `Status` answer said.
+    recursive_read_only: Arc<AtomicBool>,
 }
 
 /// How many sandbox creations and container create-and-starts run at once. All at once is
@@ -118,7 +123,23 @@ impl Driver {
             devices: None,
             csi: None,
             starts: Arc::new(tokio::sync::Semaphore::new(RUNTIME_STARTS)),
+            recursive_read_only: Arc::default(),
         }
+    }
+
+    /// Asks the runtime (CRI `Status`) what its handlers support; a failed call keeps what the
+    /// last one said. Called at start and before starting a container that asks for a
+    /// recursively read-only mount, so an upgraded runtime is seen without a restart.
+    pub async fn refresh_runtime_features(&self) {
+        match self.cri.runtime.status(api::StatusRequest { verbose: false }).await {
+            Ok(status) => self.recursive_read_only.store(default_handler_rro(&status), Ordering::Relaxed),
+            Err(e) => tracing::debug!(node = %self.node, error = %e, "cannot read the runtime's features"),
+        }
+    }
+
+    /// Whether mounts can be recursively read-only (pods run on the default runtime handler).
+    pub fn supports_recursive_read_only(&self) -> bool {
+        self.recursive_read_only.load(Ordering::Relaxed)
     }
 
     /// A place among the [`RUNTIME_STARTS`] runtime starts in flight.
@@ -582,7 +603,10 @@ impl Driver {
         let fields = self.fields(pod_ip);
         let volumes =
             volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &fields).await?;
-        let mut mounts = volumes::mounts(c, &volumes)
+        if recursive_read_only::requested(c.volume_mounts.as_deref().unwrap_or_default()) {
+            self.refresh_runtime_features().await;
+        }
+        let mut mounts = volumes::mounts(c, &volumes, self.supports_recursive_read_only())
             .map_err(|e| StartError::new(StartFailure::CreateContainerConfigError, e.to_string()))?;
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
@@ -858,4 +882,31 @@ fn already_gone_is_ok<T>(result: Result<T, CriError>) -> Result<(), CriError> {
 fn sandbox_pid(info: &std::collections::HashMap<String, String>) -> Option<u32> {
     let v: serde_json::Value = serde_json::from_str(info.get("info")?).ok()?;
     v.get("pid")?.as_u64().filter(|p| *p > 0).map(|p| p as u32)
+}
+
+/// Whether a CRI `Status` answer says the default runtime handler (`""`, which pods without a
+/// RuntimeClass run on) supports recursive read-only mounts. A runtime that lists no handlers
+/// (containerd before 2.0) supports nothing, as upstream reads it.
+fn default_handler_rro(status: &api::StatusResponse) -> bool {
+    status
+        .runtime_handlers
+        .iter()
+        .any(|h| h.name.is_empty() && h.features.as_ref().is_some_and(|f| f.recursive_read_only_mounts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_default_handler_with_the_feature_supports_recursive_read_only() {
+        let handler = |name: &str, rro: bool| api::RuntimeHandler {
+            name: name.into(),
+            features: Some(api::RuntimeHandlerFeatures { recursive_read_only_mounts: rro, user_namespaces: false }),
+        };
+        let status = |handlers| api::StatusResponse { runtime_handlers: handlers, ..Default::default() };
+        assert!(!default_handler_rro(&status(vec![])), "a runtime that lists no handlers");
+        assert!(!default_handler_rro(&status(vec![handler("", false), handler("kata", true)])));
+        assert!(default_handler_rro(&status(vec![handler("", true), handler("kata", false)])));
+    }
 }

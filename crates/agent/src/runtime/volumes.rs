@@ -10,6 +10,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use gantry_cri::api;
+use gantry_pod::recursive_read_only::{self, RecursiveReadOnlyError};
 use gantry_pod::resources;
 use gantry_pod::start_failure::StartFailure;
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
@@ -186,6 +187,9 @@ pub enum MountError {
     NoSuchDevice { container: String, device: String },
     #[error("container {container:?}: volumeMount {mount:?}: invalid mountPropagation {propagation:?}")]
     Propagation { container: String, mount: String, propagation: String },
+    /// Upstream's words, which name the volume only.
+    #[error("failed to resolve recursive read-only mode: {0}")]
+    RecursiveReadOnly(#[from] RecursiveReadOnlyError),
 }
 
 async fn fetch(pod: &Pod, v: &Volume, source: &ObjectSource) -> Result<Objects, ObjectError> {
@@ -284,7 +288,12 @@ pub fn devices(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec
         .collect()
 }
 
-pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<api::Mount>, MountError> {
+/// `rro_supported`: the runtime handler supports recursive read-only mounts.
+pub fn mounts(
+    c: &Container,
+    volumes: &HashMap<String, Prepared>,
+    rro_supported: bool,
+) -> Result<Vec<api::Mount>, MountError> {
     c.volume_mounts
         .iter()
         .flatten()
@@ -315,10 +324,12 @@ pub fn mounts(c: &Container, volumes: &HashMap<String, Prepared>) -> Result<Vec<
                     });
                 }
             };
+            let recursive_read_only = recursive_read_only::resolve(m, rro_supported)?;
             Ok(api::Mount {
                 container_path: m.mount_path.clone(),
                 host_path: host.to_string_lossy().into_owned(),
                 readonly: m.read_only.unwrap_or(false) || v.read_only,
+                recursive_read_only,
                 propagation: propagation as i32,
                 ..Default::default()
             })
@@ -404,7 +415,7 @@ mod tests {
             volume_mounts: Some(vec![sub, mount("cfg", "/etc/cfg")]),
             ..Default::default()
         };
-        let m = mounts(&c, &vols()).unwrap();
+        let m = mounts(&c, &vols(), false).unwrap();
         assert_eq!(m[0].host_path, "/v/data/x/y");
         assert!(!m[0].readonly);
         assert_eq!(m[0].propagation, api::MountPropagation::PropagationHostToContainer as i32);
@@ -416,9 +427,27 @@ mod tests {
         let mut escape = mount("data", "/d");
         escape.sub_path = Some("../etc".into());
         let c = Container { name: "c".into(), volume_mounts: Some(vec![escape]), ..Default::default() };
-        assert!(mounts(&c, &vols()).unwrap_err().to_string().contains("subPath"));
+        assert!(mounts(&c, &vols(), false).unwrap_err().to_string().contains("subPath"));
         let c = Container { name: "c".into(), volume_mounts: Some(vec![mount("nope", "/n")]), ..Default::default() };
-        assert!(mounts(&c, &vols()).unwrap_err().to_string().contains("\"nope\""));
+        assert!(mounts(&c, &vols(), false).unwrap_err().to_string().contains("\"nope\""));
+    }
+
+    #[test]
+    fn recursive_read_only_reaches_the_runtime_only_where_it_supports_it() {
+        let mut rro = mount("data", "/d");
+        rro.read_only = Some(true);
+        rro.recursive_read_only = Some("IfPossible".into());
+        let c = Container { name: "c".into(), volume_mounts: Some(vec![rro.clone()]), ..Default::default() };
+        assert!(mounts(&c, &vols(), true).unwrap()[0].recursive_read_only);
+        assert!(!mounts(&c, &vols(), false).unwrap()[0].recursive_read_only);
+        rro.recursive_read_only = Some("Enabled".into());
+        let c = Container { name: "c".into(), volume_mounts: Some(vec![rro]), ..Default::default() };
+        assert!(mounts(&c, &vols(), true).unwrap()[0].recursive_read_only);
+        assert_eq!(
+            mounts(&c, &vols(), false).unwrap_err().to_string(),
+            "failed to resolve recursive read-only mode: volume \"data\" requested recursive read-only mode, \
+             but it is not supported by the runtime"
+        );
     }
 
     #[test]

@@ -7,26 +7,28 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::LinuxUser;
+use crate::recursive_read_only;
 use crate::resources::CgroupValues;
 use gantry_vocab::quantity::{format_binary_bytes, format_decimal_milli};
 
 /// `volumeMounts`, one per mount of the spec (gate `RecursiveReadOnlyMounts`, GA in 1.33).
-/// A read-only mount says whether it is recursively read-only. Gantry mounts read-only volumes
-/// without `MOUNT_ATTR_RDONLY` recursion, so that is `Disabled`, as upstream reports it on a
-/// runtime without recursive read-only support.
-pub fn volume_mounts(c: &Container) -> Option<Vec<VolumeMountStatus>> {
+/// A read-only mount says whether it is recursively read-only: `Enabled` where the mount asks
+/// for it and the runtime handler supports it (`rro_supported`), else `Disabled` (also for a
+/// request that cannot be honoured: that container is refused before it runs).
+pub fn volume_mounts(c: &Container, rro_supported: bool) -> Option<Vec<VolumeMountStatus>> {
     let mounts = c.volume_mounts.as_deref().unwrap_or_default();
-    (!mounts.is_empty()).then(|| mounts.iter().map(volume_mount).collect())
+    (!mounts.is_empty()).then(|| mounts.iter().map(|m| volume_mount(m, rro_supported)).collect())
 }
 
-fn volume_mount(m: &VolumeMount) -> VolumeMountStatus {
+fn volume_mount(m: &VolumeMount, rro_supported: bool) -> VolumeMountStatus {
     let read_only = m.read_only == Some(true);
+    let recursive = recursive_read_only::resolve(m, rro_supported) == Ok(true);
     VolumeMountStatus {
         name: m.name.clone(),
         mount_path: m.mount_path.clone(),
         // `readOnly` is omitted when false, as the Go type's `omitempty` does.
         read_only: read_only.then_some(true),
-        recursive_read_only: read_only.then(|| "Disabled".to_string()),
+        recursive_read_only: read_only.then(|| if recursive { "Enabled" } else { "Disabled" }.to_string()),
     }
 }
 
@@ -106,28 +108,34 @@ mod tests {
     }
 
     #[test]
-    fn read_only_mounts_report_recursive_read_only_disabled() {
+    fn read_only_mounts_report_whether_they_are_recursively_read_only() {
+        let mount = |name: &str, read_only: bool, mode: Option<&str>| VolumeMount {
+            name: name.into(),
+            mount_path: format!("/{name}"),
+            read_only: read_only.then_some(true),
+            recursive_read_only: mode.map(str::to_string),
+            ..Default::default()
+        };
         let c = Container {
             volume_mounts: Some(vec![
-                VolumeMount { name: "data".into(), mount_path: "/data".into(), ..Default::default() },
-                VolumeMount {
-                    name: "cfg".into(),
-                    mount_path: "/etc/cfg".into(),
-                    read_only: Some(true),
-                    recursive_read_only: Some("IfPossible".into()),
-                    ..Default::default()
-                },
+                mount("rw", false, None),
+                mount("ro", true, None),
+                mount("if-possible", true, Some("IfPossible")),
+                mount("enabled", true, Some("Enabled")),
+                mount("disabled", true, Some("Disabled")),
             ]),
             ..Default::default()
         };
-        let mounts = volume_mounts(&c).unwrap();
-        assert_eq!(
-            mounts[0],
-            VolumeMountStatus { name: "data".into(), mount_path: "/data".into(), ..Default::default() }
-        );
+        let modes = |supported| -> Vec<Option<String>> {
+            volume_mounts(&c, supported).unwrap().into_iter().map(|m| m.recursive_read_only).collect()
+        };
+        let s = |m: &str| Some(m.to_string());
+        assert_eq!(modes(true), [None, s("Disabled"), s("Enabled"), s("Enabled"), s("Disabled")]);
+        assert_eq!(modes(false), [None, s("Disabled"), s("Disabled"), s("Disabled"), s("Disabled")]);
+        let mounts = volume_mounts(&c, false).unwrap();
+        assert_eq!(mounts[0], VolumeMountStatus { name: "rw".into(), mount_path: "/rw".into(), ..Default::default() });
         assert_eq!(mounts[1].read_only, Some(true));
-        assert_eq!(mounts[1].recursive_read_only.as_deref(), Some("Disabled"));
-        assert_eq!(volume_mounts(&Container::default()), None);
+        assert_eq!(volume_mounts(&Container::default(), true), None);
     }
 
     #[test]

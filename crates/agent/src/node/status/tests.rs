@@ -51,6 +51,7 @@ fn inputs<'a>(s: &'a Settings, f: &'a MachineFacts, now: Timestamp) -> NodeInput
         images: None,
         devices: Default::default(),
         volumes_in_use: None,
+        runtime_handlers: vec![],
         now,
     }
 }
@@ -599,6 +600,31 @@ fn device_plugin_resources_are_reported_and_patched_only_when_they_change() {
     // Unchanged device resources are not sent again.
     let patch = status_patch(&status, &compute_status(&status, &i).0);
     assert!(patch["status"]["capacity"].get("example.com/gpu").is_none());
+}
+
+#[test]
+fn runtime_handlers_are_reported_only_when_the_runtime_lists_them() {
+    let (s, f) = (settings(), facts());
+    let mut i = inputs(&s, &f, t(0));
+    let (none, _) = compute_status(&NodeStatus::default(), &i);
+    assert_eq!(none.runtime_handlers, None, "containerd before 2.0 lists none");
+    assert!(status_patch(&NodeStatus::default(), &none)["status"].get("runtimeHandlers").is_none());
+    i.runtime_handlers = serde_json::from_value(json!([
+        {"name": "", "features": {"recursiveReadOnlyMounts": true, "userNamespaces": false}},
+        {"name": "kata", "features": {"recursiveReadOnlyMounts": false, "userNamespaces": true}}
+    ]))
+    .unwrap();
+    let (listed, _) = compute_status(&none, &i);
+    assert!(status_changed(&none, &listed));
+    let patch = status_patch(&none, &listed);
+    assert_eq!(
+        patch["status"]["runtimeHandlers"][0],
+        json!({"name": "", "features": {"recursiveReadOnlyMounts": true, "userNamespaces": false}})
+    );
+    assert_eq!(patch["status"]["runtimeHandlers"].as_array().map(Vec::len), Some(2));
+    i.runtime_handlers.clear();
+    let (gone, _) = compute_status(&listed, &i);
+    assert_eq!(status_patch(&listed, &gone)["status"]["runtimeHandlers"], Value::Null);
 }
 
 #[test]

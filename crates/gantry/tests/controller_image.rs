@@ -90,7 +90,8 @@ fn build_image(dir: &Path) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
-/// The one layer of the image-layout tarball: its regular files, path → content.
+/// The one layer of the image-layout tarball: its regular files, path → content. Checks on the
+/// way that Docker's manifest names the same blobs.
 fn layer_files(tarball: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut blobs = BTreeMap::new();
     for entry in tar::Archive::new(std::fs::File::open(tarball).unwrap()).entries().unwrap() {
@@ -108,6 +109,13 @@ fn layer_files(tarball: &Path) -> BTreeMap<String, Vec<u8>> {
     let manifest: serde_json::Value = serde_json::from_slice(blob(&index["manifests"][0]["digest"])).unwrap();
     let layers = manifest["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 1, "{manifest}");
+    // What `docker load` reads instead of index.json: the same config and layer blobs, under
+    // the reference deploy/controller.yaml runs.
+    let docker: serde_json::Value = serde_json::from_slice(&blobs["manifest.json"]).unwrap();
+    let blob_path = |digest: &serde_json::Value| format!("blobs/sha256/{}", &digest.as_str().unwrap()[7..]);
+    assert_eq!(docker[0]["RepoTags"], json!(["gantry:dev"]), "{docker}");
+    assert_eq!(docker[0]["Config"], blob_path(&manifest["config"]["digest"]), "{docker}");
+    assert_eq!(docker[0]["Layers"], json!([blob_path(&layers[0]["digest"])]), "{docker}");
     let mut files = BTreeMap::new();
     for entry in tar::Archive::new(blob(&layers[0]["digest"])).entries().unwrap() {
         let mut entry = entry.unwrap();

@@ -2,13 +2,16 @@
 //! unix socket and forwards every call to a real runtime (the private containerd), unless a
 //! fault scripted by the test applies: a delay, a failure (`Unavailable`, as a runtime that
 //! went away) or a hang until the test releases it, for one method and optionally for one pod
-//! only. Point the agent at [`CriProxy::endpoint`] with `--container-runtime-endpoint`.
+//! only; and it can cut every open connection at once, as a runtime that crashed mid-call.
+//! Point the agent at [`CriProxy::endpoint`] with `--container-runtime-endpoint`.
 
 use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::StreamExt;
 use gantry_cri::api::image_service_client::ImageServiceClient;
 use gantry_cri::api::image_service_server::{ImageService, ImageServiceServer};
 use gantry_cri::api::runtime_service_client::RuntimeServiceClient;
@@ -58,6 +61,9 @@ struct State {
     calls: Vec<ProxyCall>,
     /// Pod names of sandbox and container IDs, as the runtime labels them.
     pods: HashMap<String, String>,
+    /// A duplicate of each connection accepted since the last cut: shutting one down ends the
+    /// connection for both ends, whoever holds the other descriptor.
+    connections: Vec<OwnedFd>,
 }
 
 struct Shared {
@@ -85,7 +91,14 @@ impl CriProxy {
             images: ImageServiceClient::new(channel),
         });
         let proxy = Proxy(shared.clone());
-        let incoming = cri::serve_socket(socket)?;
+        let accepted = shared.clone();
+        let incoming = cri::serve_socket(socket)?.inspect(move |conn| {
+            if let Ok(stream) = conn
+                && let Ok(fd) = stream.as_fd().try_clone_to_owned()
+            {
+                accepted.lock().connections.push(fd);
+            }
+        });
         let server = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(RuntimeServiceServer::new(proxy.clone()))
@@ -131,6 +144,16 @@ impl CriProxy {
     pub fn release(&self, method: &str) {
         self.shared.lock().rules.retain(|r| r.method != method);
         self.shared.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Cuts every connection open now (both directions shut down): calls in flight fail on
+    /// the client's side, and a client that dials again is served as before.
+    pub fn drop_connections(&self) {
+        let connections = std::mem::take(&mut self.shared.lock().connections);
+        for fd in connections {
+            // Already closed by its peer: nothing to cut.
+            let _ = std::os::unix::net::UnixStream::from(fd).shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// Every call received so far, in arrival order.

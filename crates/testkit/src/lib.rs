@@ -12,7 +12,8 @@
 //!   through `plugins_registry`; volumes are directories bind-mounted on stage and publish;
 //!   every call recorded);
 //! - [`CriProxy`]: a CRI proxy in front of the real containerd that delays, fails or hangs
-//!   calls on command (one method, optionally one pod), for fault-injection tests;
+//!   calls on command (one method, optionally one pod), or cuts its open connections, for
+//!   fault-injection tests;
 //! - [`raw`]: pods started through bare CRI calls, the floor benchmarks compare
 //!   Gantry against;
 //! - [`vm`]: a throwaway systemd VM on cgroup v2 (`scripts/vm`), for tests that need a

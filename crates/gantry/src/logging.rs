@@ -14,7 +14,10 @@ pub struct Logging {
 
 pub fn init() -> Logging {
     let from_env = std::env::var_os("RUST_LOG").is_some();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET_WATCHER}")));
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) => EnvFilter::new(with_quiet_watcher(&directives)),
+        Err(_) => EnvFilter::new(format!("info,{QUIET_WATCHER}")),
+    };
     let (layer, handle) = reload::Layer::new(filter);
     tracing_subscriber::registry()
         .with(layer)
@@ -26,6 +29,12 @@ pub fn init() -> Logging {
         )
         .init();
     Logging { handle, from_env }
+}
+
+/// `RUST_LOG`'s directives, with kube's watcher kept quiet unless they say something of
+/// `kube_runtime` themselves.
+fn with_quiet_watcher(directives: &str) -> String {
+    if directives.contains("kube_runtime") { directives.to_string() } else { format!("{directives},{QUIET_WATCHER}") }
 }
 
 impl Logging {
@@ -45,5 +54,16 @@ impl Logging {
             "{libraries},gantry={ours},gantry_agent={ours},gantry_server={ours},gantry_config={ours},gantry_logs={ours},gantry_pod={ours},gantry_cri={ours}"
         );
         let _ = self.handle.modify(|f| *f = EnvFilter::new(directives));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_log_keeps_the_watcher_quiet_unless_it_names_kube_runtime() {
+        assert_eq!(with_quiet_watcher("debug"), "debug,kube_runtime::watcher=error");
+        assert_eq!(with_quiet_watcher("info,kube_runtime=debug"), "info,kube_runtime=debug");
     }
 }

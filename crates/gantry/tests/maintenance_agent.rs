@@ -215,6 +215,9 @@ async fn forbidden_maintenance_watch_is_logged_once_backs_off_and_logs_the_recov
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains(WATCH_FAILED_LOG)).collect();
     assert_eq!(warnings.len(), 1, "one warning for a lasting 403, not one per retry: {warnings:#?}");
     assert!(warnings[0].contains("WARN") && warnings[0].contains("forbidden"), "{}", warnings[0]);
+    // Nothing else repeats the 403 either (kube's watcher warns on every failed attempt).
+    let forbidden: Vec<&str> = log.lines().filter(|l| l.to_lowercase().contains("forbidden")).collect();
+    assert_eq!(forbidden, warnings, "the agent's warning is the only line about the 403");
     assert!(!log.contains(WATCH_WORKS_LOG), "no recovery while forbidden");
 
     // The RBAC arrives: the next retry (within the 5 minute cap; about 13 s here) lists, and

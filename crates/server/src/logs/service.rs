@@ -63,6 +63,11 @@ pub async fn locate(
     if spec::any_container(&pod, container).is_none() {
         return Err(LogsError::ContainerNotFound { container: container.into(), pod: pod_name.into() });
     }
+    if opts.previous {
+        // Upstream decides from the pod's status alone: the instances may be gone already.
+        let (path, id) = previous_instance(&pod, runtime, pod_logs_dir, pod_name, container).await?;
+        return Ok(Located { path, container_id: id, pod: pod_name.into(), container: container.into() });
+    }
     let selector = labels::container(node, pod_name, namespace, spec::uid(&pod), container);
     let filter = api::ContainerFilter { label_selector: selector, ..Default::default() };
     let mut instances = runtime.list_containers(api::ListContainersRequest { filter: Some(filter) }).await?.containers;
@@ -73,14 +78,9 @@ pub async fn locate(
             waiting_reason(&pod, container)
         )));
     };
-    let (path, id) = if opts.previous {
-        previous_instance(&pod, runtime, pod_logs_dir, pod_name, container).await?
-    } else {
-        let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
-        let dir = paths::pod_log_dir(pod_logs_dir, &pod);
-        (reader::instance_log_path(&dir, container, attempt), newest.id.clone())
-    };
-    Ok(Located { path, container_id: id, pod: pod_name.into(), container: container.into() })
+    let attempt = newest.metadata.as_ref().map_or(0, |m| m.attempt);
+    let path = reader::instance_log_path(&paths::pod_log_dir(pod_logs_dir, &pod), container, attempt);
+    Ok(Located { path, container_id: newest.id.clone(), pod: pod_name.into(), container: container.into() })
 }
 
 /// The previous instance as upstream finds it (`validateContainerLogStatus`, then the
@@ -104,12 +104,11 @@ async fn previous_instance(
         Ok(resp) => resp.status,
         Err(e) => {
             tracing::debug!(pod = %pod_name, container, container_id = %full_id, error = %e, "ContainerStatus failed");
-            None
+            return Err(LogsError::Unavailable(format!("unable to retrieve container logs for {full_id}")));
         }
     };
-    let Some(status) = status else {
-        return Err(LogsError::Unavailable(format!("unable to retrieve container logs for {full_id}")));
-    };
+    // Upstream's `ErrContainerStatusNil`: the runtime answered without a status.
+    let Some(status) = status else { return Err(LogsError::Unavailable("container status is nil".into())) };
     // containerd reports the full path; a relative one is below the pod's log directory.
     let path = paths::pod_log_dir(pod_logs_dir, pod).join(&status.log_path);
     if let Some(missing) = first_missing(&path) {

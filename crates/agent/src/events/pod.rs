@@ -4,6 +4,7 @@
 //! kubelet on this node, `firstTimestamp`/`lastTimestamp`/`count` from upstream's correlator).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
@@ -22,7 +23,7 @@ use super::{EventType, NodeEvent};
 #[derive(Clone, Default)]
 pub struct Recorder {
     /// The writer task's queue, in cluster mode.
-    api: Option<(mpsc::UnboundedSender<Event>, String)>,
+    api: Option<(mpsc::Sender<Event>, String)>,
 }
 
 impl Recorder {
@@ -31,7 +32,7 @@ impl Recorder {
     /// upstream's broadcaster), for the caller to run under its supervisor. The writer ends
     /// when the last recorder is dropped.
     pub fn to_api(client: kube::Client, node: &str) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let (queue, events) = mpsc::unbounded_channel();
+        let (queue, events) = mpsc::channel(MAX_QUEUED);
         (Recorder { api: Some((queue, node.to_string())) }, write_events(client, events))
     }
 
@@ -42,7 +43,7 @@ impl Recorder {
             return;
         };
         log_node(Some(node), ev);
-        let _ = queue.send(super::node::event_object(node, ev, Timestamp::now()));
+        let _ = queue.try_send(super::node::event_object(node, ev, Timestamp::now()));
     }
 
     pub fn record(&self, pod: &Pod, container: Option<&str>, kind: EventType, reason: &str, message: &str) {
@@ -63,8 +64,9 @@ impl Recorder {
         let Some((queue, node)) = &self.api else { return };
         let mut event = event_object(node, pod, container, kind, reason, message, Timestamp::now());
         event.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
-        // Events are best effort and must never hold up the pod's worker.
-        let _ = queue.send(event);
+        // Events are best effort and must never hold up the pod's worker: one that finds the
+        // queue full (the API server away for long) is dropped, as upstream's broadcaster does.
+        let _ = queue.try_send(event);
     }
 }
 
@@ -100,18 +102,61 @@ pub fn event_object(
     }
 }
 
-async fn write_events(client: kube::Client, mut events: mpsc::UnboundedReceiver<Event>) {
+/// How upstream's recorder retries an event it could not send (`maxTriesPerEvent`, and the
+/// sleep between tries, of which the first is a random part).
+const MAX_TRIES: u32 = 12;
+const RETRY_SLEEP: Duration = Duration::from_secs(10);
+/// Events waiting to be written, at most (upstream's `maxQueuedEvents`).
+const MAX_QUEUED: usize = 1000;
+
+async fn write_events(client: kube::Client, mut events: mpsc::Receiver<Event>) {
     let mut correlator = Correlator::default();
+    let mut failing = false;
     while let Some(event) = events.recv().await {
         let outcome = correlator.correlate(event, Timestamp::now());
-        if let Err(e) = write(&client, outcome).await {
-            tracing::debug!(error = %e, "cannot write event");
-        }
+        write_with_retries(&client, &outcome, &mut failing).await;
     }
 }
 
+/// Writes one event as upstream's `recordToSink` does: an answer from the server, even an
+/// error, is final (the same request would be refused again); an unreachable server is tried
+/// again, [`MAX_TRIES`] times in all, holding the later events back meanwhile. `failing`
+/// carries across events, so an outage is logged once and its end once.
+async fn write_with_retries(client: &kube::Client, outcome: &Outcome, failing: &mut bool) {
+    for tries in 1..=MAX_TRIES {
+        let error = match write(client, outcome).await {
+            Ok(()) => {
+                if std::mem::take(failing) {
+                    tracing::info!("events are written again");
+                }
+                return;
+            }
+            Err(kube::Error::Api(e)) => {
+                tracing::debug!(code = e.code, reason = %e.reason, "server rejected event (will not retry)");
+                return;
+            }
+            Err(e) => e,
+        };
+        if !std::mem::replace(failing, true) {
+            tracing::warn!(error = %error, "cannot write events; each is tried {MAX_TRIES} times, 10s apart");
+        }
+        let pause = if tries == 1 { first_pause() } else { RETRY_SLEEP };
+        if tries < MAX_TRIES {
+            tokio::time::sleep(pause).await;
+        }
+    }
+    tracing::debug!("event dropped (retry limit exceeded)");
+}
+
+/// A random part of [`RETRY_SLEEP`], so that the nodes of a cluster whose API server went
+/// away do not all come back at once (the clock's nanoseconds are random enough for that).
+fn first_pause() -> Duration {
+    let fraction = f64::from(Timestamp::now().subsec_nanosecond().unsigned_abs()) / 1e9;
+    RETRY_SLEEP.mul_f64(fraction)
+}
+
 /// Creates or patches the event; a patch of an event gone from the server creates it again.
-async fn write(client: &kube::Client, outcome: Outcome) -> Result<(), kube::Error> {
+async fn write(client: &kube::Client, outcome: &Outcome) -> Result<(), kube::Error> {
     let (event, patch) = match outcome {
         Outcome::Skip => return Ok(()),
         Outcome::Create(event) => (event, false),
@@ -126,7 +171,7 @@ async fn write(client: &kube::Client, outcome: Outcome) -> Result<(), kube::Erro
             other => return other.map(drop),
         }
     }
-    api.create(&PostParams::default(), &event).await.map(drop)
+    api.create(&PostParams::default(), event).await.map(drop)
 }
 
 fn log_node(node: Option<&str>, ev: &NodeEvent) {
@@ -180,7 +225,66 @@ fn field_path(pod: &Pod, container: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    /// A client whose server is unreachable for the first `down` calls (a transport error),
+    /// then answers `code`; counts the calls.
+    fn flaky_client(down: usize, code: u16) -> (kube::Client, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < down {
+                    return Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "unreachable"));
+                }
+                let body = if code == 201 {
+                    json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e", "namespace": "default"},
+                        "involvedObject": {}})
+                } else {
+                    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": "Invalid",
+                        "message": "refused"})
+                };
+                let body = http_body_util::Full::from(serde_json::to_vec(&body).unwrap());
+                Ok(http::Response::builder().status(code).body(body).unwrap())
+            }
+        });
+        (kube::Client::new(service, "default"), calls)
+    }
+
+    fn outcome() -> Outcome {
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "default", "uid": "u"}})).unwrap();
+        Outcome::Create(event_object("n1", &pod, None, EventType::Normal, "Pulled", "m", Timestamp::now()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_server_is_tried_again_every_ten_seconds_up_to_twelve_times() {
+        let (client, calls) = flaky_client(3, 201);
+        let (mut failing, start) = (false, tokio::time::Instant::now());
+        write_with_retries(&client, &outcome(), &mut failing).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 4, "three failures, then written");
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_secs(20) && waited <= Duration::from_secs(30), "{waited:?}");
+        assert!(!failing, "the outage is over");
+
+        let (client, calls) = flaky_client(usize::MAX, 201);
+        write_with_retries(&client, &outcome(), &mut failing).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 12, "then dropped");
+        assert!(failing);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_from_the_server_is_not_tried_again() {
+        let (client, calls) = flaky_client(0, 422);
+        let start = tokio::time::Instant::now();
+        write_with_retries(&client, &outcome(), &mut false).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
 
     fn pod() -> Pod {
         serde_json::from_value(json!({

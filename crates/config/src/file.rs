@@ -46,6 +46,8 @@ pub const IMPLEMENTED_FIELDS: &[&str] = &[
     "registerWithTaints",
     "kubeAPIQPS",
     "kubeAPIBurst",
+    "eventRecordQPS",
+    "eventBurst",
     "nodeStatusUpdateFrequency",
     "nodeStatusReportFrequency",
     "nodeLeaseDurationSeconds",

@@ -139,6 +139,14 @@ pub struct Flags {
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
     pub kube_api_burst: Option<i32>,
 
+    /// Event creations per second, on a client of their own. (eventRecordQPS) [default: 50]
+    #[arg(long, value_name = "QPS", allow_negative_numbers = true, value_parser = go_int32)]
+    pub event_qps: Option<i32>,
+
+    /// Burst of event creations. (eventBurst) [default: 100]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = go_int32)]
+    pub event_burst: Option<i32>,
+
     /// How often the node status is computed and, when it changed, posted to the API server, e.g. 10s. (nodeStatusUpdateFrequency)
     #[arg(long, value_name = "DURATION", value_parser = go_duration, allow_hyphen_values = true)]
     pub node_status_update_frequency: Option<GoDuration>,
@@ -510,8 +518,6 @@ pub const UPSTREAM_VALUE_FLAGS: &[&str] = &[
     "cpu-manager-policy",
     "cpu-manager-policy-options",
     "cpu-manager-reconcile-period",
-    "event-burst",
-    "event-qps",
     "experimental-mounter-path",
     "hairpin-mode",
     "image-credential-provider-bin-dir",

@@ -64,6 +64,8 @@ pub const DEFAULT_MAX_PODS: u32 = 110;
 pub const DEFAULT_OOM_SCORE_ADJ: i32 = -999;
 pub const DEFAULT_KUBE_API_QPS: i32 = 50;
 pub const DEFAULT_KUBE_API_BURST: i32 = 100;
+pub const DEFAULT_EVENT_RECORD_QPS: i32 = 50;
+pub const DEFAULT_EVENT_BURST: i32 = 100;
 pub const DEFAULT_NODE_STATUS_UPDATE_FREQUENCY: Duration = Duration::from_secs(10);
 pub const DEFAULT_NODE_STATUS_REPORT_FREQUENCY: Duration = Duration::from_secs(300);
 pub const DEFAULT_NODE_LEASE_DURATION_SECONDS: u32 = 40;
@@ -147,6 +149,11 @@ pub struct Settings {
     pub kube_api_qps: i32,
     /// `--kube-api-burst` / `kubeAPIBurst`, default 100 (0 = client default 10).
     pub kube_api_burst: i32,
+    /// `--event-qps` / `eventRecordQPS`, default 50: events have a client and token bucket of
+    /// their own, so a burst of them does not hold up pod status writes.
+    pub event_record_qps: i32,
+    /// `--event-burst` / `eventBurst`, default 100.
+    pub event_burst: i32,
     /// `--node-status-update-frequency` / `nodeStatusUpdateFrequency`, default 10s.
     pub node_status_update_frequency: Duration,
     /// `nodeStatusReportFrequency`, default 5m, or `nodeStatusUpdateFrequency`
@@ -229,6 +236,8 @@ impl Default for Settings {
             register_with_taints: Vec::new(),
             kube_api_qps: DEFAULT_KUBE_API_QPS,
             kube_api_burst: DEFAULT_KUBE_API_BURST,
+            event_record_qps: DEFAULT_EVENT_RECORD_QPS,
+            event_burst: DEFAULT_EVENT_BURST,
             node_status_update_frequency: DEFAULT_NODE_STATUS_UPDATE_FREQUENCY,
             node_status_report_frequency: DEFAULT_NODE_STATUS_REPORT_FREQUENCY,
             node_lease_duration_seconds: DEFAULT_NODE_LEASE_DURATION_SECONDS,
@@ -378,6 +387,8 @@ impl fmt::Debug for Settings {
             .field("register_with_taints", &self.register_with_taints)
             .field("kube_api_qps", &self.kube_api_qps)
             .field("kube_api_burst", &self.kube_api_burst)
+            .field("event_record_qps", &self.event_record_qps)
+            .field("event_burst", &self.event_burst)
             .field("node_status_update_frequency", &self.node_status_update_frequency)
             .field("node_status_report_frequency", &self.node_status_report_frequency)
             .field("node_lease_duration_seconds", &self.node_lease_duration_seconds)
@@ -675,6 +686,12 @@ fn apply_file_cluster(
         Some(0) | None => {}
         Some(b) => s.kube_api_burst = b,
     }
+    if let Some(qps) = c.event_record_qps {
+        s.event_record_qps = non_negative(invalid, "eventRecordQPS", "eventRecordQPS (--event-qps)", qps)?;
+    }
+    if let Some(burst) = c.event_burst {
+        s.event_burst = non_negative(invalid, "eventBurst", "eventBurst (--event-burst)", burst)?;
+    }
     let positive = |field: &str, d: &GoDuration| -> Result<Duration, ConfigError> {
         d.to_std()
             .filter(|d| !d.is_zero())
@@ -765,6 +782,22 @@ pub enum ValueError {
     NotAbsolute(String),
     #[error("{dir:?} must be a normalized path (did you mean {clean:?}?)")]
     NotNormalized { dir: String, clean: String },
+}
+
+/// A rate or burst that must not be negative, refused with upstream's message.
+fn non_negative(
+    invalid: &dyn Fn(&str, Problem) -> ConfigError,
+    field: &str,
+    name: &str,
+    value: i32,
+) -> Result<i32, ConfigError> {
+    if value < 0 {
+        return Err(invalid(
+            field,
+            format!("invalid configuration: {name} {value} must not be a negative number").into(),
+        ));
+    }
+    Ok(value)
 }
 
 fn check_port(p: i32) -> Result<u16, ValueError> {
@@ -1002,6 +1035,12 @@ fn apply_flags_cluster(
             ));
         }
         s.kube_api_burst = burst;
+    }
+    if let Some(qps) = f.event_qps {
+        s.event_record_qps = non_negative(invalid, "--event-qps", "eventRecordQPS (--event-qps)", qps)?;
+    }
+    if let Some(burst) = f.event_burst {
+        s.event_burst = non_negative(invalid, "--event-burst", "eventBurst (--event-burst)", burst)?;
     }
     if let Some(d) = f.node_status_update_frequency {
         s.node_status_update_frequency = d.to_std().filter(|d| !d.is_zero()).ok_or_else(|| {

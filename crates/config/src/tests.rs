@@ -661,6 +661,14 @@ fn cluster_values_are_validated_with_upstream_messages() {
     assert!(e.to_string().contains("kubeAPIBurst (--kube-api-burst) -5 must not be a negative number"), "{e}");
     assert_eq!(ok(&[], Some("kubeAPIQPS: 0\nkubeAPIBurst: 0\n")).kube_api_qps, 0);
     assert_eq!(ok(&[], Some("kubeAPIBurst: 0\n")).kube_api_burst, 100);
+    let e = err(&["--event-qps=-1"], None);
+    assert!(e.to_string().contains("eventRecordQPS (--event-qps) -1 must not be a negative number"), "{e}");
+    let e = err(&[], Some("eventBurst: -2\n"));
+    assert!(e.to_string().contains("eventBurst (--event-burst) -2 must not be a negative number"), "{e}");
+    let events = ok(&["--event-burst=7"], Some("eventRecordQPS: 3\neventBurst: 4\n"));
+    assert_eq!((events.event_record_qps, events.event_burst), (3, 7), "the flag overrides the file");
+    let defaults = ok(&[], None);
+    assert_eq!((defaults.event_record_qps, defaults.event_burst), (50, 100));
     let e = err(&["--port=70000"], None);
     assert!(e.to_string().contains("port (--port) 70000 must be between 1 and 65535, inclusive"), "{e}");
     assert_eq!(ok(&[], Some("port: 0\n")).port, 10250);

@@ -223,6 +223,8 @@ const CLAIMS: &[(&str, &str, &str)] = &[
     ("registerWithTaints", "register_with_taints", "crates/agent/src/node/status.rs"),
     ("kubeAPIQPS", "kube_api_qps", "crates/agent/src/api/mod.rs"),
     ("kubeAPIBurst", "kube_api_burst", "crates/agent/src/api/mod.rs"),
+    ("eventRecordQPS", "event_record_qps", "crates/agent/src/api/mod.rs"),
+    ("eventBurst", "event_burst", "crates/agent/src/api/mod.rs"),
     ("nodeStatusUpdateFrequency", "node_status_update_frequency", "crates/agent/src/node/controller.rs"),
     ("nodeStatusReportFrequency", "node_status_report_frequency", "crates/agent/src/node/controller.rs"),
     ("nodeLeaseDurationSeconds", "node_lease_duration_seconds", "crates/agent/src/node/controller.rs"),

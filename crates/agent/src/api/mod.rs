@@ -154,8 +154,11 @@ impl ApiError {
 /// The clients of one node agent.
 #[derive(Clone)]
 pub struct ApiClients {
-    /// Rate-limited (`kubeAPIQPS`/`kubeAPIBurst`): pods, events, mirror pods.
+    /// Rate-limited (`kubeAPIQPS`/`kubeAPIBurst`): pods, mirror pods, objects.
     pub client: Client,
+    /// Rate-limited on its own (`eventRecordQPS`/`eventBurst`), as upstream's event client:
+    /// the start-up burst's events do not hold up pod status writes.
+    pub events: Client,
     /// Not rate-limited: node status and lease only.
     pub heartbeat: Client,
     /// The server URL, for messages.
@@ -221,23 +224,25 @@ pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) 
         (false, _) => None,
     };
     // One set of connections for both clients (see `transport`).
-    let (client, heartbeat) = match &rotating {
+    let (client, heartbeat, events) = match &rotating {
         Some(current) => {
             let inner = connector(&config, Some(current)).map_err(invalid)?;
             let connector = rotation::TrackingConnector { inner, cert: current.clone() };
             let lanes = transport::Lanes::new(connector);
-            (stack(&config, lanes.clone()), stack(&config, lanes))
+            (stack(&config, lanes.clone()), stack(&config, lanes.clone()), stack(&config, lanes))
         }
         None => {
             let lanes = transport::Lanes::new(connector(&config, None).map_err(invalid)?);
-            (stack(&config, lanes.clone()), stack(&config, lanes))
+            (stack(&config, lanes.clone()), stack(&config, lanes.clone()), stack(&config, lanes))
         }
     };
-    let client = client.map_err(invalid)?.with_layer(&counted);
-    let client = match qps {
-        Some(qps) => client.with_layer(&RateLimitLayer::new(qps, burst)).build(),
-        None => client.build(),
+    let limited = |builder: kube::client::ClientBuilder<_>, (qps, burst): (Option<u32>, u32)| match qps {
+        Some(qps) => builder.with_layer(&RateLimitLayer::new(qps, burst)).build(),
+        None => builder.build(),
     };
+    let client = limited(client.map_err(invalid)?.with_layer(&counted), (qps, burst));
+    let event_rate = effective_rate(settings.event_record_qps, settings.event_burst);
+    let events = limited(events.map_err(invalid)?.with_layer(&counted), event_rate);
     let heartbeat = heartbeat.map_err(invalid)?.with_layer(&counted).build();
     let rotation = rotating.map(|cert| rotation::CertificateRotation {
         client: heartbeat.clone(),
@@ -247,7 +252,7 @@ pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) 
         node: settings.node_name.clone(),
         purpose: rotation::Purpose::Client,
     });
-    Ok(ApiClients { client, heartbeat, server, user, kubeconfig: path, rotation: rotation.map(Arc::new) })
+    Ok(ApiClients { client, heartbeat, events, server, user, kubeconfig: path, rotation: rotation.map(Arc::new) })
 }
 
 /// The kubeconfig user's client certificate and key (PEM), if it authenticates with one.
@@ -386,8 +391,8 @@ fn trim_token_file(config: &mut kube::Config, kubeconfig: &Path) -> Result<(), A
     Ok(())
 }
 
-/// The token bucket for `kubeAPIQPS`/`kubeAPIBurst` as client-go applies
-/// them: 0 means the client defaults (5/10); `None` = no limit.
+/// The token bucket for `kubeAPIQPS`/`kubeAPIBurst` (and `eventRecordQPS`/`eventBurst`) as
+/// client-go applies them: 0 means the client defaults (5/10); `None` = no limit.
 pub fn effective_rate(qps: i32, burst: i32) -> (Option<u32>, u32) {
     let qps = if qps == 0 { CLIENT_DEFAULT_QPS as i32 } else { qps };
     let burst = if burst <= 0 { CLIENT_DEFAULT_BURST } else { burst as u32 };

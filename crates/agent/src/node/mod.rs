@@ -129,7 +129,7 @@ pub async fn start(
         Err(e) => return Err(e.into()),
     }
     // Pod and node events share one recorder: one writer task, one correlator.
-    let (events, event_writer) = crate::events::Recorder::to_api(clients.client.clone(), node);
+    let (events, event_writer) = crate::events::Recorder::to_api(clients.events.clone(), node);
     let mut controller =
         NodeController::new(clients.heartbeat.clone(), settings, cri, events.clone(), shutting_down, pressure);
     if let Some(devices) = plugins.devices {

@@ -124,8 +124,15 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
     let mut agent = common::spawn(&dir, "gantry.log", &args);
     common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let ticks = (cpu_ticks(agent.id()), cpu_ticks(std::process::id()));
+    let (ticks, requests) = ((cpu_ticks(agent.id()), cpu_ticks(std::process::id())), server.requests());
     let makespan = create_and_wait(&pods, count, case).await;
+    // The agent's writes meanwhile: its status patches share the kubeAPIQPS token bucket.
+    let during = server.requests().since(&requests);
+    let writes: Vec<String> = [("patch", "pods/status"), ("create", "events"), ("patch", "events")]
+        .iter()
+        .map(|(verb, resource)| format!("{verb} {resource} {}", during.total(verb, resource)))
+        .collect();
+    println!("density: {label} api requests during the makespan: {}", writes.join(", "));
     // Where the 2 cores went meanwhile: the raw floor has neither an agent nor an API server
     // (in this process, with the bench's own client) beside containerd.
     let (agent_cpu, server_cpu) = (cpu_ticks(agent.id()) - ticks.0, cpu_ticks(std::process::id()) - ticks.1);

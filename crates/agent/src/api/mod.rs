@@ -223,7 +223,7 @@ pub async fn build(settings: &Settings, metrics: &Arc<gantry_metrics::Metrics>) 
         }
         (false, _) => None,
     };
-    // One set of connections for both clients (see `transport`).
+    // One set of connections for the three clients (see `transport`).
     let (client, heartbeat, events) = match &rotating {
         Some(current) => {
             let inner = connector(&config, Some(current)).map_err(invalid)?;

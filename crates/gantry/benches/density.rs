@@ -5,6 +5,9 @@
 //! distinct Secret and the default service-account volume. It prints:
 //! - the makespan (first create → last pod Running) next to the raw CRI floor, the best of
 //!   sequential and 8-way parallel raw CRI for the same number of pods on the same containerd;
+//! - where that time went: how busy the machine's cores were and which commands used them,
+//!   during the floor and the makespan, when the runtime created the sandboxes and started the
+//!   containers, and when the pods were first, half and all seen Running;
 //! - the agent's RSS (anon and file), threads, and CPU over the steady-state window;
 //! - API requests per minute over that window by verb and resource, counted by the server,
 //!   and the watches open at its end; beside them what the Go kubelet's design implies;
@@ -94,15 +97,21 @@ async fn main() {
 /// concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by default).
 async fn raw_floor(ctd: &Containerd, count: usize) -> Duration {
     let client = ctd.runtime_client().await;
+    let busy = machine_ticks();
     let sequential = raw_start_pods(ctd, count).await.expect("raw pods");
+    let sequential_busy = busy_cores(busy, sequential);
     gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-    let mut line = format!("density: pods={count} raw_sequential={:.3}s", sequential.as_secs_f64());
+    let mut line =
+        format!("density: pods={count} raw_sequential={:.3}s (machine {sequential_busy})", sequential.as_secs_f64());
     let mut best = sequential;
     for workers in env_list("GANTRY_BENCH_FLOOR_WORKERS", &FLOOR_WORKERS.to_string()) {
         let Ok(workers) = workers.parse::<usize>() else { continue };
+        let (busy, commands) = (machine_ticks(), cpu_by_process());
         let parallel = raw_start_pods_parallel(ctd, count, workers).await.expect("raw pods");
+        let parallel_busy = busy_cores(busy, parallel);
+        println!("density: pods={count} raw_parallel{workers} cpu by command: {}", top_commands(&commands));
         gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-        line += &format!(" raw_parallel{workers}={:.3}s", parallel.as_secs_f64());
+        line += &format!(" raw_parallel{workers}={:.3}s (machine {parallel_busy})", parallel.as_secs_f64());
         best = best.min(parallel);
     }
     println!("{line}");
@@ -125,7 +134,12 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
     common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let (ticks, requests) = ((cpu_ticks(agent.id()), cpu_ticks(std::process::id())), server.requests());
+    let (busy, commands) = (machine_ticks(), cpu_by_process());
+    let wall_start = std::time::SystemTime::now();
     let makespan = create_and_wait(&pods, count, case).await;
+    println!("density: {label} runtime timeline: {}", runtime_timeline(ctd, wall_start).await);
+    let makespan_busy = busy_cores(busy, makespan);
+    println!("density: {label} makespan cpu by command: {}", top_commands(&commands));
     // The agent's writes meanwhile: its status patches share the kubeAPIQPS token bucket.
     let during = server.requests().since(&requests);
     let writes: Vec<String> = [("patch", "pods/status"), ("create", "events"), ("patch", "events")]
@@ -137,7 +151,8 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Duration, s
     // (in this process, with the bench's own client) beside containerd.
     let (agent_cpu, server_cpu) = (cpu_ticks(agent.id()) - ticks.0, cpu_ticks(std::process::id()) - ticks.1);
     println!(
-        "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={:.2} cpu_agent={:.1}s cpu_apiserver_and_bench={:.1}s",
+        "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={:.2} cpu_agent={:.1}s cpu_apiserver_and_bench={:.1}s \
+         machine: {makespan_busy}",
         makespan.as_secs_f64(),
         floor.as_secs_f64(),
         makespan.as_secs_f64() / floor.as_secs_f64(),
@@ -191,6 +206,7 @@ async fn create_and_wait(pods: &Api<Pod>, count: usize, case: Case) -> Duration 
     for i in 0..count {
         pods.create(&PostParams::default(), &pod(i, case)).await.unwrap();
     }
+    let created = start.elapsed();
     let mut running: HashMap<String, Duration> = HashMap::new();
     let deadline = start + Duration::from_secs(900);
     while running.len() < count {
@@ -206,7 +222,18 @@ async fn create_and_wait(pods: &Api<Pod>, count: usize, case: Case) -> Duration 
             running.entry(p.name_any()).or_insert_with(|| start.elapsed());
         }
     }
-    running.into_values().max().unwrap_or_default()
+    let mut times: Vec<Duration> = running.into_values().collect();
+    times.sort();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize].as_secs_f64();
+    println!(
+        "density: pods={count} case={} all created after {:.2}s; Running seen first {:.2}s, median {:.2}s, last {:.2}s",
+        case.name(),
+        created.as_secs_f64(),
+        at(0.0),
+        at(0.5),
+        at(1.0)
+    );
+    times.last().copied().unwrap_or_default()
 }
 
 fn cpu_ticks(pid: u32) -> u64 {
@@ -214,6 +241,86 @@ fn cpu_ticks(pid: u32) -> u64 {
     let rest = stat.rsplit_once(')').map(|(_, r)| r.to_string()).unwrap_or_default();
     let f: Vec<u64> = rest.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
     f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
+}
+
+/// When the runtime created the sandboxes and started the containers, in seconds after
+/// `start`: what of the makespan the runtime's work took, and what came after it (reporting).
+async fn runtime_timeline(ctd: &Containerd, start: std::time::SystemTime) -> String {
+    use gantry_cri::api;
+    let mut client = ctd.runtime_client().await;
+    let since = |ns: i64| {
+        let at = std::time::UNIX_EPOCH + Duration::from_nanos(ns.max(0) as u64);
+        at.duration_since(start).map_or(0.0, |d| d.as_secs_f64())
+    };
+    let sandboxes = client.list_pod_sandbox(api::ListPodSandboxRequest::default()).await.unwrap().into_inner().items;
+    let mut created: Vec<f64> = sandboxes.iter().map(|s| since(s.created_at)).collect();
+    let containers = client.list_containers(api::ListContainersRequest::default()).await.unwrap().into_inner();
+    let mut started = Vec::new();
+    for c in containers.containers {
+        let request = api::ContainerStatusRequest { container_id: c.id, verbose: false };
+        let status = client.container_status(request).await.unwrap().into_inner().status.unwrap_or_default();
+        started.push(since(status.started_at));
+    }
+    created.sort_by(f64::total_cmp);
+    started.sort_by(f64::total_cmp);
+    let at = |v: &[f64], q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    format!(
+        "sandboxes created {:.2}s..{:.2}s (median {:.2}s), containers started {:.2}s..{:.2}s (median {:.2}s)",
+        at(&created, 0.0),
+        at(&created, 1.0),
+        at(&created, 0.5),
+        at(&started, 0.0),
+        at(&started, 1.0),
+        at(&started, 0.5)
+    )
+}
+
+/// The machine's busy CPU time (all but idle and iowait) and its iowait, in clock ticks.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    let f: Vec<u64> = cpu.split_whitespace().skip(1).map(|v| v.parse().unwrap_or(0)).collect();
+    let busy = f.iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    (busy, f.get(4).copied().unwrap_or(0))
+}
+
+/// How many cores were busy, and waiting for I/O, on average since `before` over `elapsed`:
+/// whether a phase was bound by the CPU (the 2 cores of this machine), by the disk, or waited.
+fn busy_cores(before: (u64, u64), elapsed: Duration) -> String {
+    let now = machine_ticks();
+    let per_core = |ticks: u64| ticks as f64 / 100.0 / elapsed.as_secs_f64();
+    format!("busy {:.2} cores, iowait {:.2}", per_core(now.0 - before.0), per_core(now.1 - before.1))
+}
+
+/// CPU ticks of every process (its own and its reaped children's) by pid, with its command.
+/// Init is left out: it reaps every orphan (containerd's shims among them).
+fn cpu_by_process() -> HashMap<u32, (String, u64)> {
+    let mut by = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()).filter(|&p| p != 1) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let f: Vec<u64> = stat[close + 1..].split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+        let ticks: u64 = f.get(11..15).map_or(0, |t| t.iter().sum());
+        // Kernel workers rename themselves after their current work queue.
+        let command = stat[open + 1..close].split('/').next().unwrap_or_default().to_string();
+        by.insert(pid, (command, ticks));
+    }
+    by
+}
+
+/// The commands whose processes used the most CPU since `before`, in seconds.
+fn top_commands(before: &HashMap<u32, (String, u64)>) -> String {
+    let mut by: HashMap<String, u64> = HashMap::new();
+    for (pid, (command, ticks)) in cpu_by_process() {
+        let was = before.get(&pid).map_or(0, |b| b.1);
+        *by.entry(command).or_insert(0) += ticks.saturating_sub(was);
+    }
+    let mut used: Vec<(String, u64)> = by.into_iter().filter(|(_, t)| *t > 0).collect();
+    used.sort_by_key(|u| std::cmp::Reverse(u.1));
+    used.iter().take(8).map(|(c, t)| format!("{c} {:.1}s", *t as f64 / 100.0)).collect::<Vec<_>>().join(", ")
 }
 
 /// The names of the Events that exist now.

@@ -19,6 +19,7 @@ use super::csi::CsiVolumes;
 use super::env::{self, EnvObjects};
 use super::handlers::Target;
 use super::security::{self, ImageUser, NodeSecurity};
+use super::start_slots::{Slot, StartKind, StartSlots};
 use super::systemd::{self, SystemdError};
 use super::{dns, downward, hooks, hosts, service_env, termination, volumes};
 use crate::cluster::objects::ObjectSource;
@@ -87,7 +88,7 @@ pub struct Driver {
     csi: Option<Arc<CsiVolumes>>,
     /// Sandbox creations and container create-and-starts in flight, node-wide (see
     /// [`RUNTIME_STARTS`]).
-    starts: Arc<tokio::sync::Semaphore>,
+    starts: StartSlots,
     /// The runtime's default handler supports recursive read-only mounts, as its last
     /// `Status` answer said.
     recursive_read_only: Arc<AtomicBool>,
@@ -97,7 +98,8 @@ pub struct Driver {
 /// slower in all, not faster: 110 pods started all together took 1.32× as long as 8
 /// concurrent raw CRI callers did, while 8 callers were 2.7× as fast as one and 4 nearly as fast
 /// as 8 (48.6 s against 45.0 s; the density benchmark on 2 shared cores). Pulls
-/// and hooks are not counted: a slow pull must not hold up other pods.
+/// and hooks are not counted: a slow pull must not hold up other pods. A freed slot goes to a
+/// waiting container start before a waiting sandbox creation ([`StartSlots`]).
 pub const RUNTIME_STARTS: usize = 8;
 
 impl Driver {
@@ -122,7 +124,7 @@ impl Driver {
             memory_capacity: 0,
             devices: None,
             csi: None,
-            starts: Arc::new(tokio::sync::Semaphore::new(RUNTIME_STARTS)),
+            starts: StartSlots::new(RUNTIME_STARTS),
             recursive_read_only: Arc::default(),
         }
     }
@@ -143,8 +145,8 @@ impl Driver {
     }
 
     /// A place among the [`RUNTIME_STARTS`] runtime starts in flight.
-    async fn start_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
-        self.starts.acquire().await.expect("the semaphore is never closed")
+    async fn start_slot(&self, kind: StartKind) -> Slot {
+        self.starts.acquire(kind).await
     }
 
     /// Pods get their devices from `devices` (device plugins).
@@ -512,7 +514,7 @@ impl Driver {
             StartError::new(StartFailure::CreatePodSandboxError, format!("cannot create {}: {e}", config.log_directory))
         })?;
         let request = api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
-        let slot = self.start_slot().await;
+        let slot = self.start_slot(StartKind::Sandbox).await;
         let response = self.cri.runtime.run_pod_sandbox(request).await;
         drop(slot);
         let response = response.map_err(|e| {
@@ -648,7 +650,7 @@ impl Driver {
             config: Some(container_config),
             sandbox_config: Some(sandbox_config),
         };
-        let slot = self.start_slot().await;
+        let slot = self.start_slot(StartKind::Container).await;
         let id = self
             .cri
             .runtime

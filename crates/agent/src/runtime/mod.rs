@@ -17,6 +17,7 @@ pub mod observe;
 pub mod projection;
 mod security;
 mod service_env;
+mod start_slots;
 pub mod systemd;
 pub mod termination;
 mod volumes;

@@ -310,6 +310,45 @@ fn restarted_agent_adopts_running_containers() {
     drop(node);
 }
 
+/// An agent that died between CreateContainer and StartContainer leaves a container that never
+/// started. The next agent removes it (no stop, no preStop hook) and starts the next attempt:
+/// one container for the pod, not a leftover beside a running one.
+#[test]
+fn restarted_agent_removes_a_container_that_never_started() {
+    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let node = server.block_on(Node::start());
+    node.fake.add_image("registry.test/app:v1");
+    let pod = static_pod("halfstarted", &["app"]);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    node.fake.hang("StartContainer", Some(&name));
+
+    let first_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    first_runtime.block_on(async {
+        let (_shared, tx) = node.agent().await;
+        send(&tx, &[&pod]).await;
+        let hung = |calls: &[Call]| count(calls, "StartContainer", &name) == 1;
+        assert!(node.fake.wait_for_calls(PATIENCE, hung).await, "the first agent's start is in flight");
+    });
+    drop(first_runtime);
+    node.fake.clear("StartContainer");
+    let created = node.fake.containers();
+    assert_eq!(created.len(), 1, "created, never started: {created:?}");
+
+    let second_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    second_runtime.block_on(async {
+        let (shared, tx) = node.agent().await;
+        send(&tx, &[&pod]).await;
+        wait_status(&shared, "the pod to run under the second agent", |s| phase(s, &pod).as_deref() == Some("Running"))
+            .await;
+    });
+    let calls = node.fake.calls();
+    assert_eq!(count(&calls, "RemoveContainer", &name), 1, "the never-started container removed");
+    assert_eq!(count(&calls, "StopContainer", &name), 0, "nothing to stop: it never ran");
+    assert_eq!(node.fake.containers().len(), 1, "one container left: {:?}", node.fake.containers());
+    drop(second_runtime);
+    drop(node);
+}
+
 /// An agent stopped by its supervisor (shutdown, or the TLS bootstrap phase handing over)
 /// leaves its pods running: its workers stop with it instead of terminating their pods, and
 /// the next agent adopts them.

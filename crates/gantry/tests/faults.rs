@@ -291,7 +291,9 @@ async fn agent_killed_while_starting_pods() {
     // Live sandboxes only: a RunPodSandbox cut off by the kill can leave a sandbox that never
     // became ready (containerd keeps it NotReady). Like upstream's kubelet, the new agent then
     // creates the next attempt, and garbage collection removes the dead one (pod::gc). A second
-    // *ready* sandbox would be a duplicate, and so would a second container.
+    // *ready* sandbox would be a duplicate, and so would a second container: a container whose
+    // create or start the kill cut off never ran, and the new agent removes it before it starts
+    // the next attempt (`plan::compute`).
     let mut sandboxes_per_pod: BTreeMap<String, usize> = BTreeMap::new();
     let mut dead_leftovers = 0;
     for (_, pod, ready) in env.sandboxes().await {

@@ -37,7 +37,11 @@ pub struct Kill {
 pub enum KillReason {
     /// The container's spec changed.
     SpecChanged,
-    /// Created but never started (e.g. we crashed in between), or its state is unknown.
+    /// Never started: created but not started, or its start cut off when a previous agent
+    /// died (see [`compute`]). Nothing ran, so there are no logs or exit status to keep and the
+    /// container is removed, not stopped.
+    NeverStarted,
+    /// Its state is unknown: stopped before its replacement starts, so two never run at once.
     Stuck,
 }
 
@@ -74,15 +78,30 @@ impl PodActions {
 
 /// Computes the next actions for `pod`. `health` (what the probes report, by container ID)
 /// tells when a sidecar has started, which the next init container waits for.
+///
+/// `agent_started` is when this agent began. A container created before then that exited
+/// without ever running had its start cut off by the previous agent's death (the runtime
+/// cancels a start whose caller went away): it is replaced at once, with no backoff and
+/// whatever the restart policy, as if the start had never been tried. One that fails to
+/// start under this agent is a start failure like any other.
 pub fn compute(
     pod: &Pod,
     observed: &ObservedPod,
     health: &HashMap<String, Health>,
     backoff: &Backoff,
     now: Nanos,
+    agent_started: Nanos,
 ) -> PodActions {
-    let planner =
-        Planner { pod, observed, health, backoff, now, uid: spec::uid(pod), policy: spec::restart_policy(pod) };
+    let planner = Planner {
+        pod,
+        observed,
+        health,
+        backoff,
+        now,
+        agent_started,
+        uid: spec::uid(pod),
+        policy: spec::restart_policy(pod),
+    };
     match observed.current_sandbox() {
         Some(sandbox) if sandbox.ready && !observed.several_ready() => planner.in_sandbox(sandbox),
         // Several ready sandboxes (one made by an agent cut off mid-start, say) are reconciled
@@ -97,6 +116,7 @@ struct Planner<'a> {
     health: &'a HashMap<String, Health>,
     backoff: &'a Backoff,
     now: Nanos,
+    agent_started: Nanos,
     uid: &'a str,
     policy: RestartPolicy,
 }
@@ -170,6 +190,10 @@ impl Planner<'_> {
         for c in spec::containers(self.pod) {
             match self.observed.latest_in(&c.name, &sandbox.id) {
                 None => self.start_or_back_off(c, false, &mut regular),
+                Some(i) if self.never_started(i) => {
+                    regular.kill_containers.push(self.replace(i));
+                    self.start_or_back_off(c, false, &mut regular);
+                }
                 Some(i) if i.state == ContainerState::Running => {
                     if spec::hash_matches(c, &i.spec_hash) {
                         alive += 1;
@@ -184,7 +208,7 @@ impl Planner<'_> {
                     }
                 }
                 Some(i) => {
-                    regular.kill_containers.push(kill(i, KillReason::Stuck));
+                    regular.kill_containers.push(self.replace(i));
                     self.start_or_back_off(c, false, &mut regular);
                 }
             }
@@ -220,6 +244,7 @@ impl Planner<'_> {
             }
             match latest {
                 None => {}
+                Some(i) if self.never_started(i) => actions.kill_containers.push(self.replace(i)),
                 Some(i) if i.state == ContainerState::Running => return false,
                 Some(i) if i.state == ContainerState::Exited && i.exit_code == 0 => continue,
                 Some(i) if i.state == ContainerState::Exited && self.policy == RestartPolicy::Never => {
@@ -227,7 +252,7 @@ impl Planner<'_> {
                     return false;
                 }
                 Some(i) if i.state == ContainerState::Exited => {}
-                Some(i) => actions.kill_containers.push(kill(i, KillReason::Stuck)),
+                Some(i) => actions.kill_containers.push(self.replace(i)),
             }
             self.start_or_back_off(c, true, actions);
             return false;
@@ -247,8 +272,8 @@ impl Planner<'_> {
             Some(i) if i.state == ContainerState::Running => {
                 actions.kill_containers.push(kill(i, KillReason::SpecChanged));
             }
-            Some(i) if matches!(i.state, ContainerState::Created | ContainerState::Unknown) => {
-                actions.kill_containers.push(kill(i, KillReason::Stuck));
+            Some(i) if self.never_started(i) || i.state == ContainerState::Unknown => {
+                actions.kill_containers.push(self.replace(i));
             }
             _ => {}
         }
@@ -259,7 +284,8 @@ impl Planner<'_> {
     fn start_or_back_off(&self, c: &Container, init: bool, actions: &mut PodActions) {
         let latest = self.observed.latest(&c.name);
         let attempt = latest.map_or(0, |i| i.attempt + 1);
-        let restart_of = latest.filter(|i| i.state == ContainerState::Exited).map(|i| i.finished_at);
+        let restart_of =
+            latest.filter(|i| i.state == ContainerState::Exited && !self.never_started(i)).map(|i| i.finished_at);
         if let Some(finished_at) = restart_of {
             let key = backoff::key(self.uid, &c.name);
             if let Some(remaining) = self.backoff.remaining(&key, finished_at, self.now) {
@@ -272,6 +298,17 @@ impl Planner<'_> {
             }
         }
         actions.start.push(Start { name: c.name.clone(), init, attempt, restart_of, target_id: None });
+    }
+
+    fn never_started(&self, i: &ContainerInfo) -> bool {
+        let cut_off = i.state == ContainerState::Exited && i.started_at == 0 && i.created_at < self.agent_started;
+        i.state == ContainerState::Created || cut_off
+    }
+
+    /// Clears a container that never started, or whose state is unknown, out of the way of
+    /// its next attempt.
+    fn replace(&self, i: &ContainerInfo) -> Kill {
+        kill(i, if self.never_started(i) { KillReason::NeverStarted } else { KillReason::Stuck })
     }
 }
 

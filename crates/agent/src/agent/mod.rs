@@ -127,12 +127,16 @@ pub struct Shared {
     /// The pressure conditions as the eviction manager last judged them (the Node's
     /// MemoryPressure, DiskPressure and PIDPressure; admission under pressure).
     pub pressure: tokio::sync::watch::Sender<gantry_pod::eviction::Pressure>,
+    /// When this agent connected: a container created before then that never ran had its
+    /// start cut off by the previous agent's death (`plan::compute`).
+    pub started_at: gantry_pod::Nanos,
 }
 
 impl Shared {
     /// Connects to the runtime named in `settings` and validates it; every CRI call and pod
     /// start is recorded in `metrics` (the node's).
     pub async fn connect(settings: &Settings, metrics: Arc<Metrics>) -> Result<Arc<Self>, AgentError> {
+        let started_at = worker::now();
         check_cgroup_version(settings.pods.fail_cgroup_v1, settings.pods.single_process_oom_kill)?;
         let cri = gantry_cri::connect(
             &settings.container_runtime_endpoint,
@@ -177,6 +181,7 @@ impl Shared {
             allocations,
             shutting_down: tokio::sync::watch::Sender::new(false),
             pressure: tokio::sync::watch::Sender::new(Default::default()),
+            started_at,
         }))
     }
 

@@ -280,7 +280,7 @@ impl Worker {
             let now = now();
             self.probers.sync(&self.pod, &observed, &self.shared);
             let health = self.probers.health();
-            let actions = plan::compute(&self.pod, &observed, &health, &self.backoff, now);
+            let actions = plan::compute(&self.pod, &observed, &health, &self.backoff, now, self.shared.started_at);
             let probe_kills = probe::kills(&self.pod, &observed, &health);
             self.note_back_off(&actions);
             if actions.start.is_empty()
@@ -378,6 +378,17 @@ impl Worker {
         true
     }
 
+    /// A container created but never started has no process to stop, no preStop hook to run
+    /// and no logs to keep: it is removed so that it does not linger beside its replacement.
+    async fn remove_never_started(&self, k: &plan::Kill) -> bool {
+        if let Err(e) = self.shared.driver.remove_container(&k.id).await {
+            tracing::warn!(pod = %spec::full_name(&self.pod), container = %k.name, error = %e, "cannot remove container that never started");
+            return false;
+        }
+        tracing::info!(pod = %spec::full_name(&self.pod), container = %k.name, "removed container that was created but never started");
+        true
+    }
+
     fn failed_pre_stop(&self, name: &str) {
         self.shared.events.record(&self.pod, Some(name), EventType::Warning, "FailedPreStopHook", "PreStopHook failed");
     }
@@ -397,12 +408,18 @@ impl Worker {
             }
         }
         for k in &actions.kill_containers {
+            if k.reason == KillReason::NeverStarted {
+                if !self.remove_never_started(k).await {
+                    return false;
+                }
+                continue;
+            }
             let why = match k.reason {
                 KillReason::SpecChanged if spec::sidecars(&self.pod).any(|c| c.name == k.name) => {
                     format!("Init container {} definition changed", k.name)
                 }
                 KillReason::SpecChanged => format!("Container {} definition changed, will be restarted", k.name),
-                KillReason::Stuck => format!("Stopping container {}", k.name),
+                KillReason::Stuck | KillReason::NeverStarted => format!("Stopping container {}", k.name),
             };
             self.shared.events.record(&self.pod, Some(&k.name), EventType::Normal, "Killing", &why);
             let Some(info) = observed.containers.iter().find(|c| c.id == k.id) else { continue };

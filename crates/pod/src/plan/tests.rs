@@ -64,7 +64,7 @@ fn running_in(p: &Pod, names: &[&str]) -> ObservedPod {
 }
 
 fn plan(p: &Pod, obs: &ObservedPod) -> PodActions {
-    compute(p, obs, &HashMap::new(), &Backoff::default(), NOW)
+    compute(p, obs, &HashMap::new(), &Backoff::default(), NOW, 0)
 }
 
 fn names(starts: &[Start]) -> Vec<&str> {
@@ -74,7 +74,7 @@ fn names(starts: &[Start]) -> Vec<&str> {
 #[test]
 fn new_pod_gets_a_sandbox_and_all_regular_containers() {
     let p = pod(&[], &["a", "b"], "Always");
-    let actions = compute(&p, &ObservedPod::default(), &HashMap::new(), &Backoff::default(), NOW);
+    let actions = compute(&p, &ObservedPod::default(), &HashMap::new(), &Backoff::default(), NOW, 0);
     assert_eq!(actions.create_sandbox, Some(0));
     assert_eq!(names(&actions.start), ["a", "b"]);
     assert!(!actions.kill_pod);
@@ -83,7 +83,7 @@ fn new_pod_gets_a_sandbox_and_all_regular_containers() {
 #[test]
 fn new_pod_with_init_containers_starts_only_the_first_init() {
     let p = pod(&["i1", "i2"], &["a"], "Always");
-    let actions = compute(&p, &ObservedPod::default(), &HashMap::new(), &Backoff::default(), NOW);
+    let actions = compute(&p, &ObservedPod::default(), &HashMap::new(), &Backoff::default(), NOW, 0);
     assert_eq!(actions.create_sandbox, Some(0));
     assert_eq!(names(&actions.start), ["i1"]);
     assert!(actions.start[0].init);
@@ -94,13 +94,13 @@ fn init_containers_run_one_at_a_time_in_order() {
     let p = pod(&["i1", "i2"], &["a"], "Always");
     let mut obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![] };
     obs.containers.push(instance(&p, "i1", "s", 0, ContainerState::Running, 0));
-    assert!(compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).is_empty(), "waits for i1");
+    assert!(compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0).is_empty(), "waits for i1");
 
     obs.containers[0] = instance(&p, "i1", "s", 0, ContainerState::Exited, 0);
-    assert_eq!(names(&compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).start), ["i2"]);
+    assert_eq!(names(&compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0).start), ["i2"]);
 
     obs.containers.push(instance(&p, "i2", "s", 0, ContainerState::Exited, 0));
-    assert_eq!(names(&compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).start), ["a"]);
+    assert_eq!(names(&compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0).start), ["a"]);
 }
 
 #[test]
@@ -111,7 +111,7 @@ fn failed_init_container_fails_the_pod_under_never_and_restarts_otherwise() {
             sandboxes: vec![sandbox("s", 0, true)],
             containers: vec![instance(&p, "i1", "s", 0, ContainerState::Exited, 1)],
         };
-        let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
+        let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
         assert_eq!(actions.kill_pod, expect_kill, "{policy}");
         assert_eq!(actions.start.is_empty(), expect_kill, "{policy}");
     }
@@ -124,7 +124,7 @@ fn running_pod_needs_nothing() {
         sandboxes: vec![sandbox("s", 0, true)],
         containers: vec![instance(&p, "a", "s", 3, ContainerState::Running, 0)],
     };
-    assert!(compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW).is_empty());
+    assert!(compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0).is_empty());
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn exited_containers_restart_per_policy() {
             sandboxes: vec![sandbox("s", 0, true)],
             containers: vec![instance(&p, "a", "s", 0, ContainerState::Exited, exit)],
         };
-        let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
+        let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
         assert_eq!(!actions.start.is_empty(), restarts, "{policy} exit {exit}");
         assert_eq!(actions.kill_pod, !restarts, "a finished pod releases its sandbox ({policy} exit {exit})");
         if restarts {
@@ -161,7 +161,7 @@ fn restart_waits_for_backoff() {
     };
     let mut backoff = Backoff::default();
     backoff.record_restart(&backoff::key("u1", "a"), NOW - 30 * SECOND, NOW - 30 * SECOND);
-    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW, 0);
     assert!(actions.start.is_empty());
     assert!(!actions.kill_pod, "a pod in backoff keeps its sandbox");
     assert_eq!(actions.back_off.len(), 1);
@@ -177,7 +177,7 @@ fn changed_spec_replaces_the_container() {
     let mut running = instance(&p, "a", "s", 0, ContainerState::Running, 0);
     running.spec_hash = "old".into();
     let obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![running] };
-    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
     assert_eq!(actions.kill_containers.len(), 1);
     assert_eq!(actions.kill_containers[0].reason, KillReason::SpecChanged);
     assert_eq!(names(&actions.start), ["a"]);
@@ -193,7 +193,7 @@ fn dead_sandbox_is_replaced_and_init_containers_run_again() {
             instance(&p, "a", "s", 0, ContainerState::Running, 0),
         ],
     };
-    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
     assert!(actions.kill_pod, "the stale container is stopped first");
     assert_eq!(actions.create_sandbox, Some(1));
     assert_eq!(names(&actions.start), ["i1"]);
@@ -234,7 +234,7 @@ fn completed_pod_gets_no_new_sandbox() {
         sandboxes: vec![sandbox("s", 0, false)],
         containers: vec![instance(&p, "a", "s", 0, ContainerState::Exited, 0)],
     };
-    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
     assert!(actions.is_empty());
 }
 
@@ -245,7 +245,72 @@ fn created_but_never_started_container_is_replaced() {
         sandboxes: vec![sandbox("s", 0, true)],
         containers: vec![instance(&p, "a", "s", 0, ContainerState::Created, 0)],
     };
-    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
+    assert_eq!(actions.kill_containers[0].reason, KillReason::NeverStarted);
+    assert_eq!(actions.start[0].attempt, 1);
+}
+
+/// A container whose start failed: exit 128, `StartError`, never running.
+fn start_error(p: &Pod, name: &str, attempt: u32) -> ContainerInfo {
+    ContainerInfo {
+        started_at: 0,
+        reason: "StartError".into(),
+        ..instance(p, name, "s", attempt, ContainerState::Exited, 128)
+    }
+}
+
+#[test]
+fn a_start_cut_off_by_the_previous_agents_death_is_replaced_at_once_whatever_the_policy() {
+    for policy in ["Never", "OnFailure", "Always"] {
+        let p = pod(&["i1"], &["a"], policy);
+        let cut_off =
+            |name| ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![start_error(&p, name, 0)] };
+        let mut backoff = Backoff::default();
+        backoff.record_restart(&backoff::key("u1", "a"), NOW - 30 * SECOND, NOW - 30 * SECOND);
+        let agent_started = NOW - 10 * SECOND;
+        for name in ["i1", "a"] {
+            let obs = cut_off(name);
+            let obs = if name == "a" {
+                ObservedPod {
+                    containers: vec![instance(&p, "i1", "s", 0, ContainerState::Exited, 0), obs.containers[0].clone()],
+                    ..obs
+                }
+            } else {
+                obs
+            };
+            let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW, agent_started);
+            assert!(!actions.kill_pod, "{policy} {name}: the pod does not fail for the agent's death");
+            assert_eq!(actions.kill_containers[0].reason, KillReason::NeverStarted, "{policy} {name}");
+            assert_eq!(names(&actions.start), [name], "{policy} {name}: started at once, no backoff");
+            assert_eq!(actions.start[0].restart_of, None, "{policy} {name}: not a restart for the backoff");
+        }
+    }
+}
+
+#[test]
+fn a_start_that_fails_under_this_agent_is_a_failure_with_backoff() {
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![start_error(&p, "a", 1)] };
+    let mut backoff = Backoff::default();
+    backoff.record_restart(&backoff::key("u1", "a"), NOW - 30 * SECOND, NOW - 30 * SECOND);
+    let agent_started = NOW - 1000 * SECOND;
+    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW, agent_started);
+    assert!(actions.kill_containers.is_empty(), "kept as the previous instance");
+    assert_eq!(actions.back_off.len(), 1, "backs off");
+
+    let never = pod(&[], &["a"], "Never");
+    let obs = ObservedPod { sandboxes: vec![sandbox("s", 0, true)], containers: vec![start_error(&never, "a", 0)] };
+    assert!(compute(&never, &obs, &HashMap::new(), &Backoff::default(), NOW, agent_started).kill_pod);
+}
+
+#[test]
+fn container_in_unknown_state_is_stopped_before_its_replacement() {
+    let p = pod(&[], &["a"], "Always");
+    let obs = ObservedPod {
+        sandboxes: vec![sandbox("s", 0, true)],
+        containers: vec![instance(&p, "a", "s", 0, ContainerState::Unknown, 0)],
+    };
+    let actions = compute(&p, &obs, &HashMap::new(), &Backoff::default(), NOW, 0);
     assert_eq!(actions.kill_containers[0].reason, KillReason::Stuck);
     assert_eq!(actions.start[0].attempt, 1);
 }
@@ -276,7 +341,7 @@ fn next_init_container_waits_for_the_sidecars_startup_probe() {
     let obs = running_in(&p, &["proxy"]);
     assert!(plan(&p, &obs).is_empty(), "not started until the startup probe succeeded");
     let started = HashMap::from([("proxy-0".to_string(), Health { started: true, ready: false, failed: None })]);
-    let actions = compute(&p, &obs, &started, &Backoff::default(), NOW);
+    let actions = compute(&p, &obs, &started, &Backoff::default(), NOW, 0);
     assert_eq!(names(&actions.start), ["app"]);
 }
 
@@ -301,7 +366,7 @@ fn sidecar_restart_backs_off() {
     obs.containers.push(instance(&p, "proxy", "s", 1, ContainerState::Exited, 1));
     let mut backoff = Backoff::default();
     backoff.record_restart(&backoff::key("u1", "proxy"), NOW - 30 * SECOND, NOW - 30 * SECOND);
-    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW);
+    let actions = compute(&p, &obs, &HashMap::new(), &backoff, NOW, 0);
     assert!(actions.start.is_empty());
     assert_eq!(actions.back_off[0].name, "proxy");
 }

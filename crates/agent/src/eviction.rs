@@ -225,7 +225,6 @@ impl<S: StatsSource> EvictionManager<S> {
 
 /// The pods the agent runs that have not finished: the only candidates for eviction.
 fn active_pods(shared: &Shared) -> Vec<Arc<Pod>> {
-    let mut pods = shared.statuses.all();
-    pods.retain(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")));
-    pods
+    let records = shared.statuses.all().into_iter();
+    records.filter(|r| !matches!(r.phase(), Some("Succeeded" | "Failed"))).map(|r| r.pod.clone()).collect()
 }

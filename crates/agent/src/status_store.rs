@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
 
 use gantry_vocab::spec;
@@ -19,7 +20,7 @@ pub const STATUS_FILE: &str = "pods.json";
 
 pub struct StatusStore {
     /// Shared with readers: the status sync and the status file read all pods on every change.
-    pods: Mutex<BTreeMap<String, Arc<Pod>>>,
+    pods: Mutex<BTreeMap<String, Arc<PodRecord>>>,
     /// Bumped on every change; each consumer (status file, API status sync) subscribes.
     version: watch::Sender<u64>,
     /// The latest version the API server has in full (cluster mode).
@@ -32,18 +33,60 @@ impl Default for StatusStore {
     }
 }
 
+/// A pod as its worker runs it, with the status the worker last reported. The pod is the
+/// worker's own `Arc`, not a copy: the store adds only the status to each pod's memory.
+#[derive(Debug)]
+pub struct PodRecord {
+    /// Its `status` is whatever the pod's source had; [`status`](Self::status) is the node's.
+    pub pod: Arc<Pod>,
+    pub status: PodStatus,
+}
+
+impl PodRecord {
+    /// The pod with the node's status, as the API shows it.
+    pub fn to_pod(&self) -> Pod {
+        Pod { status: Some(self.status.clone()), ..Pod::clone(&self.pod) }
+    }
+
+    pub fn phase(&self) -> Option<&str> {
+        self.status.phase.as_deref()
+    }
+}
+
+/// A record serialized as a v1 Pod, without building one.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodView<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: &'a ObjectMeta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec: Option<&'a PodSpec>,
+    status: &'a PodStatus,
+}
+
+impl<'a> From<&'a PodRecord> for PodView<'a> {
+    fn from(record: &'a PodRecord) -> Self {
+        PodView {
+            api_version: "v1",
+            kind: "Pod",
+            metadata: &record.pod.metadata,
+            spec: record.pod.spec.as_ref(),
+            status: &record.status,
+        }
+    }
+}
+
 impl StatusStore {
     /// Records `status` for `pod`; returns whether anything changed.
-    pub fn set(&self, pod: &Pod, status: PodStatus) -> bool {
+    pub fn set(&self, pod: &Arc<Pod>, status: PodStatus) -> bool {
         let uid = spec::uid(pod).to_string();
         let mut pods = self.pods.lock().unwrap();
-        let unchanged = pods.get(&uid).is_some_and(|p| p.status.as_ref() == Some(&status) && p.spec == pod.spec);
+        let unchanged = pods.get(&uid).is_some_and(|r| r.status == status && r.pod.spec == pod.spec);
         if unchanged {
             return false;
         }
-        let mut record = pod.clone();
-        record.status = Some(status);
-        pods.insert(uid, Arc::new(record));
+        pods.insert(uid, Arc::new(PodRecord { pod: pod.clone(), status }));
         drop(pods);
         self.version.send_modify(|v| *v += 1);
         true
@@ -56,11 +99,11 @@ impl StatusStore {
     }
 
     pub fn get(&self, uid: &str) -> Option<Pod> {
-        self.pods.lock().unwrap().get(uid).map(|p| Pod::clone(p))
+        self.pods.lock().unwrap().get(uid).map(|r| r.to_pod())
     }
 
     /// Every pod with its status, shared, not copied.
-    pub fn all(&self) -> Vec<Arc<Pod>> {
+    pub fn all(&self) -> Vec<Arc<PodRecord>> {
         self.pods.lock().unwrap().values().cloned().collect()
     }
 
@@ -132,11 +175,12 @@ const MAX_RETRY: Duration = Duration::from_secs(8);
 struct PodList<'a> {
     api_version: &'static str,
     kind: &'static str,
-    items: Vec<&'a Pod>,
+    items: Vec<PodView<'a>>,
 }
 
-async fn write_pod_list(path: &Path, pods: &[Arc<Pod>]) -> std::io::Result<()> {
-    let list = PodList { api_version: "v1", kind: "PodList", items: pods.iter().map(|p| p.as_ref()).collect() };
+async fn write_pod_list(path: &Path, pods: &[Arc<PodRecord>]) -> std::io::Result<()> {
+    let list =
+        PodList { api_version: "v1", kind: "PodList", items: pods.iter().map(|r| PodView::from(&**r)).collect() };
     let tmp = path.with_extension("json.tmp");
     tokio::fs::write(&tmp, serde_json::to_vec_pretty(&list)?).await?;
     tokio::fs::rename(&tmp, path).await
@@ -164,6 +208,37 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    fn pod_from_source() -> Arc<Pod> {
+        let pod = serde_json::json!({
+            "metadata": { "name": "web", "namespace": "default", "uid": "u1", "labels": { "app": "web" } },
+            "spec": { "containers": [{ "name": "app", "image": "busybox" }] },
+            "status": { "phase": "Pending", "message": "as the API server had it" }
+        });
+        Arc::new(serde_json::from_value(pod).unwrap())
+    }
+
+    /// The store holds the worker's pod, not a copy, and shows it with the node's status.
+    #[tokio::test]
+    async fn records_share_the_pod_and_are_written_as_pods_with_the_nodes_status() {
+        let store = StatusStore::default();
+        let pod = pod_from_source();
+        let running = PodStatus { phase: Some("Running".into()), ..Default::default() };
+        assert!(store.set(&pod, running.clone()));
+        assert!(!store.set(&pod, running.clone()), "nothing changed");
+        let record = store.all().pop().unwrap();
+        assert!(Arc::ptr_eq(&record.pod, &pod), "shared, not copied");
+        assert_eq!(store.get("u1").unwrap().status, Some(running.clone()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATUS_FILE);
+        write_pod_list(&path, &store.all()).await.unwrap();
+        let written = read_pod_list(&path).unwrap();
+        assert_eq!(written, [record.to_pod()]);
+        let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(raw["items"][0], serde_json::to_value(record.to_pod()).unwrap(), "the same JSON as the Pod");
+        assert_eq!(raw["items"][0]["status"]["phase"], "Running");
+    }
 
     #[tokio::test]
     async fn a_failed_status_file_write_is_retried_without_a_change() {

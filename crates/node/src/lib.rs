@@ -432,7 +432,7 @@ struct AgentPods(Arc<StatusStore>);
 
 impl server::PodList for AgentPods {
     fn pods(&self) -> Vec<Pod> {
-        self.0.all().iter().map(|p| Pod::clone(p)).collect()
+        self.0.all().iter().map(|r| r.to_pod()).collect()
     }
 }
 
@@ -471,6 +471,6 @@ fn fs_stats(usage: gantry_plugins::csi::VolumeUsage) -> server::stats::types::Fs
 
 impl podresources::ActivePods for AgentPods {
     fn pods(&self) -> Vec<Pod> {
-        self.0.all().iter().map(|p| Pod::clone(p)).collect()
+        self.0.all().iter().map(|r| r.to_pod()).collect()
     }
 }

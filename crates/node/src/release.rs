@@ -45,7 +45,7 @@ mod tests {
     fn change(statuses: &StatusStore, phase: &str) {
         let mut pod = Pod::default();
         pod.metadata.uid = Some("u".into());
-        assert!(statuses.set(&pod, PodStatus { phase: Some(phase.into()), ..Default::default() }));
+        assert!(statuses.set(&std::sync::Arc::new(pod), PodStatus { phase: Some(phase.into()), ..Default::default() }));
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,11 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use gantry_pod::resize::{self, Admission, Amounts};
 use gantry_vocab::spec;
-use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceRequirements};
 use serde::{Deserialize, Serialize};
 
 pub const CHECKPOINT_FILE: &str = "allocated_pods_state";
@@ -77,11 +77,25 @@ impl Allocations {
         }
     }
 
-    /// `pod` with each container's resources replaced by its allocation.
-    pub fn apply(&self, pod: &Pod) -> Pod {
+    /// `pod` with each container's resources replaced by its allocation. The same `Arc` when
+    /// they are already the allocated ones (no resize pending, the usual case): each pod's spec
+    /// is then held once, not once more per worker.
+    pub fn apply(&self, pod: &Arc<Pod>) -> Arc<Pod> {
         let state = self.state.lock().unwrap();
-        let mut out = pod.clone();
-        let Some(alloc) = state.pods.get(spec::uid(pod)) else { return out };
+        let Some(alloc) = state.pods.get(spec::uid(pod)) else { return pod.clone() };
+        // No resources in the spec and an empty allocation are the same.
+        let differs = |c: &Container| {
+            let own = c.resources.as_ref();
+            alloc
+                .containers
+                .get(&c.name)
+                .is_some_and(|r| own.map_or(*r != ResourceRequirements::default(), |own| own != r))
+        };
+        let Some(s) = pod.spec.as_ref() else { return pod.clone() };
+        if !s.init_containers.iter().flatten().chain(&s.containers).any(differs) {
+            return pod.clone();
+        }
+        let mut out = Pod::clone(pod);
         if let Some(s) = out.spec.as_mut() {
             for c in s.init_containers.iter_mut().flatten().chain(s.containers.iter_mut()) {
                 if let Some(r) = alloc.containers.get(&c.name) {
@@ -89,7 +103,7 @@ impl Allocations {
                 }
             }
         }
-        out
+        Arc::new(out)
     }
 
     /// Whether the desired pod's resources differ from its allocation.
@@ -154,7 +168,7 @@ impl Allocations {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -176,6 +190,24 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_running_its_allocation_is_shared_not_copied() {
+        let allocations = Allocations { path: None, allocatable: Amounts::default(), state: Default::default() };
+        let desired = Arc::new(pod("a", "300m"));
+        allocations.admit(&desired);
+        assert!(Arc::ptr_eq(&allocations.apply(&desired), &desired), "resources as allocated: the same Arc");
+        let mut bare = pod("b", "0");
+        bare.spec.as_mut().unwrap().containers[0].resources = None;
+        let bare = Arc::new(bare);
+        allocations.admit(&bare);
+        assert!(Arc::ptr_eq(&allocations.apply(&bare), &bare), "no resources, empty allocation: the same");
+        let resized = Arc::new(pod("a", "500m"));
+        let applied = allocations.apply(&resized);
+        assert!(!Arc::ptr_eq(&applied, &resized), "a pending resize runs the allocated resources");
+        let requests = applied.spec.as_ref().unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
+        assert_eq!(requests["cpu"].0, "300m");
+    }
+
+    #[test]
     fn resizes_are_admitted_against_the_other_allocations_and_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let allocatable = Amounts { cpu_milli: 1000, memory: 1 << 30 };
@@ -191,7 +223,7 @@ mod tests {
         // A restart keeps the accepted resize; the spec's resources do not replace it.
         let restarted = Allocations::load(dir.path(), allocatable);
         restarted.admit(&pod("a", "900m"));
-        let applied = restarted.apply(&pod("a", "900m"));
+        let applied = Arc::unwrap_or_clone(restarted.apply(&Arc::new(pod("a", "900m"))));
         let requests = applied.spec.unwrap().containers[0].resources.clone().unwrap().requests.unwrap();
         assert_eq!(requests["cpu"].0, "400m");
 

@@ -590,7 +590,7 @@ impl Agent {
     /// (unknown, or already being removed) needs nothing: dropping `done` says so.
     fn stop_and_fail(&mut self, kill: Kill) {
         if let Some(h) = self.workers.get(&kill.uid).filter(|h| !h.terminating) {
-            let _ = h.tx.send(worker::Msg::Stop { grace: kill.grace, why: kill.why, done: kill.done });
+            let _ = h.tx.send(worker::Msg::Stop(Box::new(kill)));
         }
     }
 

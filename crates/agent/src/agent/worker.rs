@@ -32,9 +32,10 @@ pub enum Msg {
     Wake,
     /// The pod is no longer wanted: stop it gracefully and remove it.
     Terminate,
-    /// The node shuts down or the pod is evicted: stop it within `grace`, leave it `Failed`
-    /// for `why`, then signal `done`.
-    Stop { grace: Duration, why: super::KillReason, done: oneshot::Sender<()> },
+    /// The node shuts down or the pod is evicted: stop it within the kill's grace, leave it
+    /// `Failed` for its reason, then signal its `done`. Boxed: every pod's channel holds
+    /// blocks of 32 messages, each as large as the largest one.
+    Stop(Box<super::Kill>),
 }
 
 /// Upper bound on how long a pod goes without being looked at.
@@ -150,7 +151,7 @@ impl Worker {
             return Box::pin(self.rejected(reason, &message, rx)).await;
         }
         self.shared.allocations.admit(&self.desired);
-        self.pod = Arc::new(self.shared.allocations.apply(&self.desired));
+        self.pod = self.shared.allocations.apply(&self.desired);
         loop {
             let mut early = Early::default();
             let wait = match Box::pin(self.sync_unless_stopped(&mut rx, &mut early)).await {
@@ -168,7 +169,7 @@ impl Worker {
                 msg = rx.recv() => match msg {
                     Some(Msg::Update(pod)) => self.update(pod),
                     Some(Msg::Wake) => {}
-                    Some(stop @ (Msg::Terminate | Msg::Stop { .. })) => return Box::pin(self.end(stop, rx)).await,
+                    Some(stop @ (Msg::Terminate | Msg::Stop(_))) => return Box::pin(self.end(stop, rx)).await,
                     // The agent is gone (shutting down, or the TLS bootstrap phase handing its
                     // pods over): the pod keeps running, and the next agent adopts it.
                     None => return,
@@ -179,7 +180,7 @@ impl Worker {
     }
 
     fn update(&mut self, pod: Arc<Pod>) {
-        self.pod = Arc::new(self.shared.allocations.apply(&pod));
+        self.pod = self.shared.allocations.apply(&pod);
         self.desired = pod;
     }
 
@@ -200,7 +201,7 @@ impl Worker {
             tokio::select! {
                 wait = &mut sync => return Ok(wait),
                 msg = rx.recv(), if open => match msg {
-                    Some(stop @ (Msg::Terminate | Msg::Stop { .. })) => {
+                    Some(stop @ (Msg::Terminate | Msg::Stop(_))) => {
                         tracing::debug!(pod = %spec::full_name(&pod), pod_uid = spec::uid(&pod), "pod sync interrupted to stop the pod");
                         return Err(stop);
                     }
@@ -219,7 +220,10 @@ impl Worker {
     /// Terminates the pod, or stops it and leaves it failed, as `msg` (one of those) says.
     async fn end(self, msg: Msg, rx: mpsc::UnboundedReceiver<Msg>) {
         match msg {
-            Msg::Stop { grace, why, done } => self.stop_and_fail(grace, why, done, rx).await,
+            Msg::Stop(kill) => {
+                let super::Kill { grace, why, done, .. } = *kill;
+                self.stop_and_fail(grace, why, done, rx).await
+            }
             _ => self.terminate().await,
         }
     }
@@ -258,7 +262,7 @@ impl Worker {
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.pod = pod,
-                Some(Msg::Wake | Msg::Stop { .. }) => {}
+                Some(Msg::Wake | Msg::Stop(_)) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }
@@ -646,7 +650,7 @@ impl Worker {
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.desired = pod,
-                Some(Msg::Wake | Msg::Stop { .. }) => {}
+                Some(Msg::Wake | Msg::Stop(_)) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }

@@ -13,7 +13,7 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
 use crate::source::{SourceKind, SourceUpdate};
-use gantry_vocab::keys::CONFIG_SOURCE;
+use gantry_vocab::keys::{CONFIG_SEEN, CONFIG_SOURCE};
 use gantry_vocab::spec;
 
 pub use gantry_vocab::keys::{MIRROR as MIRROR_ANNOTATION, is_mirror};
@@ -33,12 +33,16 @@ pub async fn run(client: Client, node: String, tx: mpsc::Sender<SourceUpdate>, m
             Ok(Event::Init) => initial = Some(BTreeMap::new()),
             Ok(Event::InitApply(pod)) => {
                 if let Some(buffer) = initial.as_mut() {
-                    buffer.insert(spec::uid(&pod).to_string(), prepare(pod));
+                    let uid = spec::uid(&pod).to_string();
+                    let pod = prepare(pod, pods.get(&uid));
+                    buffer.insert(uid, pod);
                 }
             }
             Ok(Event::InitDone) => pods = initial.take().unwrap_or_default(),
             Ok(Event::Apply(pod)) => {
-                pods.insert(spec::uid(&pod).to_string(), prepare(pod));
+                let uid = spec::uid(&pod).to_string();
+                let pod = prepare(pod, pods.get(&uid));
+                pods.insert(uid, pod);
             }
             Ok(Event::Delete(pod)) => {
                 pods.remove(spec::uid(&pod));
@@ -61,12 +65,18 @@ pub async fn run(client: Client, node: String, tx: mpsc::Sender<SourceUpdate>, m
 }
 
 /// Drops what the agent never reads but would keep for each pod (server-side-apply
-/// bookkeeping is often as large as the spec itself), and marks a regular pod as the API's.
-fn prepare(mut pod: Pod) -> Arc<Pod> {
+/// bookkeeping is often as large as the spec itself), and marks a regular pod as the API's,
+/// seen when its `previous` version was (or now). Stamped here, the pod is the one the merger
+/// passes on, not a copy of it (`source::merge`).
+fn prepare(mut pod: Pod, previous: Option<&Arc<Pod>>) -> Arc<Pod> {
     pod.metadata.managed_fields = None;
     if !is_mirror(&pod) {
+        let seen = previous
+            .and_then(|p| p.metadata.annotations.as_ref()?.get(CONFIG_SEEN).cloned())
+            .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
         let annotations = pod.metadata.annotations.get_or_insert_with(Default::default);
         annotations.insert(CONFIG_SOURCE.to_string(), "api".to_string());
+        annotations.insert(CONFIG_SEEN.to_string(), seen);
     }
     Arc::new(pod)
 }
@@ -81,4 +91,43 @@ fn publish_mirrors(mirrors: &watch::Sender<Vec<Pod>>, now: Vec<&Arc<Pod>>) {
         }
         !same
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_pod(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        pod.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        pod.metadata.annotations = Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        pod
+    }
+
+    fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+        pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    }
+
+    #[test]
+    fn a_pod_is_stamped_with_its_source_and_keeps_its_first_seen_time_across_updates() {
+        let first = prepare(api_pod(&[], &[]), None);
+        assert_eq!(annotation(&first, CONFIG_SOURCE), Some("api"));
+        let seen = annotation(&first, CONFIG_SEEN).expect("stamped when first seen").to_string();
+        assert!(seen.parse::<k8s_openapi::jiff::Timestamp>().is_ok(), "an RFC 3339 time: {seen}");
+
+        let mut with_old_time = api_pod(&[], &[]);
+        with_old_time.metadata.annotations.as_mut().unwrap().insert(CONFIG_SEEN.into(), "2020-01-01T00:00:00Z".into());
+        let earlier = Arc::new(with_old_time);
+        let updated = prepare(api_pod(&[("k", "v")], &[]), Some(&earlier));
+        assert_eq!(annotation(&updated, CONFIG_SEEN), Some("2020-01-01T00:00:00Z"), "the first-seen time stays");
+        assert_eq!(updated.metadata.labels.as_ref().unwrap()["k"], "v");
+    }
+
+    #[test]
+    fn a_mirror_pod_is_left_as_the_api_has_it() {
+        let mirror = prepare(api_pod(&[], &[(MIRROR_ANNOTATION, "hash")]), None);
+        assert_eq!(annotation(&mirror, CONFIG_SEEN), None);
+        assert_eq!(annotation(&mirror, CONFIG_SOURCE), None);
+    }
 }

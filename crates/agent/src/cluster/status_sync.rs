@@ -12,7 +12,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::retry::WatchRetry;
-use crate::status_store::StatusStore;
+use crate::status_store::{PodRecord, StatusStore};
 use gantry_vocab::keys::is_api_pod;
 use gantry_vocab::spec;
 
@@ -45,7 +45,8 @@ pub fn patch_body(target: &Target, status: &PodStatus) -> serde_json::Value {
 
 pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch::Receiver<Vec<Pod>>) {
     let mut changes = statuses.subscribe();
-    let mut sent: HashMap<Target, PodStatus> = HashMap::new();
+    // The record whose status each pod's object has: the store's own, not a copy of its status.
+    let mut sent: HashMap<Target, Arc<PodRecord>> = HashMap::new();
     // Failed patches are retried on the next pass; only the first failure of a run, and a
     // change of cause, are logged (its delays go unused: the passes set the pace).
     let mut failures = WatchRetry::default();
@@ -54,14 +55,14 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
         let mirror_pods = mirrors.borrow_and_update().clone();
         let mut live = Vec::new();
         let mut all_sent = true;
-        for pod in statuses.all() {
-            let (Some(target), Some(status)) = (target(&pod, &mirror_pods), pod.status.as_ref()) else { continue };
+        for record in statuses.all() {
+            let (Some(target), status) = (target(&record.pod, &mirror_pods), &record.status) else { continue };
             live.push(target.clone());
-            if sent.get(&target) == Some(status) {
+            if sent.get(&target).is_some_and(|s| Arc::ptr_eq(s, &record) || s.status == *status) {
                 continue;
             }
             if patch(&client, &target, status, &mut failures).await {
-                sent.insert(target, status.clone());
+                sent.insert(target, record.clone());
             } else {
                 all_sent = false;
             }

@@ -58,12 +58,16 @@ pub struct Correlator {
 
 impl Default for Correlator {
     fn default() -> Self {
-        Correlator {
-            aggregates: LruCache::new(CACHE_ENTRIES),
-            seen: LruCache::new(CACHE_ENTRIES),
-            spam: LruCache::new(CACHE_ENTRIES),
-        }
+        Correlator { aggregates: bounded(), seen: bounded(), spam: bounded() }
     }
+}
+
+/// A cache of at most `CACHE_ENTRIES` that grows as entries come: `LruCache::new` sizes its
+/// map for all of them at once (about 136 KiB each, held by every idle node).
+fn bounded<V>() -> LruCache<String, V> {
+    let mut cache = LruCache::unbounded();
+    cache.resize(CACHE_ENTRIES);
+    cache
 }
 
 /// Source and involved object: the parts every key starts with.
@@ -214,6 +218,17 @@ mod tests {
             last_timestamp: Some(time),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn caches_grow_as_needed_and_stay_bounded() {
+        let mut cache = bounded::<()>();
+        assert!(cache.is_empty());
+        for i in 0..CACHE_ENTRIES.get() + 10 {
+            cache.put(i.to_string(), ());
+        }
+        assert_eq!(cache.len(), CACHE_ENTRIES.get());
+        assert!(!cache.contains("0"), "the least recently used went first");
     }
 
     #[test]

@@ -194,7 +194,7 @@ impl ShutdownManager {
         tracing::info!("Shutdown manager processing shutdown event");
         let deadline = tokio::time::Instant::now() + shutdown::requested(&self.groups);
         let pods: Vec<k8s_openapi::api::core::v1::Pod> =
-            self.shared.statuses.all().iter().map(|p| (**p).clone()).collect();
+            self.shared.statuses.all().iter().map(|r| r.to_pod()).collect();
         let stages = shutdown::plan(&self.groups, &pods);
         let mut stopping = Vec::new();
         for stage in &stages {

@@ -73,7 +73,7 @@ impl Worker {
         let generation = self.generation();
         match allocations.try_resize(&self.desired) {
             Admission::Accept => {
-                let before = std::mem::replace(&mut self.pod, Arc::new(allocations.apply(&self.desired)));
+                let before = std::mem::replace(&mut self.pod, allocations.apply(&self.desired));
                 self.resize.from.get_or_insert(before);
                 self.resize.pending = None;
                 self.resize.in_progress =

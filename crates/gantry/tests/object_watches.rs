@@ -161,6 +161,35 @@ async fn start_pod_with_cm_and_secret(env: &Env, cluster: &Cluster) -> Gantry {
     gantry
 }
 
+/// A watch the server ends is resumed from the last version seen; when that version is gone
+/// (410, the server's history compacted), the object is listed again and still followed.
+#[tokio::test]
+async fn a_watch_whose_version_is_gone_lists_again_and_follows_changes() {
+    let Some((env, cluster)) = setup("watch expired", None).await else { return };
+    let gantry = start_pod_with_cm_and_secret(&env, &cluster).await;
+    let api = server(&cluster);
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.admin().await, "default");
+    // A change the node's watches do not see, so that every version they hold is now older
+    // than the history that the compaction keeps.
+    cms.create(&PostParams::default(), &config_map("other", "x", false)).await.unwrap();
+    let before = api.requests();
+    api.compact();
+    api.faults().drop_watches();
+    eventually("the ConfigMap and Secret listed again", &gantry, || async {
+        let counted = api.requests().since(&before);
+        (counted.total("list", "configmaps") >= 1 && counted.total("list", "secrets") >= 1).then_some(())
+    })
+    .await;
+    cms.patch("cm", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "v2"}}))).await.unwrap();
+    wait_seen(&env, &gantry, "p", "v2").await;
+    let open = api.open_watches();
+    assert_eq!(watches_of(&open, "configmaps", "cm"), 1, "{open:?}");
+    assert_eq!(watches_of(&open, "secrets", "s"), 1, "{open:?}");
+    let counted = api.requests().since(&before);
+    assert_eq!(counted.total("get", "configmaps"), 0, "{counted:?}");
+    cluster.cleanup(&env.node).await;
+}
+
 #[tokio::test]
 async fn get_strategy_reads_on_every_sync() {
     let Some((env, cluster)) = setup("Get strategy", Some("Get")).await else { return };

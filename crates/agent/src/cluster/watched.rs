@@ -14,14 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::{AbortHandle, Abortable, BoxFuture};
-use futures::{StreamExt, TryStreamExt};
+use http_body_util::BodyExt;
 use k8s_openapi::NamespaceResourceScope;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Resource};
+use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
+use kube::core::Status;
+use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+
+use super::retry::{Failure, WatchRetry};
 
 /// How long a lookup waits for a new watch's first list (upstream waits one second too).
 pub const SYNC_WAIT: Duration = Duration::from_secs(1);
@@ -99,9 +101,8 @@ where
             return entry.view.clone();
         }
         let (tx, view) = watch::channel(None);
-        let api = Api::<K>::namespaced(self.client.clone(), &scope.namespace);
         let (stop, registration) = AbortHandle::new_pair();
-        let follow = follow(api, scope.clone(), tx, self.immutable);
+        let follow = follow(self.client.clone(), scope.clone(), tx, self.immutable);
         // Without a running `run` (it has stopped with the node) lookups time out.
         let _ = self.spawner.send(Box::pin(async move {
             let _ = Abortable::new(follow, registration).await;
@@ -134,62 +135,184 @@ where
     }
 }
 
-/// Lists and watches one scope (kube's watcher: relists after 410, backs off on errors),
-/// publishing every change; ends once a watched object is immutable.
-async fn follow<K>(api: Api<K>, scope: Scope, tx: watch::Sender<View<K>>, immutable: fn(&K) -> bool)
+/// How long the server keeps one watch request open; kube's watcher asks for the same.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// How one list-and-watch run of a scope ended.
+enum Ended {
+    /// A watched object is immutable: there is nothing more to follow.
+    Immutable,
+    /// The resourceVersion the watch resumes from is gone (410): list again at once.
+    Expired,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum WatchError {
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+    #[error("watch request: {0}")]
+    Request(#[from] kube::core::request::Error),
+    #[error("watch answered {code}: {message}")]
+    Answer { code: u16, message: String },
+    #[error("watch event: {0}")]
+    Event(#[from] serde_json::Error),
+}
+
+/// Lists and watches one scope, publishing every change, until a watched object is
+/// immutable. Its own loop rather than kube's `watcher`: a node keeps one of these for each
+/// ConfigMap and Secret its pods use, and each of kube's held an 8 KiB line buffer and a 5 KiB
+/// stream for as long as it ran (heaptrack, 110 pods with one of each); this one holds a line
+/// buffer only while a line arrives. Failures are retried from the last resourceVersion seen,
+/// backing off as [`WatchRetry`] says; a version gone (410) means a new list.
+async fn follow<K>(client: Client, scope: Scope, tx: watch::Sender<View<K>>, immutable: fn(&K) -> bool)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let mut config = watcher::Config::default();
-    if let Some(name) = &scope.name {
-        config = config.fields(&format!("metadata.name={name}"));
-    }
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
-    let mut pending = BTreeMap::new();
-    let mut failing = false;
+    let mut retry = WatchRetry::default();
+    let mut version = None;
     loop {
-        let event = match events.try_next().await {
-            Ok(Some(event)) => event,
-            Ok(None) => return,
-            Err(e) => {
-                // The watcher backs off; log the first failure of a run of them.
-                if !failing {
-                    tracing::warn!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, error = %e, "watch failed; retrying");
-                }
-                failing = true;
+        let failure = match run_once(&client, &scope, &tx, immutable, &mut version, &mut retry).await {
+            Ok(Ended::Immutable) => {
+                tracing::debug!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, "object is immutable; watch stopped");
+                return;
+            }
+            Ok(Ended::Expired) => {
+                tracing::debug!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, "watch version gone; listing again");
+                version = None;
                 continue;
             }
+            Err(e) => e,
         };
-        failing = false;
-        let name = |o: &K| o.meta().name.clone().unwrap_or_default();
-        let event = event.modify(slim);
-        match event {
-            Event::Init => pending.clear(),
-            Event::InitApply(o) => {
-                pending.insert(name(&o), o);
-            }
-            Event::InitDone => {
-                tx.send_replace(Some(Arc::new(std::mem::take(&mut pending))));
-            }
-            Event::Apply(o) => tx.send_modify(|v| {
-                Arc::make_mut(v.get_or_insert_with(Arc::default)).insert(name(&o), o);
-            }),
-            Event::Delete(o) => tx.send_modify(|v| {
-                Arc::make_mut(v.get_or_insert_with(Arc::default)).remove(&name(&o));
-            }),
+        let Failure { log, retry_in } = retry.failed(&failure.to_string());
+        if log {
+            tracing::warn!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, error = %failure, "watch failed; retrying");
         }
-        let done = scope.name.is_some() && tx.borrow().as_ref().is_some_and(|v| v.values().any(immutable));
-        if done {
-            tracing::debug!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, "object is immutable; watch stopped");
-            return;
-        }
+        tokio::time::sleep(retry_in).await;
     }
 }
 
-/// Drops what no pod reads but each kept object would carry: server-side-apply bookkeeping
-/// is often larger than a small ConfigMap's data.
-fn slim<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
+/// Lists the scope when `version` is `None`, then watches it from `version` until the server
+/// ends the watch, and again, keeping `version` at the last one seen.
+async fn run_once<K>(
+    client: &Client,
+    scope: &Scope,
+    tx: &watch::Sender<View<K>>,
+    immutable: fn(&K) -> bool,
+    version: &mut Option<String>,
+    retry: &mut WatchRetry,
+) -> Result<Ended, WatchError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let request = kube::core::Request::new(K::url_path(&(), Some(&scope.namespace)));
+    if version.is_none() {
+        let mut params = ListParams::default();
+        if let Some(name) = &scope.name {
+            params = params.fields(&format!("metadata.name={name}"));
+        }
+        // Boxed, as every request below: a watch spends its life waiting for the next line,
+        // and an inline request future would make that wait as large as the request.
+        let list: ObjectList<K> = Box::pin(client.request(request.list(&params)?)).await?;
+        let objects = list.items.into_iter().map(|mut o| (slim(&mut o), o)).collect();
+        tx.send_replace(Some(Arc::new(objects)));
+        *version = list.metadata.resource_version;
+        retry.recovered();
+        if is_immutable(scope, tx, immutable) {
+            return Ok(Ended::Immutable);
+        }
+    }
+    let mut params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
+    if let Some(name) = &scope.name {
+        params = params.fields(&format!("metadata.name={name}"));
+    }
+    loop {
+        let mut watch = request.watch(&params, version.as_deref().unwrap_or_default())?;
+        // As kube's own watches: servers from 1.37 gzip each event as its own gzip member.
+        watch.headers_mut().insert(http::header::ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
+        let response = Box::pin(client.send(watch.map(kube::client::Body::from))).await?;
+        if !response.status().is_success() {
+            return refused(response).await;
+        }
+        let mut body = response.into_body();
+        let mut line = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else { continue };
+            line.extend_from_slice(&data);
+            while let Some(end) = line.iter().position(|&b| b == b'\n') {
+                let event = serde_json::from_slice::<WatchEvent<K>>(&line[..end]);
+                line.drain(..=end);
+                if let Some(ended) = apply(event?, scope, tx, immutable, version, retry)? {
+                    return Ok(ended);
+                }
+            }
+            if line.is_empty() {
+                line = Vec::new();
+            }
+        }
+        tracing::debug!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, version = ?version, "watch ended by the server; watching again");
+    }
+}
+
+/// Applies one watch event to the published objects.
+fn apply<K>(
+    event: WatchEvent<K>,
+    scope: &Scope,
+    tx: &watch::Sender<View<K>>,
+    immutable: fn(&K) -> bool,
+    version: &mut Option<String>,
+    retry: &mut WatchRetry,
+) -> Result<Option<Ended>, WatchError>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let (mut object, deleted) = match event {
+        WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
+        WatchEvent::Deleted(o) => (o, true),
+        WatchEvent::Bookmark(b) => {
+            *version = Some(b.metadata.resource_version);
+            return Ok(None);
+        }
+        WatchEvent::Error(status) if status.code == 410 => return Ok(Some(Ended::Expired)),
+        WatchEvent::Error(status) => return Err(WatchError::Answer { code: status.code, message: status.message }),
+    };
+    *version = object.meta().resource_version.clone();
+    retry.recovered();
+    let name = slim(&mut object);
+    tx.send_modify(|v| {
+        let objects = Arc::make_mut(v.get_or_insert_with(Arc::default));
+        if deleted {
+            objects.remove(&name);
+        } else {
+            objects.insert(name, object);
+        }
+    });
+    Ok(is_immutable(scope, tx, immutable).then_some(Ended::Immutable))
+}
+
+/// A watch request the server refused: 410 means list again, anything else is a failure.
+async fn refused(response: http::Response<kube::client::Body>) -> Result<Ended, WatchError> {
+    let code = response.status().as_u16();
+    if code == 410 {
+        return Ok(Ended::Expired);
+    }
+    let body = response.into_body().collect().await?.to_bytes();
+    let message = serde_json::from_slice::<Status>(&body)
+        .map(|s| s.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+    Err(WatchError::Answer { code, message })
+}
+
+/// Whether the one object a scope follows is immutable.
+fn is_immutable<K>(scope: &Scope, tx: &watch::Sender<View<K>>, immutable: fn(&K) -> bool) -> bool {
+    scope.name.is_some() && tx.borrow().as_ref().is_some_and(|v| v.values().any(immutable))
+}
+
+/// Drops what no pod reads but each kept object would carry (server-side-apply bookkeeping
+/// is often larger than a small ConfigMap's data); returns the object's name.
+fn slim<K: Resource>(object: &mut K) -> String {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    meta.name.clone().unwrap_or_default()
 }
 
 /// Runs the watches handed over by every [`Watched`] sharing `spawner`'s channel, for the

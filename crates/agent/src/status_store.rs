@@ -39,13 +39,14 @@ impl Default for StatusStore {
 pub struct PodRecord {
     /// Its `status` is whatever the pod's source had; [`status`](Self::status) is the node's.
     pub pod: Arc<Pod>,
-    pub status: PodStatus,
+    /// Shared, so that what remembers a sent status does not keep the pod alive with it.
+    pub status: Arc<PodStatus>,
 }
 
 impl PodRecord {
     /// The pod with the node's status, as the API shows it.
     pub fn to_pod(&self) -> Pod {
-        Pod { status: Some(self.status.clone()), ..Pod::clone(&self.pod) }
+        Pod { status: Some(PodStatus::clone(&self.status)), ..Pod::clone(&self.pod) }
     }
 
     pub fn phase(&self) -> Option<&str> {
@@ -82,11 +83,17 @@ impl StatusStore {
     pub fn set(&self, pod: &Arc<Pod>, status: PodStatus) -> bool {
         let uid = spec::uid(pod).to_string();
         let mut pods = self.pods.lock().unwrap();
-        let unchanged = pods.get(&uid).is_some_and(|r| r.status == status && r.pod.spec == pod.spec);
-        if unchanged {
+        if let Some(r) = pods.get(&uid).filter(|r| *r.status == status && r.pod.spec == pod.spec) {
+            // Nothing to report, but the worker may hold a newer copy of the same pod (the
+            // source's, once the API object's status moved): keep that one, so that the older
+            // copy is freed rather than kept here for the pod's life.
+            if !Arc::ptr_eq(&r.pod, pod) {
+                let record = PodRecord { pod: pod.clone(), status: r.status.clone() };
+                pods.insert(uid, Arc::new(record));
+            }
             return false;
         }
-        pods.insert(uid, Arc::new(PodRecord { pod: pod.clone(), status }));
+        pods.insert(uid, Arc::new(PodRecord { pod: pod.clone(), status: Arc::new(status) }));
         drop(pods);
         self.version.send_modify(|v| *v += 1);
         true
@@ -238,6 +245,28 @@ mod tests {
         let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(raw["items"][0], serde_json::to_value(record.to_pod()).unwrap(), "the same JSON as the Pod");
         assert_eq!(raw["items"][0]["status"]["phase"], "Running");
+    }
+
+    /// A newer copy of the same pod (the API object's status moved) replaces the recorded one
+    /// without counting as a change, so the older copy is freed, not kept for the pod's life.
+    #[test]
+    fn a_newer_copy_of_an_unchanged_pod_replaces_the_older_one() {
+        let store = StatusStore::default();
+        let older = pod_from_source();
+        let running = PodStatus { phase: Some("Running".into()), ..Default::default() };
+        assert!(store.set(&older, running.clone()));
+        let sent = store.all().pop().unwrap().status.clone();
+        let version = store.version();
+        let mut copy = Pod::clone(&older);
+        copy.status = Some(running.clone());
+        let newer = Arc::new(copy);
+        assert!(!store.set(&newer, running), "nothing to report");
+        assert_eq!(store.version(), version);
+        let record = store.all().pop().unwrap();
+        assert!(Arc::ptr_eq(&record.pod, &newer));
+        assert!(Arc::ptr_eq(&record.status, &sent), "the status is still the one a sync may hold");
+        drop(record);
+        assert_eq!(Arc::strong_count(&older), 1, "the store no longer holds the older copy");
     }
 
     #[tokio::test]

@@ -419,11 +419,14 @@ async fn the_client_certificate_rotates_without_a_restart_while_pod_status_keeps
     let (id, node) = node_with_token(&admin, &cluster, &env, KUBEADM_GROUP).await;
     // config.yaml does not set rotateCertificates: with a config file it defaults to true.
     let mut gantry = node.start(&env);
+    let current = node.cert_dir().join("kubelet-client-current.pem");
+    // Read as soon as the bootstrap certificate is there: on a loaded machine the first pod
+    // can take longer to run than the certificate takes to rotate.
+    let first_target =
+        eventually("the bootstrap certificate", &gantry, || async { std::fs::read_link(&current).ok() }).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let first_pod = format!("rot-a-{id}");
     run_pod(&gantry, &pods, &env.node, &first_pod, "the first pod Running").await;
-    let current = node.cert_dir().join("kubelet-client-current.pem");
-    let first_target = std::fs::read_link(&current).unwrap();
 
     // Two renewals, each a CSR of the node's own identity, approved and issued.
     let node_user = format!("system:node:{}", env.node);

@@ -70,6 +70,13 @@ pub async fn run(client: Client, node: String, tx: mpsc::Sender<SourceUpdate>, m
 /// passes on, not a copy of it (`source::merge`).
 fn prepare(mut pod: Pod, previous: Option<&Arc<Pod>>) -> Arc<Pod> {
     pod.metadata.managed_fields = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        // Decoding grows these lists by doubling, and each item is large (a `Volume` holds
+        // every kind of volume source inline, 3.2 KB): three volumes took room for four.
+        spec.volumes.as_mut().map(Vec::shrink_to_fit);
+        spec.containers.shrink_to_fit();
+        spec.init_containers.as_mut().map(Vec::shrink_to_fit);
+    }
     if !is_mirror(&pod) {
         let seen = previous
             .and_then(|p| p.metadata.annotations.as_ref()?.get(CONFIG_SEEN).cloned())
@@ -78,7 +85,11 @@ fn prepare(mut pod: Pod, previous: Option<&Arc<Pod>>) -> Arc<Pod> {
         annotations.insert(CONFIG_SOURCE.to_string(), "api".to_string());
         annotations.insert(CONFIG_SEEN.to_string(), seen);
     }
-    Arc::new(pod)
+    // A relist delivers pods that have not changed: keep the copy the node already holds.
+    match previous {
+        Some(p) if **p == pod => p.clone(),
+        _ => Arc::new(pod),
+    }
 }
 
 /// The mirror pods' readers (mirror pod manager, status sync, maintenance holds) only wake
@@ -122,6 +133,34 @@ mod tests {
         let updated = prepare(api_pod(&[("k", "v")], &[]), Some(&earlier));
         assert_eq!(annotation(&updated, CONFIG_SEEN), Some("2020-01-01T00:00:00Z"), "the first-seen time stays");
         assert_eq!(updated.metadata.labels.as_ref().unwrap()["k"], "v");
+    }
+
+    #[test]
+    fn an_unchanged_pod_keeps_the_copy_already_held() {
+        let held = prepare(api_pod(&[("k", "v")], &[]), None);
+        let relisted = prepare(api_pod(&[("k", "v")], &[]), Some(&held));
+        assert!(Arc::ptr_eq(&relisted, &held));
+        let changed = prepare(api_pod(&[("k", "w")], &[]), Some(&held));
+        assert!(!Arc::ptr_eq(&changed, &held));
+    }
+
+    #[test]
+    fn decoded_lists_keep_no_spare_room() {
+        let volume = |n: &str| serde_json::json!({"name": n, "emptyDir": {}});
+        // From text, as the watch decodes it: no length is known ahead.
+        let text = serde_json::json!({
+            "metadata": {"uid": "u1"},
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}], "volumes": [volume("x"), volume("y"), volume("z")]}
+        })
+        .to_string();
+        let decoded: Pod = serde_json::from_str(&text).unwrap();
+        let spare = |p: &Pod| {
+            let spec = p.spec.as_ref().unwrap();
+            let volumes = spec.volumes.as_ref().unwrap();
+            (volumes.capacity() - volumes.len(), spec.containers.capacity() - spec.containers.len())
+        };
+        assert_ne!(spare(&decoded), (0, 0), "serde leaves room to grow");
+        assert_eq!(spare(&prepare(decoded, None)), (0, 0));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 
 use super::retry::WatchRetry;
-use crate::status_store::{PodRecord, StatusStore};
+use crate::status_store::StatusStore;
 use gantry_vocab::keys::is_api_pod;
 use gantry_vocab::spec;
 
@@ -45,8 +45,8 @@ pub fn patch_body(target: &Target, status: &PodStatus) -> serde_json::Value {
 
 pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch::Receiver<Vec<Pod>>) {
     let mut changes = statuses.subscribe();
-    // The record whose status each pod's object has: the store's own, not a copy of its status.
-    let mut sent: HashMap<Target, Arc<PodRecord>> = HashMap::new();
+    // The status each pod's object has: the store's own, not a copy.
+    let mut sent: HashMap<Target, Arc<PodStatus>> = HashMap::new();
     // Failed patches are retried on the next pass; only the first failure of a run, and a
     // change of cause, are logged (its delays go unused: the passes set the pace).
     let mut failures = WatchRetry::default();
@@ -58,11 +58,11 @@ pub async fn run(client: Client, statuses: Arc<StatusStore>, mut mirrors: watch:
         for record in statuses.all() {
             let (Some(target), status) = (target(&record.pod, &mirror_pods), &record.status) else { continue };
             live.push(target.clone());
-            if sent.get(&target).is_some_and(|s| Arc::ptr_eq(s, &record) || s.status == *status) {
+            if sent.get(&target).is_some_and(|s| Arc::ptr_eq(s, status) || s == status) {
                 continue;
             }
             if patch(&client, &target, status, &mut failures).await {
-                sent.insert(target, record.clone());
+                sent.insert(target, status.clone());
             } else {
                 all_sent = false;
             }

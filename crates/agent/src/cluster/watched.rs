@@ -8,7 +8,7 @@
 //! object. The watches are futures run by [`run`], which the node supervises: none is
 //! detached.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,7 +47,56 @@ impl Scope {
 }
 
 /// The objects of a scope by name; `None` until the watch's first list arrived.
-type View<K> = Option<Arc<BTreeMap<String, K>>>;
+type View<K> = Option<Arc<Objects<K>>>;
+
+/// The objects of a scope, sorted by name. A list rather than a `BTreeMap`: most scopes hold
+/// one object, and a map's first node has room for eleven (about 5 KB for a Secret, more than
+/// the watch itself).
+#[derive(Debug, Clone)]
+pub struct Objects<K>(Vec<(String, K)>);
+
+impl<K> Default for Objects<K> {
+    fn default() -> Self {
+        Objects(Vec::new())
+    }
+}
+
+impl<K> Objects<K> {
+    pub fn get(&self, name: &str) -> Option<&K> {
+        self.position(name).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &K> {
+        self.0.iter().map(|(_, object)| object)
+    }
+
+    fn insert(&mut self, name: String, object: K) {
+        match self.position(&name) {
+            Ok(i) => self.0[i].1 = object,
+            Err(i) => self.0.insert(i, (name, object)),
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Ok(i) = self.position(name) {
+            self.0.remove(i);
+        }
+    }
+
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+    }
+}
+
+impl<K> FromIterator<(String, K)> for Objects<K> {
+    fn from_iter<I: IntoIterator<Item = (String, K)>>(objects: I) -> Self {
+        let mut list: Vec<(String, K)> = objects.into_iter().collect();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        list.dedup_by(|a, b| a.0 == b.0);
+        list.shrink_to_fit();
+        Objects(list)
+    }
+}
 
 struct Entry<K> {
     /// UIDs of the pods using the scope.
@@ -84,7 +133,7 @@ where
 
     /// The objects of `scope`, which `pod` uses from now on (starting the watch if it is the
     /// first). `None` when the watch has not listed them within [`SYNC_WAIT`].
-    pub async fn get(&self, pod: &str, scope: &Scope) -> Option<Arc<BTreeMap<String, K>>> {
+    pub async fn get(&self, pod: &str, scope: &Scope) -> Option<Arc<Objects<K>>> {
         let mut view = self.acquire(pod, scope);
         let synced = tokio::time::timeout(SYNC_WAIT, view.wait_for(Option::is_some)).await;
         match synced {
@@ -205,21 +254,13 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let request = kube::core::Request::new(K::url_path(&(), Some(&scope.namespace)));
+    // Boxed, as every request below: a watch spends its life waiting for the next line, and
+    // an inline request future would make that wait as large as the request.
     if version.is_none() {
-        let mut params = ListParams::default();
-        if let Some(name) = &scope.name {
-            params = params.fields(&format!("metadata.name={name}"));
-        }
-        // Boxed, as every request below: a watch spends its life waiting for the next line,
-        // and an inline request future would make that wait as large as the request.
-        let list: ObjectList<K> = Box::pin(client.request(request.list(&params)?)).await?;
-        let objects = list.items.into_iter().map(|mut o| (slim(&mut o), o)).collect();
-        tx.send_replace(Some(Arc::new(objects)));
-        *version = list.metadata.resource_version;
-        retry.recovered();
-        if is_immutable(scope, tx, immutable) {
+        if Box::pin(list(client, &request, scope, tx, immutable, version)).await? {
             return Ok(Ended::Immutable);
         }
+        retry.recovered();
     }
     let mut params = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
     if let Some(name) = &scope.name {
@@ -231,7 +272,7 @@ where
         watch.headers_mut().insert(http::header::ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
         let response = Box::pin(client.send(watch.map(kube::client::Body::from))).await?;
         if !response.status().is_success() {
-            return refused(response).await;
+            return Box::pin(refused(response)).await;
         }
         let mut body = response.into_body();
         let mut line = Vec::new();
@@ -251,6 +292,30 @@ where
         }
         tracing::debug!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, version = ?version, "watch ended by the server; watching again");
     }
+}
+
+/// Lists the scope and publishes what it holds, setting `version` to the list's; true when the
+/// one object the scope follows is immutable.
+async fn list<K>(
+    client: &Client,
+    request: &kube::core::Request,
+    scope: &Scope,
+    tx: &watch::Sender<View<K>>,
+    immutable: fn(&K) -> bool,
+    version: &mut Option<String>,
+) -> Result<bool, WatchError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let mut params = ListParams::default();
+    if let Some(name) = &scope.name {
+        params = params.fields(&format!("metadata.name={name}"));
+    }
+    let list: ObjectList<K> = client.request(request.list(&params)?).await?;
+    let objects = list.items.into_iter().map(|mut o| (slim(&mut o), o)).collect();
+    tx.send_replace(Some(Arc::new(objects)));
+    *version = list.metadata.resource_version;
+    Ok(is_immutable(scope, tx, immutable))
 }
 
 /// Applies one watch event to the published objects.
@@ -331,5 +396,22 @@ pub async fn run(mut watches: mpsc::UnboundedReceiver<BoxFuture<'static, ()>>) {
             }
             else => std::future::pending::<()>().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_are_found_by_name_replaced_and_removed() {
+        let mut objects: Objects<u32> = [("b".to_string(), 2), ("a".to_string(), 1)].into_iter().collect();
+        assert_eq!(objects.values().copied().collect::<Vec<_>>(), [1, 2], "sorted by name");
+        objects.insert("c".into(), 3);
+        objects.insert("a".into(), 10);
+        assert_eq!((objects.get("a"), objects.get("c"), objects.get("d")), (Some(&10), Some(&3), None));
+        objects.remove("b");
+        objects.remove("missing");
+        assert_eq!(objects.values().copied().collect::<Vec<_>>(), [10, 3]);
     }
 }

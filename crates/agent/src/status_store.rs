@@ -105,8 +105,15 @@ impl StatusStore {
         }
     }
 
+    /// The pod with its status, copied (a whole pod spec: readers that need only the status
+    /// take [`status`](Self::status)).
     pub fn get(&self, uid: &str) -> Option<Pod> {
         self.pods.lock().unwrap().get(uid).map(|r| r.to_pod())
+    }
+
+    /// The pod's status, shared.
+    pub fn status(&self, uid: &str) -> Option<Arc<PodStatus>> {
+        self.pods.lock().unwrap().get(uid).map(|r| r.status.clone())
     }
 
     /// Every pod with its status, shared, not copied.
@@ -236,6 +243,8 @@ mod tests {
         let record = store.all().pop().unwrap();
         assert!(Arc::ptr_eq(&record.pod, &pod), "shared, not copied");
         assert_eq!(store.get("u1").unwrap().status, Some(running.clone()));
+        assert!(Arc::ptr_eq(&store.status("u1").unwrap(), &record.status), "the status, shared");
+        assert!(store.status("missing").is_none());
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(STATUS_FILE);

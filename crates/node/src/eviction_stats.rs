@@ -29,7 +29,8 @@ impl StatsSource for SummaryStats {
     }
 
     async fn usage(&self, pods: &[Pod]) -> Result<gantry_pod::eviction::Usage, CriError> {
-        Ok(usage(&gantry_server::stats::http::collect_for(&self.state, pods.to_vec()).await?))
+        let pods = pods.iter().map(|p| gantry_server::RunningPod::new(p.clone())).collect();
+        Ok(usage(&gantry_server::stats::http::collect_for(&self.state, pods).await?))
     }
 }
 

@@ -431,8 +431,9 @@ impl Cluster {
 struct AgentPods(Arc<StatusStore>);
 
 impl server::PodList for AgentPods {
-    fn pods(&self) -> Vec<Pod> {
-        self.0.all().iter().map(|r| r.to_pod()).collect()
+    fn pods(&self) -> Vec<server::RunningPod> {
+        let records = self.0.all();
+        records.iter().map(|r| server::RunningPod { pod: r.pod.clone(), status: r.status.clone() }).collect()
     }
 }
 
@@ -472,5 +473,26 @@ fn fs_stats(usage: gantry_plugins::csi::VolumeUsage) -> server::stats::types::Fs
 impl podresources::ActivePods for AgentPods {
     fn pods(&self) -> Vec<Pod> {
         self.0.all().iter().map(|r| r.to_pod()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PodStatus;
+
+    use super::*;
+
+    #[test]
+    fn the_node_api_shares_each_pod_and_its_status() {
+        let store = Arc::new(StatusStore::default());
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let pod = Arc::new(pod);
+        store.set(&pod, PodStatus { phase: Some("Running".into()), ..Default::default() });
+        let record = store.all().pop().unwrap();
+        let pods = server::PodList::pods(&AgentPods(store));
+        assert!(Arc::ptr_eq(&pods[0].pod, &pod), "the worker's pod, not a copy");
+        assert!(Arc::ptr_eq(&pods[0].status, &record.status), "the node's status, not a copy");
+        assert_eq!(pods[0].to_pod().status.and_then(|s| s.phase), Some("Running".into()));
     }
 }

@@ -58,7 +58,7 @@ async fn refresh_running(state: &ServerState) {
 fn refresh_volume_stats(state: &ServerState) {
     let mut claims = Vec::new();
     for pod in state.pods() {
-        for volume in state.stats_cache().volumes.get(spec::uid(&pod)) {
+        for volume in state.stats_cache().volumes.get(spec::uid(&pod.pod)) {
             let Some(claim) = volume.pvc_ref else { continue };
             let labels = VolumeLabels { namespace: claim.namespace, persistentvolumeclaim: claim.name };
             let fs = volume.fs;

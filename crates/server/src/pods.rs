@@ -13,7 +13,7 @@ use super::ServerState;
 
 /// `GET /pods`: the v1 PodList of the pods this node runs, with their latest status.
 pub async fn list(State(state): State<ServerState>) -> Response {
-    let items = state.pods();
+    let items = state.pod_copies();
     Json(serde_json::json!({ "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items })).into_response()
 }
 
@@ -79,7 +79,7 @@ pub async fn running_container(
     uid: Option<&str>,
     container: &str,
 ) -> Result<(Pod, String), ApiError> {
-    let pods = state.pods();
+    let pods = state.pod_copies();
     let pod = find_pod(&pods, namespace, name, uid)?.clone();
     if !declares_container(&pod, container) {
         return Err(container_not_found(container));
@@ -103,7 +103,7 @@ pub async fn ready_sandbox(
     name: &str,
     uid: Option<&str>,
 ) -> Result<(Pod, String), ApiError> {
-    let pods = state.pods();
+    let pods = state.pod_copies();
     let pod = find_pod(&pods, namespace, name, uid)?.clone();
     let labels = cri_labels::of_pod(state.node_name(), spec::uid(&pod));
     let filter = api::PodSandboxFilter { label_selector: labels, ..Default::default() };

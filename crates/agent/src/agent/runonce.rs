@@ -102,12 +102,12 @@ async fn wait_running(shared: &Shared, pod: &Pod) -> PodResult {
 }
 
 fn phase(shared: &Shared, pod: &Pod) -> Option<String> {
-    shared.statuses.get(spec::uid(pod))?.status?.phase
+    shared.statuses.status(spec::uid(pod))?.phase.clone()
 }
 
 fn waiting_reasons(shared: &Shared, pod: &Pod, names: &[String]) -> String {
-    let status = shared.statuses.get(spec::uid(pod)).and_then(|p| p.status);
-    let statuses = status.and_then(|s| s.container_statuses).unwrap_or_default();
+    let status = shared.statuses.status(spec::uid(pod));
+    let statuses = status.and_then(|s| s.container_statuses.clone()).unwrap_or_default();
     names
         .iter()
         .map(|name| {

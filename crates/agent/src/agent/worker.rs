@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::{mpsc, oneshot};
@@ -85,16 +86,18 @@ fn start(
     let uid = spec::uid(&pod).to_string();
     let probers = Probers::new(&tx);
     let handle = Handle { tx, pod: pod.clone(), terminating };
-    tasks.spawn(async move {
-        let worker = Worker::new(pod, shared, probers);
-        if terminating {
-            drop(rx);
-            Box::pin(worker.terminate()).await;
-        } else {
-            worker.run(rx).await;
-        }
+    let worker = Worker::new(pod, shared, probers);
+    // Mapped rather than awaited in an `async` block, which would hold the worker twice over
+    // (once captured, once inside the future it awaits) for the pod's whole life.
+    let finished = move |()| {
         let _ = done.send(uid);
-    });
+    };
+    if terminating {
+        drop(rx);
+        tasks.spawn(Box::pin(worker.terminate()).map(finished));
+    } else {
+        tasks.spawn(worker.run(rx).map(finished));
+    }
     handle
 }
 
@@ -581,19 +584,20 @@ impl Worker {
             recursive_read_only: self.shared.driver.supports_recursive_read_only(),
             host_ip: self.shared.host_ip.as_deref(),
             start_time: self.start_time,
-            previous: previous.as_ref(),
+            previous: previous.as_deref(),
             now,
         });
         self.resize.add_conditions(status)
     }
 
     /// The status last reported; before our first report, the API's view (if any).
-    fn previous_status(&self) -> Option<PodStatus> {
-        self.shared.statuses.get(spec::uid(&self.pod)).and_then(|p| p.status).or_else(|| self.pod.status.clone())
+    fn previous_status(&self) -> Option<Arc<PodStatus>> {
+        let reported = self.shared.statuses.status(spec::uid(&self.pod));
+        reported.or_else(|| self.pod.status.clone().map(Arc::new))
     }
 
     fn report(&mut self, status: PodStatus) {
-        let old_phase = self.previous_status().and_then(|s| s.phase);
+        let old_phase = self.previous_status().and_then(|s| s.phase.clone());
         if old_phase != status.phase {
             tracing::info!(pod = %spec::full_name(&self.pod), pod_uid = spec::uid(&self.pod), phase = status.phase.as_deref().unwrap_or_default(), "pod phase changed");
         }

@@ -13,7 +13,8 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::{AbortHandle, Abortable, BoxFuture};
+use futures::FutureExt;
+use futures::future::{AbortHandle, AbortRegistration, Abortable, BoxFuture};
 use http_body_util::BodyExt;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
@@ -153,9 +154,7 @@ where
         let (stop, registration) = AbortHandle::new_pair();
         let follow = follow(self.client.clone(), scope.clone(), tx, self.immutable);
         // Without a running `run` (it has stopped with the node) lookups time out.
-        let _ = self.spawner.send(Box::pin(async move {
-            let _ = Abortable::new(follow, registration).await;
-        }));
+        let _ = self.spawner.send(Box::pin(stoppable(follow, registration)));
         tracing::debug!(kind = %K::kind(&()), namespace = %scope.namespace, name = ?scope.name, "watch started");
         entries.insert(scope.clone(), Entry { pods: HashSet::from([pod.to_string()]), view: view.clone(), stop });
         view
@@ -182,6 +181,13 @@ where
         out.sort();
         out
     }
+}
+
+/// `watch`, ending when its registration's handle aborts it. Mapped rather than awaited in an
+/// `async` block, which holds the future it awaits twice over (once captured, once awaited):
+/// that doubled each watch's task to 2.1 KB (heaptrack, 250 pods with a ConfigMap and Secret).
+fn stoppable(watch: impl Future<Output = ()>, registration: AbortRegistration) -> impl Future<Output = ()> {
+    Abortable::new(watch, registration).map(drop)
 }
 
 /// How long the server keeps one watch request open; kube's watcher asks for the same.
@@ -402,6 +408,24 @@ pub async fn run(mut watches: mpsc::UnboundedReceiver<BoxFuture<'static, ()>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_watch_task_holds_its_loop_once() {
+        let svc = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
+        });
+        let client = Client::new(svc, "default");
+        let (tx, _view) = watch::channel(None);
+        let watch = follow::<k8s_openapi::api::core::v1::ConfigMap>(client, Scope::object("ns", "cm"), tx, |_| false);
+        let loop_size = std::mem::size_of_val(&watch);
+        let (_stop, registration) = AbortHandle::new_pair();
+        let task = stoppable(watch, registration);
+        assert!(
+            std::mem::size_of_val(&task) < loop_size + 64,
+            "task {} bytes for a {loop_size}-byte loop",
+            std::mem::size_of_val(&task)
+        );
+    }
 
     #[test]
     fn objects_are_found_by_name_replaced_and_removed() {

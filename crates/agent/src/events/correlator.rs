@@ -6,8 +6,12 @@
 //!    first one's `count` (+1), `lastTimestamp` and `message`, keeping its `firstTimestamp`;
 //! 3. spam-filtered: 25 events per source and object, then one more every 5 minutes.
 //!
-//! All three caches are LRUs of 4096 entries, as upstream's.
+//! All three caches are LRUs of 4096 entries, as upstream's. Upstream keys them by the
+//! joined strings; these keep a 64-bit hash of the same parts instead (and of each message in
+//! an aggregate): the strings took about 3 KB for each pod's few events (heaptrack, 250 pods),
+//! and two distinct keys share a hash with odds of one in 2^64.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::num::NonZeroUsize;
 
 use jiff::{SignedDuration, Timestamp};
@@ -34,8 +38,12 @@ pub enum Outcome {
     Skip,
 }
 
+/// A cache key: the hash of the parts that make two events the same (see the module's doc).
+type Key = u64;
+
 struct Aggregate {
-    messages: Vec<String>,
+    /// Hashes of the distinct messages seen.
+    messages: Vec<u64>,
     last: Timestamp,
 }
 
@@ -51,9 +59,9 @@ struct Bucket {
 }
 
 pub struct Correlator {
-    aggregates: LruCache<String, Aggregate>,
-    seen: LruCache<String, Seen>,
-    spam: LruCache<String, Bucket>,
+    aggregates: LruCache<Key, Aggregate>,
+    seen: LruCache<Key, Seen>,
+    spam: LruCache<Key, Bucket>,
 }
 
 impl Default for Correlator {
@@ -64,7 +72,7 @@ impl Default for Correlator {
 
 /// A cache of at most `CACHE_ENTRIES` that grows as entries come: `LruCache::new` sizes its
 /// map for all of them at once (about 136 KiB each, held by every idle node).
-fn bounded<V>() -> LruCache<String, V> {
+fn bounded<V>() -> LruCache<Key, V> {
     let mut cache = LruCache::unbounded();
     cache.resize(CACHE_ENTRIES);
     cache
@@ -85,22 +93,30 @@ fn object_key(e: &Event) -> Vec<&str> {
     ]
 }
 
+/// The key of a list of parts. `str`'s `Hash` ends each part with a marker, so `["ab", "c"]`
+/// and `["a", "bc"]` differ as upstream's joined strings do.
+fn key(parts: &[&str]) -> Key {
+    let mut hasher = DefaultHasher::new();
+    parts.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Everything that makes two events the same one (message and field path included).
-fn event_key(e: &Event) -> String {
+fn event_key(e: &Event) -> Key {
     let mut parts = object_key(e);
     parts.push(e.involved_object.field_path.as_deref().unwrap_or_default());
     parts.extend([e.type_.as_deref(), e.reason.as_deref(), e.message.as_deref()].map(Option::unwrap_or_default));
-    parts.join("\u{0}")
+    key(&parts)
 }
 
 /// Events that differ only by message (and field path) aggregate together.
-fn aggregate_key(e: &Event) -> String {
+fn aggregate_key(e: &Event) -> Key {
     let mut parts = object_key(e);
     parts.extend(
         [e.type_.as_deref(), e.reason.as_deref(), e.reporting_component.as_deref(), e.reporting_instance.as_deref()]
             .map(Option::unwrap_or_default),
     );
-    parts.join("\u{0}")
+    key(&parts)
 }
 
 /// `<object name>.<now in nanoseconds, hex>`, as upstream names events.
@@ -119,25 +135,28 @@ impl Correlator {
         if event.count.unwrap_or(1) > 1 { Outcome::Patch(event) } else { Outcome::Create(event) }
     }
 
-    fn aggregate(&mut self, event: Event, now: Timestamp) -> (Event, String) {
-        let key = aggregate_key(&event);
-        let message = event.message.clone().unwrap_or_default();
+    fn aggregate(&mut self, event: Event, now: Timestamp) -> (Event, Key) {
+        let group = aggregate_key(&event);
+        let message = event.message.as_deref().unwrap_or_default();
+        let message_key = key(&[message]);
         let fresh = || Aggregate { messages: Vec::new(), last: now };
-        let record = self.aggregates.get_or_insert_mut(key.clone(), fresh);
+        let record = self.aggregates.get_or_insert_mut(group, fresh);
         if now.duration_since(record.last) > AGGREGATE_INTERVAL {
             record.messages.clear();
         }
         record.last = now;
-        if !record.messages.contains(&message) {
-            record.messages.push(message.clone());
+        if !record.messages.contains(&message_key) {
+            record.messages.push(message_key);
         }
         if record.messages.len() < AGGREGATE_MAX_EVENTS {
-            return (event.clone(), event_key(&event));
+            let key = event_key(&event);
+            return (event, key);
         }
         // Keep the set at its bound, as upstream pops one.
         record.messages.remove(0);
         let seconds = Time(Timestamp::from_second(now.as_second()).unwrap_or(now));
         let name = event_name(event.involved_object.name.as_deref().unwrap_or_default(), now);
+        let message = format!("{COMBINED_PREFIX}{message}");
         let combined = Event {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 name: Some(name),
@@ -147,13 +166,13 @@ impl Correlator {
             count: Some(1),
             first_timestamp: Some(seconds.clone()),
             last_timestamp: Some(seconds),
-            message: Some(format!("{COMBINED_PREFIX}{message}")),
+            message: Some(message),
             ..event
         };
-        (combined, key)
+        (combined, group)
     }
 
-    fn observe(&mut self, mut event: Event, key: String) -> Event {
+    fn observe(&mut self, mut event: Event, key: Key) -> Event {
         if let Some(last) = self.seen.get(&key) {
             event.metadata.name = Some(last.name.clone());
             event.first_timestamp = last.first.clone();
@@ -170,8 +189,7 @@ impl Correlator {
 
     /// The token bucket of the event's source and object.
     fn allow(&mut self, event: &Event, now: Timestamp) -> bool {
-        let key = object_key(event).join("\u{0}");
-        let bucket = self.spam.get_or_insert_mut(key, || Bucket { tokens: SPAM_BURST, at: now });
+        let bucket = self.spam.get_or_insert_mut(key(&object_key(event)), || Bucket { tokens: SPAM_BURST, at: now });
         let elapsed = now.duration_since(bucket.at).as_secs_f64().max(0.0);
         bucket.tokens = (bucket.tokens + elapsed * SPAM_QPS).min(SPAM_BURST);
         bucket.at = now;
@@ -225,10 +243,17 @@ mod tests {
         let mut cache = bounded::<()>();
         assert!(cache.is_empty());
         for i in 0..CACHE_ENTRIES.get() + 10 {
-            cache.put(i.to_string(), ());
+            cache.put(i as Key, ());
         }
         assert_eq!(cache.len(), CACHE_ENTRIES.get());
-        assert!(!cache.contains("0"), "the least recently used went first");
+        assert!(!cache.contains(&0), "the least recently used went first");
+    }
+
+    #[test]
+    fn keys_tell_parts_apart_where_they_split() {
+        assert_ne!(key(&["ab", "c"]), key(&["a", "bc"]));
+        assert_ne!(key(&["a", ""]), key(&["a"]));
+        assert_eq!(key(&["a", "b"]), key(&["a", "b"]));
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub async fn container_logs(
     };
     let runtime = &state.cri().runtime;
     let found = service::locate(
-        &state.pods(),
+        &state.pod_copies(),
         runtime,
         state.node_name(),
         state.pod_logs_dir(),

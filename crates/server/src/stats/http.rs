@@ -6,11 +6,10 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k8s_openapi::api::core::v1::Pod;
 
 use super::summary::{self, Sources};
 use super::{Summary, resource_metrics};
-use crate::ServerState;
+use crate::{RunningPod, ServerState};
 
 /// The summary for `state`'s node and all its pods.
 pub async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<Summary, gantry_cri::CriError> {
@@ -19,13 +18,13 @@ pub async fn collect(state: &ServerState, only_cpu_and_memory: bool) -> Result<S
 
 /// The full summary of the node and of `pods` only (the eviction manager's reads: the node's
 /// signals every pass with no pod, the pods' usage only when a pass needs it).
-pub async fn collect_for(state: &ServerState, pods: Vec<Pod>) -> Result<Summary, gantry_cri::CriError> {
+pub async fn collect_for(state: &ServerState, pods: Vec<RunningPod>) -> Result<Summary, gantry_cri::CriError> {
     collect_pods(state, pods, false, false).await
 }
 
 async fn collect_pods(
     state: &ServerState,
-    pods: Vec<Pod>,
+    pods: Vec<RunningPod>,
     all_pods: bool,
     only_cpu_and_memory: bool,
 ) -> Result<Summary, gantry_cri::CriError> {
@@ -40,7 +39,7 @@ async fn collect_pods(
     Ok(assembled.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
 }
 
-fn sources(state: &ServerState, pods: Vec<Pod>, all_pods: bool) -> Sources<'_> {
+fn sources(state: &ServerState, pods: Vec<RunningPod>, all_pods: bool) -> Sources<'_> {
     let cri = state.cri();
     Sources {
         node_name: state.node_name(),

@@ -19,6 +19,7 @@ use super::cgroup::{self, Cgroup, Counters, Hierarchy};
 use super::host;
 use super::rate::CpuRates;
 use super::types::*;
+use crate::RunningPod;
 use gantry_config::PodSettings;
 use gantry_pod::qos;
 use gantry_vocab::cri_labels as labels;
@@ -60,7 +61,7 @@ pub struct Sources<'a> {
     /// carries only pressure).
     pub psi: bool,
     /// The pods to report: all those this node runs (from the status store), or some of them.
-    pub pods: Vec<Pod>,
+    pub pods: Vec<RunningPod>,
     /// Whether `pods` are all the node's pods: only then are the CPU samples of containers and
     /// pods not in the summary dropped (a partial read keeps the others' for the next scrape).
     pub all_pods: bool,
@@ -132,7 +133,8 @@ pub fn assemble(src: &Sources<'_>, gathered: Gathered, only_cpu_and_memory: bool
     let mut rates = src.cache.rates.lock().unwrap_or_else(|p| p.into_inner());
     let node = node_stats(src, hierarchy, &time, at, &mut rates, only_cpu_and_memory, image_fs.clone());
     let mut pods = Vec::new();
-    for pod in &src.pods {
+    for running in &src.pods {
+        let pod = running.pod.as_ref();
         let uid = spec::uid(pod);
         let mine: Vec<&api::Container> =
             containers.iter().filter(|c| c.labels.get(labels::POD_UID).map(String::as_str) == Some(uid)).collect();
@@ -145,12 +147,7 @@ pub fn assemble(src: &Sources<'_>, gathered: Gathered, only_cpu_and_memory: bool
                 namespace: spec::namespace(pod).into(),
                 uid: uid.into(),
             },
-            start_time: pod
-                .status
-                .as_ref()
-                .and_then(|s| s.start_time.as_ref())
-                .map(|t| t.0.to_string())
-                .unwrap_or_default(),
+            start_time: running.status.start_time.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
             ..Default::default()
         };
         let log_dir = paths::pod_log_dir(src.pod_logs_dir, pod);
@@ -197,7 +194,7 @@ pub fn assemble(src: &Sources<'_>, gathered: Gathered, only_cpu_and_memory: bool
     let alive: std::collections::HashSet<String> = containers
         .iter()
         .map(|c| c.id.clone())
-        .chain(src.pods.iter().map(|p| format!("pod/{}", spec::uid(p))))
+        .chain(src.pods.iter().map(|p| format!("pod/{}", spec::uid(&p.pod))))
         .collect();
     if src.all_pods {
         rates.retain(|k| k == "node" || k.starts_with("sys/") || alive.contains(k));

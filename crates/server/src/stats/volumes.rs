@@ -53,7 +53,7 @@ pub async fn run(state: ServerState, period: Duration) {
 /// One pass over the node's pods.
 pub async fn measure_all(state: &ServerState) {
     let mut measured = HashMap::new();
-    for pod in state.pods() {
+    for pod in state.pods().into_iter().map(|p| p.pod) {
         let uid = spec::uid(&pod).to_string();
         let by_plugin = state.plugin_volumes().usage(&uid).await;
         let time = Timestamp::now().to_string();

@@ -402,6 +402,27 @@ async fn normal_start_events_in_upstream_order() {
     assert_eq!(order, ["RunPodSandbox", "PullImage", "CreateContainer", "StartContainer"]);
 }
 
+/// As upstream's SyncPod, a new sandbox's containers start in the same sync: the worker reads
+/// the sandbox's status (its IP) and does not list the pod again in between.
+#[tokio::test]
+async fn containers_start_in_the_same_sync_as_their_sandbox() {
+    let node = Node::start().await;
+    let (shared, tx) = node.agent().await;
+    let pod = static_pod("onesync", &["app", "side"]);
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+
+    let calls = node.fake.calls();
+    let name = pod.metadata.name.as_deref().unwrap();
+    let ran = calls.iter().position(|c| c.op == "RunPodSandbox").expect("a sandbox was created");
+    let created = calls.iter().position(|c| c.op == "CreateContainer").expect("a container was created");
+    let between: Vec<&str> = calls[ran + 1..created].iter().filter(|c| c.pod == name).map(|c| c.op).collect();
+    assert!(!between.contains(&"ListPodSandbox"), "the pod was listed again before its containers: {between:?}");
+    assert_eq!(count(&calls[ran..created], "PodSandboxStatus", name), 1, "{between:?}");
+    assert_eq!(count(&calls, "CreateContainer", name), 2);
+    assert_eq!(count(&calls, "StartContainer", name), 2);
+}
+
 /// (pod UID, reason, message) of every pod event recorded in this test binary.
 static EVENTS: Mutex<Vec<(String, String, String)>> = Mutex::new(Vec::new());
 

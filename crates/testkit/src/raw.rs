@@ -52,17 +52,45 @@ pub async fn raw_start_pods(ctd: &Containerd, n: usize) -> Result<Duration> {
 /// Start `n` pods like [`raw_start_pods`], by `workers` concurrent workers sharing one
 /// connection; returns the elapsed time until the last one started.
 pub async fn raw_start_pods_parallel(ctd: &Containerd, n: usize, workers: usize) -> Result<Duration> {
+    raw_start_shaped_pods_parallel(ctd, n, workers, Shape::Minimal).await
+}
+
+/// How raw pods are configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Namespaces, a log directory and a command: the least a pod can be.
+    Minimal,
+    /// As a kubelet configures an ordinary BestEffort pod of one container without volumes
+    /// (what Gantry sends for it): a pod cgroup below a `kubepods/besteffort` of its own, the
+    /// host's DNS settings, CPU shares and the OOM score, the kubelet's labels and
+    /// annotations, the `default/kubernetes` service variables, and the two files every
+    /// container gets mounted (`/etc/hosts` and its termination message file), which the
+    /// worker writes first as the kubelet does.
+    Kubelet,
+}
+
+/// [`raw_start_pods_parallel`] with pods of `shape`.
+pub async fn raw_start_shaped_pods_parallel(
+    ctd: &Containerd,
+    n: usize,
+    workers: usize,
+    shape: Shape,
+) -> Result<Duration> {
     let client = ctd.runtime_client().await;
     let log_root = raw_log_root(ctd);
+    let kubelet = (shape == Shape::Kubelet).then(|| KubeletShape::new(ctd));
     let left = std::sync::Arc::new(AtomicUsize::new(n));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..workers.max(1) {
-        let (mut client, log_root, left) = (client.clone(), log_root.clone(), left.clone());
+        let (mut client, log_root, left, kubelet) = (client.clone(), log_root.clone(), left.clone(), kubelet.clone());
         tasks.spawn(async move {
             // Each worker takes the next pod until none is left.
             while left.fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1)).is_ok() {
-                raw_run_pod(&mut client, &log_root, &["sleep", "3600"]).await?;
+                match &kubelet {
+                    None => raw_run_pod(&mut client, &log_root, &["sleep", "3600"]).await?,
+                    Some(kubelet) => kubelet.run_pod(&mut client, &log_root).await?,
+                };
             }
             Ok::<(), TestkitError>(())
         });
@@ -73,6 +101,111 @@ pub async fn raw_start_pods_parallel(ctd: &Containerd, n: usize, workers: usize)
     let elapsed = started.elapsed();
     tracing::info!(pods = n, workers, elapsed_ms = elapsed.as_millis() as u64, "raw pods started in parallel");
     Ok(elapsed)
+}
+
+/// Where a kubelet-shaped raw pod's cgroup and files go.
+#[derive(Debug, Clone)]
+struct KubeletShape {
+    cgroup_parent: String,
+    files: PathBuf,
+    dns: gantry_cri::api::DnsConfig,
+}
+
+impl KubeletShape {
+    fn new(ctd: &Containerd) -> Self {
+        let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let values = |key: &str| -> Vec<String> {
+            resolv
+                .lines()
+                .filter_map(|l| l.strip_prefix(key))
+                .flat_map(|rest| rest.split_whitespace().map(String::from))
+                .collect()
+        };
+        KubeletShape {
+            cgroup_parent: format!("{}/raw-kubepods/besteffort", ctd.cgroup_root()),
+            files: ctd.dir().join("raw-pods"),
+            dns: gantry_cri::api::DnsConfig {
+                servers: values("nameserver "),
+                searches: values("search "),
+                options: values("options "),
+            },
+        }
+    }
+
+    /// [`raw_run_pod`] of a `sleep 3600` container, configured as a kubelet does.
+    async fn run_pod(&self, client: &mut RuntimeServiceClient<Channel>, log_root: &Path) -> Result<RawPod> {
+        let name = format!("raw-{}", NEXT_POD.fetch_add(1, Ordering::Relaxed));
+        let uid = format!("{name}-{}", std::process::id());
+        let log_dir = log_root.join(&name);
+        std::fs::create_dir_all(&log_dir).ctx(|| format!("create {}", log_dir.display()))?;
+        let mut pod = pod_config(&name, &log_dir);
+        self.shape_sandbox(&mut pod, &name, &uid);
+        let files = self.files.join(&uid);
+        let (hosts, message) = (files.join("etc-hosts"), files.join("containers/main/0"));
+        std::fs::create_dir_all(message.parent().unwrap_or(&files)).ctx(|| format!("create {}", files.display()))?;
+        std::fs::write(&hosts, format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n10.0.0.1\t{name}\n"))
+            .ctx(|| format!("write {}", hosts.display()))?;
+        std::fs::write(&message, b"").ctx(|| format!("write {}", message.display()))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&message, std::fs::Permissions::from_mode(0o666))
+            .ctx(|| format!("chmod {}", message.display()))?;
+        let mut container = container_config(&["sleep", "3600"]);
+        shape_container(&mut container, &name, &uid, &hosts, &message);
+        run(client, pod, container, &name, &log_dir).await
+    }
+
+    fn shape_sandbox(&self, pod: &mut PodSandboxConfig, name: &str, uid: &str) {
+        pod.labels.extend(kubelet_labels(name, uid));
+        pod.annotations.insert("io.kubernetes.pod.terminationGracePeriod".into(), "30".into());
+        pod.dns_config = Some(self.dns.clone());
+        if let Some(linux) = pod.linux.as_mut() {
+            linux.cgroup_parent = format!("{}/pod{uid}", self.cgroup_parent);
+            linux.resources = Some(gantry_cri::api::LinuxContainerResources { cpu_shares: 2, ..Default::default() });
+        }
+    }
+}
+
+fn kubelet_labels(name: &str, uid: &str) -> [(String, String); 3] {
+    [
+        ("io.kubernetes.pod.name".into(), name.into()),
+        ("io.kubernetes.pod.namespace".into(), RAW_NAMESPACE.into()),
+        ("io.kubernetes.pod.uid".into(), uid.into()),
+    ]
+}
+
+fn shape_container(c: &mut ContainerConfig, name: &str, uid: &str, hosts: &Path, message: &Path) {
+    c.labels.extend(kubelet_labels(name, uid));
+    c.labels.insert("io.kubernetes.container.name".into(), CONTAINER_NAME.into());
+    c.annotations.extend([
+        ("io.kubernetes.container.hash".into(), "5d2a6b1e".into()),
+        ("io.kubernetes.container.restartCount".into(), "0".into()),
+        ("io.kubernetes.pod.terminationGracePeriod".into(), "30".into()),
+        ("io.kubernetes.container.terminationMessagePath".into(), "/dev/termination-log".into()),
+        ("io.kubernetes.container.terminationMessagePolicy".into(), "File".into()),
+    ]);
+    c.log_path = format!("{CONTAINER_NAME}/0.log");
+    let service = [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "443"),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+        ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+        ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+        ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+        ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+        ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+    ];
+    c.envs =
+        service.iter().map(|(k, v)| gantry_cri::api::KeyValue { key: k.to_string(), value: v.to_string() }).collect();
+    let mount = |container_path: &str, host: &Path| gantry_cri::api::Mount {
+        container_path: container_path.into(),
+        host_path: host.to_string_lossy().into_owned(),
+        ..Default::default()
+    };
+    c.mounts = vec![mount("/etc/hosts", hosts), mount("/dev/termination-log", message)];
+    if let Some(linux) = c.linux.as_mut() {
+        linux.resources =
+            Some(gantry_cri::api::LinuxContainerResources { cpu_shares: 2, oom_score_adj: 1000, ..Default::default() });
+    }
 }
 
 /// Stop and remove every sandbox of `ctd` (raw or not); returns how many.
@@ -98,14 +231,23 @@ pub async fn raw_run_pod(
     // Like kubelet, create the pod log directory; containerd only writes in it.
     std::fs::create_dir_all(&log_dir).ctx(|| format!("create {}", log_dir.display()))?;
     let pod = pod_config(&name, &log_dir);
+    run(client, pod, container_config(command), &name, &log_dir).await
+}
 
+/// RunPodSandbox → CreateContainer → StartContainer.
+async fn run(
+    client: &mut RuntimeServiceClient<Channel>,
+    pod: PodSandboxConfig,
+    container: ContainerConfig,
+    name: &str,
+    log_dir: &Path,
+) -> Result<RawPod> {
     let sandbox_id = client
         .run_pod_sandbox(RunPodSandboxRequest { config: Some(pod.clone()), runtime_handler: String::new() })
         .await
         .map_err(TestkitError::cri("RunPodSandbox"))?
         .into_inner()
         .pod_sandbox_id;
-    let container = container_config(command);
     let log_path = log_dir.join(&container.log_path);
     let container_id = client
         .create_container(CreateContainerRequest {

@@ -7,11 +7,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gantry_cri::api::{
-    ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListPodSandboxRequest, PodSandboxFilter,
-    PodSandboxState, PodSandboxStatusRequest, VersionRequest,
+    ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListContainersRequest,
+    ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStatusRequest, VersionRequest,
 };
 use gantry_testkit::raw::{RAW_LABEL, raw_log_root, raw_run_pod};
-use gantry_testkit::{BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, raw_start_pods, remove_all_pods};
+use gantry_testkit::{
+    BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, Shape, raw_start_pods, raw_start_shaped_pods_parallel, remove_all_pods,
+};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
@@ -166,6 +168,29 @@ async fn raw_floor_starts_and_removes_pods() {
     assert_eq!(raw_sandbox_count(&ctd).await, 0);
     // Shims exit asynchronously after their last task is deleted.
     eventually("shims to exit", || async { ctd.shim_pids().is_empty().then_some(()) }).await;
+}
+
+#[tokio::test]
+async fn kubelet_shaped_raw_pods_run_with_the_kubelets_mounts_and_pod_cgroup() {
+    gantry_testkit::init_test_tracing();
+    let Some(ctd) = Containerd::start_or_skip().await else {
+        return;
+    };
+    raw_start_shaped_pods_parallel(&ctd, 2, 2, Shape::Kubelet).await.expect("raw pods");
+    let mut client = ctd.runtime_client().await;
+    let containers = client.list_containers(ListContainersRequest::default()).await.unwrap().into_inner().containers;
+    assert_eq!(containers.len(), 2);
+    for c in containers {
+        assert_eq!(c.state, ContainerState::ContainerRunning as i32, "{c:?}");
+        let request = ContainerStatusRequest { container_id: c.id.clone(), verbose: true };
+        let response = client.container_status(request).await.unwrap().into_inner();
+        let mounts: Vec<String> = response.status.unwrap().mounts.into_iter().map(|m| m.container_path).collect();
+        assert_eq!(mounts, ["/etc/hosts", "/dev/termination-log"]);
+        let info = response.info.get("info").cloned().unwrap_or_default();
+        let parent = format!("{}/raw-kubepods/besteffort/pod", ctd.cgroup_root());
+        assert!(info.contains(&parent), "the container's cgroup is not below {parent}: {info}");
+    }
+    assert_eq!(remove_all_pods(&ctd).await.expect("remove"), 2);
 }
 
 #[tokio::test]

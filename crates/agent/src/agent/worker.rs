@@ -23,7 +23,7 @@ use gantry_pod::probe::{self, Health, ProbeKill};
 use gantry_pod::shutdown;
 use gantry_pod::start_failure::StartFailure;
 use gantry_pod::status::{self, Waiting};
-use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod};
+use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod, SandboxInfo};
 use gantry_vocab::spec;
 
 pub enum Msg {
@@ -46,6 +46,16 @@ const INIT_POLL: Duration = Duration::from_millis(200);
 const MAX_ERROR_DELAY: Duration = Duration::from_secs(10);
 /// Plan/act rounds per sync before yielding; a converging pod needs two or three.
 const MAX_ROUNDS: usize = 6;
+
+/// How a sandbox creation went.
+enum Created {
+    /// Ready, as the runtime showed it right after: its containers start now.
+    Sandbox(SandboxInfo),
+    /// Created, but not seen ready: the next round looks at the pod again.
+    Unseen,
+    /// Not created (the event says why).
+    Failed,
+}
 
 pub struct Handle {
     pub tx: mpsc::UnboundedSender<Msg>,
@@ -435,13 +445,26 @@ impl Worker {
                 return false;
             }
         }
-        if let Some(attempt) = actions.create_sandbox {
-            return self.create_sandbox(attempt).await;
-        }
-        self.start_all(&actions.start, observed, now).await
+        let created;
+        let sandbox = match actions.create_sandbox {
+            // As upstream, the containers start in the same sync as their sandbox.
+            Some(attempt) => match self.create_sandbox(attempt).await {
+                Created::Sandbox(sandbox) => {
+                    created = sandbox;
+                    &created
+                }
+                Created::Unseen => return true,
+                Created::Failed => return false,
+            },
+            None => match observed.current_sandbox() {
+                Some(sandbox) => sandbox,
+                None => return false,
+            },
+        };
+        self.start_all(&actions.start, sandbox, now).await
     }
 
-    async fn create_sandbox(&mut self, attempt: u32) -> bool {
+    async fn create_sandbox(&mut self, attempt: u32) -> Created {
         if attempt > 0 {
             self.shared.events.record(
                 &self.pod,
@@ -451,20 +474,25 @@ impl Worker {
                 "Pod sandbox changed, it will be killed and re-created.",
             );
         }
-        match self.shared.driver.create_sandbox(&self.pod, attempt).await {
-            Ok(_) => {
-                self.start_time.get_or_insert_with(now);
-                true
-            }
+        let id = match self.shared.driver.create_sandbox(&self.pod, attempt).await {
+            Ok(id) => id,
             Err(e) => {
                 self.shared.events.record(&self.pod, None, EventType::Warning, "FailedCreatePodSandBox", &e.message);
-                false
+                return Created::Failed;
+            }
+        };
+        self.start_time.get_or_insert_with(now);
+        match self.shared.observer.created_sandbox(&id).await {
+            Ok(Some(sandbox)) if sandbox.ready => Created::Sandbox(sandbox),
+            Ok(_) => Created::Unseen,
+            Err(e) => {
+                tracing::debug!(pod = %spec::full_name(&self.pod), error = %e, "cannot read the new sandbox's status");
+                Created::Unseen
             }
         }
     }
 
-    async fn start_all(&mut self, starts: &[Start], observed: &ObservedPod, now: Nanos) -> bool {
-        let Some(sandbox) = observed.current_sandbox() else { return false };
+    async fn start_all(&mut self, starts: &[Start], sandbox: &SandboxInfo, now: Nanos) -> bool {
         let uid = spec::uid(&self.pod).to_string();
         for s in starts.iter().filter_map(|s| s.restart_of.map(|f| (s, f))) {
             self.backoff.record_restart(&backoff::key(&uid, &s.0.name), s.1, now);

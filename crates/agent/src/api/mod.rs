@@ -327,12 +327,13 @@ where
         .map_err(BoxError::from)
         .service(lanes)
         .map_response(|r| r.map(|body| Box::new(body.map_err(BoxError::from)) as Box<kube::client::DynBody>))
-        .boxed();
+        .boxed_clone();
     Ok(ClientBuilder::new(service, config.default_namespace.clone()))
 }
 
-/// kube's boxed client service, the type `ClientBuilder::try_from(Config)` builds.
-type GenericService = tower::util::BoxService<
+/// kube's boxed client service, as `ClientBuilder::try_from(Config)` builds it but cloneable:
+/// the rate limit sends a request that waits for its token through a clone.
+type GenericService = tower::util::BoxCloneService<
     http::Request<kube::client::Body>,
     http::Response<Box<kube::client::DynBody>>,
     tower::BoxError,

@@ -31,6 +31,12 @@ pub struct PodIdentity {
 /// A sandbox's primary IP and any others (dual stack).
 type SandboxIps = (Option<String>, Vec<String>);
 
+fn network_ips(network: Option<api::PodSandboxNetworkStatus>) -> SandboxIps {
+    let ip = network.as_ref().map(|n| n.ip.clone()).filter(|ip| !ip.is_empty());
+    let more = network.map(|n| n.additional_ips.into_iter().map(|i| i.ip).collect()).unwrap_or_default();
+    (ip, more)
+}
+
 pub struct Observer {
     runtime: RuntimeClient,
     node: String,
@@ -109,17 +115,30 @@ impl Observer {
         Ok(SandboxInfo { id: s.id, attempt, ready, created_at: s.created_at, ip, additional_ips })
     }
 
+    /// A sandbox just created, as one `PodSandboxStatus` shows it (its IPs are kept for later
+    /// looks): what its containers start in, without listing the pod again. `None` when the
+    /// runtime no longer has it.
+    pub async fn created_sandbox(&self, id: &str) -> Result<Option<SandboxInfo>, CriError> {
+        let Some(status) = self.sandbox_status(id).await? else { return Ok(None) };
+        let ips = network_ips(status.network);
+        self.sandbox_ips.lock().unwrap().insert(id.to_string(), ips.clone());
+        let ready = status.state == api::PodSandboxState::SandboxReady as i32;
+        let attempt = status.metadata.as_ref().map_or(0, |m| m.attempt);
+        let (ip, additional_ips) = ips;
+        Ok(Some(SandboxInfo { id: status.id, attempt, ready, created_at: status.created_at, ip, additional_ips }))
+    }
+
     async fn sandbox_ips(&self, id: &str) -> Result<SandboxIps, CriError> {
+        Ok(network_ips(self.sandbox_status(id).await?.and_then(|s| s.network)))
+    }
+
+    async fn sandbox_status(&self, id: &str) -> Result<Option<api::PodSandboxStatus>, CriError> {
         let request = api::PodSandboxStatusRequest { pod_sandbox_id: id.to_string(), verbose: false };
-        let status = match self.runtime.pod_sandbox_status(request).await {
-            Ok(resp) => resp.status,
-            Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e),
-        };
-        let network = status.and_then(|s| s.network);
-        let ip = network.as_ref().map(|n| n.ip.clone()).filter(|ip| !ip.is_empty());
-        let more = network.map(|n| n.additional_ips.into_iter().map(|i| i.ip).collect()).unwrap_or_default();
-        Ok((ip, more))
+        match self.runtime.pod_sandbox_status(request).await {
+            Ok(resp) => Ok(resp.status),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Drops what is cached of a container, so that the next look asks the runtime again (its

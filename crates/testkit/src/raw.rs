@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 use crate::containerd::Containerd;
 use crate::error::{IoContext, Result, TestkitError};
 use crate::images::BUSYBOX_IMAGE;
+use gantry_vocab::cri_labels as labels;
 
 /// Label on every raw pod and container, telling them apart from Gantry's.
 pub const RAW_LABEL: (&str, &str) = ("gantry.test/raw", "true");
@@ -134,10 +135,8 @@ impl KubeletShape {
 
     /// [`raw_run_pod`] of a `sleep 3600` container, configured as a kubelet does.
     async fn run_pod(&self, client: &mut RuntimeServiceClient<Channel>, log_root: &Path) -> Result<RawPod> {
-        let name = format!("raw-{}", NEXT_POD.fetch_add(1, Ordering::Relaxed));
-        let uid = format!("{name}-{}", std::process::id());
-        let log_dir = log_root.join(&name);
-        std::fs::create_dir_all(&log_dir).ctx(|| format!("create {}", log_dir.display()))?;
+        let (name, log_dir) = next_pod(log_root)?;
+        let uid = pod_uid(&name);
         let mut pod = pod_config(&name, &log_dir);
         self.shape_sandbox(&mut pod, &name, &uid);
         let files = self.files.join(&uid);
@@ -156,7 +155,7 @@ impl KubeletShape {
 
     fn shape_sandbox(&self, pod: &mut PodSandboxConfig, name: &str, uid: &str) {
         pod.labels.extend(kubelet_labels(name, uid));
-        pod.annotations.insert("io.kubernetes.pod.terminationGracePeriod".into(), "30".into());
+        pod.annotations.insert(labels::GRACE_PERIOD.into(), "30".into());
         pod.dns_config = Some(self.dns.clone());
         if let Some(linux) = pod.linux.as_mut() {
             linux.cgroup_parent = format!("{}/pod{uid}", self.cgroup_parent);
@@ -167,21 +166,21 @@ impl KubeletShape {
 
 fn kubelet_labels(name: &str, uid: &str) -> [(String, String); 3] {
     [
-        ("io.kubernetes.pod.name".into(), name.into()),
-        ("io.kubernetes.pod.namespace".into(), RAW_NAMESPACE.into()),
-        ("io.kubernetes.pod.uid".into(), uid.into()),
+        (labels::POD_NAME.into(), name.into()),
+        (labels::POD_NAMESPACE.into(), RAW_NAMESPACE.into()),
+        (labels::POD_UID.into(), uid.into()),
     ]
 }
 
 fn shape_container(c: &mut ContainerConfig, name: &str, uid: &str, hosts: &Path, message: &Path) {
     c.labels.extend(kubelet_labels(name, uid));
-    c.labels.insert("io.kubernetes.container.name".into(), CONTAINER_NAME.into());
+    c.labels.insert(labels::CONTAINER_NAME.into(), CONTAINER_NAME.into());
     c.annotations.extend([
-        ("io.kubernetes.container.hash".into(), "5d2a6b1e".into()),
-        ("io.kubernetes.container.restartCount".into(), "0".into()),
-        ("io.kubernetes.pod.terminationGracePeriod".into(), "30".into()),
-        ("io.kubernetes.container.terminationMessagePath".into(), "/dev/termination-log".into()),
-        ("io.kubernetes.container.terminationMessagePolicy".into(), "File".into()),
+        (labels::CONTAINER_HASH.into(), "5d2a6b1e".into()),
+        (labels::RESTART_COUNT.into(), "0".into()),
+        (labels::GRACE_PERIOD.into(), "30".into()),
+        (labels::TERMINATION_MESSAGE_PATH.into(), "/dev/termination-log".into()),
+        (labels::TERMINATION_MESSAGE_POLICY.into(), "File".into()),
     ]);
     c.log_path = format!("{CONTAINER_NAME}/0.log");
     let service = [
@@ -226,12 +225,22 @@ pub async fn raw_run_pod(
     log_root: &Path,
     command: &[&str],
 ) -> Result<RawPod> {
-    let name = format!("raw-{}", NEXT_POD.fetch_add(1, Ordering::Relaxed));
-    let log_dir = log_root.join(&name);
-    // Like kubelet, create the pod log directory; containerd only writes in it.
-    std::fs::create_dir_all(&log_dir).ctx(|| format!("create {}", log_dir.display()))?;
+    let (name, log_dir) = next_pod(log_root)?;
     let pod = pod_config(&name, &log_dir);
     run(client, pod, container_config(command), &name, &log_dir).await
+}
+
+/// A new raw pod's name, and its log directory, created (as the kubelet does; containerd only
+/// writes in it).
+fn next_pod(log_root: &Path) -> Result<(String, PathBuf)> {
+    let name = format!("raw-{}", NEXT_POD.fetch_add(1, Ordering::Relaxed));
+    let log_dir = log_root.join(&name);
+    std::fs::create_dir_all(&log_dir).ctx(|| format!("create {}", log_dir.display()))?;
+    Ok((name, log_dir))
+}
+
+fn pod_uid(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
 }
 
 /// RunPodSandbox → CreateContainer → StartContainer.
@@ -286,7 +295,7 @@ fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
     PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
             name: name.to_owned(),
-            uid: format!("{name}-{}", std::process::id()),
+            uid: pod_uid(name),
             namespace: RAW_NAMESPACE.to_owned(),
             attempt: 0,
         }),

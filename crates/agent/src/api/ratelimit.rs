@@ -21,7 +21,7 @@ use tower::{Layer, Service, ServiceExt};
 /// When each request may go: a token bucket kept as the time its next token is due (the
 /// generic cell rate algorithm), so a request's time is known on arrival.
 #[derive(Debug)]
-pub struct Schedule {
+struct Schedule {
     /// One token's worth of time (1 / qps).
     interval: Duration,
     /// How far ahead of its due time a request may go: the burst less one token.
@@ -32,13 +32,13 @@ pub struct Schedule {
 
 impl Schedule {
     /// `qps` tokens per second, at most `burst` at once (both at least 1).
-    pub fn new(qps: u32, burst: u32) -> Self {
+    fn new(qps: u32, burst: u32) -> Self {
         let interval = Duration::from_secs(1) / qps.max(1);
         Schedule { interval, tolerance: interval * (burst.max(1) - 1), due: None }
     }
 
     /// When a request arriving `now` may go (`now` or later); takes its token.
-    pub fn reserve(&mut self, now: Instant) -> Instant {
+    fn reserve(&mut self, now: Instant) -> Instant {
         let due = self.due.map_or(now, |due| due.max(now));
         self.due = Some(due + self.interval);
         due.checked_sub(self.tolerance).map_or(now, |at| at.max(now))

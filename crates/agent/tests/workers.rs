@@ -14,7 +14,7 @@ use gantry_config::Settings;
 use gantry_metrics::Metrics;
 use gantry_testkit::fake_cri::{Call, Code};
 use gantry_testkit::{FakeCri, ManualClock};
-use k8s_openapi::api::core::v1::{ContainerStateWaiting, Pod};
+use k8s_openapi::api::core::v1::{ContainerStateWaiting, Pod, PodStatus};
 use tokio::sync::mpsc;
 
 const NODE: &str = "fake-node";
@@ -421,6 +421,107 @@ async fn containers_start_in_the_same_sync_as_their_sandbox() {
     assert_eq!(count(&calls[ran..created], "PodSandboxStatus", name), 1, "{between:?}");
     assert_eq!(count(&calls, "CreateContainer", name), 2);
     assert_eq!(count(&calls, "StartContainer", name), 2);
+}
+
+/// A start lists the pod once before its sandbox (admission's look serves the first sync) and
+/// once after its containers started; the relist does not wake the worker again for the
+/// changes the worker made and reported itself.
+#[tokio::test]
+async fn a_start_lists_its_pod_twice_and_the_relist_does_not_wake_it_for_its_own_changes() {
+    let node = Node::start().await;
+    let (shared, tx) = node.agent().await;
+    let pod = static_pod("twolists", &["app", "side"]);
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+    // Two relists after the pod ran (node-wide lists select no UID).
+    let running_at = node.fake.calls().len();
+    let relists = |calls: &[Call]| calls.iter().filter(|c| c.op == "ListPodSandbox" && c.uid.is_empty()).count();
+    let relisted = node.fake.wait_for_calls(PATIENCE, |calls| relists(&calls[running_at..]) >= 2).await;
+    assert!(relisted, "the relist ran twice");
+
+    let calls = node.fake.calls();
+    let lists_of_pod: Vec<&Call> = calls.iter().filter(|c| c.op == "ListPodSandbox" && c.uid == uid(&pod)).collect();
+    let ran = calls.iter().position(|c| c.op == "RunPodSandbox").expect("a sandbox was created");
+    let before = lists_of_pod.iter().filter(|c| c.at <= calls[ran].at).count();
+    assert_eq!(before, 1, "admission's look is the first sync's");
+    // A relist that lists while the containers start may see a state the worker has not
+    // reported yet, and wake it once.
+    let last_start = calls.iter().rposition(|c| c.op == "StartContainer").expect("containers started");
+    let mid_start = relists(&calls[ran..last_start]).min(1);
+    let after = lists_of_pod.len() - before;
+    assert!(after >= 1 && after <= 1 + mid_start, "{after} lists after the sandbox ({mid_start} relists meanwhile)");
+}
+
+/// A relist that sees the pod while the worker is still starting it (its container created,
+/// not yet started) wakes the worker, but the worker's own look after the start began later:
+/// it has seen all the relist saw, and does not list the pod again for it.
+#[tokio::test]
+async fn a_relist_older_than_the_workers_last_look_does_not_make_it_look_again() {
+    let node = Node::start().await;
+    let (shared, tx) = node.agent().await;
+    let pod = static_pod("relisted", &["app"]);
+    node.fake.hang("StartContainer", pod.metadata.name.as_deref());
+    send(&tx, &[&pod]).await;
+    let relists = |calls: &[Call]| calls.iter().filter(|c| c.op == "ListPodSandbox" && c.uid.is_empty()).count();
+    // While the start hangs the worker lists nothing: every ListContainers is the relist's.
+    let start_hangs = |calls: &[Call]| calls.iter().position(|c| c.op == "StartContainer");
+    let relists_meanwhile = |calls: &[Call], at: usize| calls[at..].iter().filter(|c| c.op == "ListContainers").count();
+    let relisted = node
+        .fake
+        .wait_for_calls(PATIENCE, |calls| start_hangs(calls).is_some_and(|at| relists_meanwhile(calls, at) >= 2))
+        .await;
+    assert!(relisted, "the relist listed the pod twice while its container start hung");
+    // The start goes on with no relist in flight: the next is a second away.
+    node.fake.settle().await;
+    node.fake.clear("StartContainer");
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+    let running_at = node.fake.calls().len();
+    let relisted = node.fake.wait_for_calls(PATIENCE, |calls| relists(&calls[running_at..]) >= 2).await;
+    assert!(relisted, "the relist ran twice after the start");
+
+    let calls = node.fake.calls();
+    let ran = calls.iter().position(|c| c.op == "RunPodSandbox").expect("a sandbox was created");
+    let lists_after = calls[ran..].iter().filter(|c| c.op == "ListPodSandbox" && c.uid == uid(&pod)).count();
+    assert_eq!(lists_after, 1, "only the look after the start");
+}
+
+/// A newer copy of the pod that only carries its status back (a new resource version and the
+/// status the node wrote) takes the place of the older copy without a sync, as upstream's
+/// reconcile; a label change does sync (it feeds the downward API).
+#[tokio::test]
+async fn the_pods_own_status_coming_back_is_kept_without_a_sync() {
+    let node = Node::start().await;
+    let (shared, tx) = node.agent().await;
+    let pod = static_pod("echo", &["app"]);
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+    node.fake.settle().await;
+    let before = node.fake.calls().len();
+
+    let mut echoed = pod.clone();
+    echoed.metadata.resource_version = Some("2".into());
+    echoed.status = shared.statuses.status(uid(&pod)).map(|s| PodStatus::clone(&s));
+    send(&tx, &[&echoed]).await;
+    let kept = |s: &Shared| s.statuses.all().iter().any(|r| r.pod.metadata.resource_version.as_deref() == Some("2"));
+    poll_shared(&shared, "the newer copy in the status store", kept).await;
+    let mut labelled = echoed.clone();
+    labelled.metadata.labels.get_or_insert_with(Default::default).insert("tier".into(), "web".into());
+    send(&tx, &[&labelled]).await;
+    let listed =
+        |calls: &[Call]| calls[before..].iter().filter(|c| c.op == "ListPodSandbox" && c.uid == uid(&pod)).count();
+    assert!(node.fake.wait_for_calls(PATIENCE, |calls| listed(calls) >= 1).await, "the label change was synced");
+    node.fake.settle().await;
+    assert_eq!(listed(&node.fake.calls()), 1, "one sync, for the label change only");
+}
+
+/// Polls (real time) until `check` holds: a renewed copy changes no status, so no status
+/// change wakes [`wait_status`].
+async fn poll_shared(shared: &Shared, what: &str, check: impl Fn(&Shared) -> bool) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !check(shared) {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// (pod UID, reason, message) of every pod event recorded in this test binary.

@@ -14,6 +14,9 @@
 //!   and the watches open at its end; beside them what the Go kubelet's design implies;
 //! - the Events created over that window, by reason.
 //!
+//! Each timed phase (floor or makespan) starts once the machine is idle, so that none shares
+//! the cores with what the one before left running.
+//!
 //! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
 //! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60); `GANTRY_BENCH_FLOOR_WORKERS`: the
@@ -101,6 +104,7 @@ async fn main() {
 /// concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by default).
 async fn raw_floor(ctd: &Containerd, count: usize) -> Floor {
     let client = ctd.runtime_client().await;
+    idle_machine(&format!("pods={count} raw_sequential")).await;
     let busy = machine_ticks();
     let sequential = raw_start_pods(ctd, count).await.expect("raw pods");
     let sequential_busy = busy_cores(busy, sequential);
@@ -110,6 +114,7 @@ async fn raw_floor(ctd: &Containerd, count: usize) -> Floor {
     let mut best = sequential;
     for workers in env_list("GANTRY_BENCH_FLOOR_WORKERS", &FLOOR_WORKERS.to_string()) {
         let Ok(workers) = workers.parse::<usize>() else { continue };
+        idle_machine(&format!("pods={count} raw_parallel{workers}")).await;
         let (busy, commands) = (machine_ticks(), cpu_by_process());
         let parallel = raw_start_pods_parallel(ctd, count, workers).await.expect("raw pods");
         let parallel_busy = busy_cores(busy, parallel);
@@ -122,6 +127,7 @@ async fn raw_floor(ctd: &Containerd, count: usize) -> Floor {
     // The same floor again with pods configured as a kubelet configures them (cgroup parent,
     // DNS, mounts of /etc/hosts and the termination message file, service variables): the
     // runtime does more for each, so the makespan is also given against it.
+    idle_machine(&format!("pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped")).await;
     let (busy, commands) = (machine_ticks(), cpu_by_process());
     let shaped = raw_start_shaped_pods_parallel(ctd, count, FLOOR_WORKERS, Shape::Kubelet).await.expect("raw pods");
     println!(
@@ -161,6 +167,7 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Floor, stea
     let mut agent = common::spawn(&dir, "gantry.log", &args);
     common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    idle_machine(&label).await;
     let (ticks, requests) = ((cpu_ticks(agent.id()), cpu_ticks(std::process::id())), server.requests());
     let (busy, commands) = (machine_ticks(), cpu_by_process());
     let wall_start = std::time::SystemTime::now();
@@ -304,6 +311,29 @@ async fn runtime_timeline(ctd: &Containerd, start: std::time::SystemTime) -> Str
         at(&started, 0.5)
     )
 }
+
+/// Waits (up to a minute) until the machine is idle, so that no timed phase shares the cores
+/// with what the one before left running: containerd still removing the last phase's
+/// sandboxes, or the agent still starting up.
+async fn idle_machine(label: &str) {
+    const WINDOW: Duration = Duration::from_millis(500);
+    let start = Instant::now();
+    loop {
+        let before = machine_ticks().0;
+        tokio::time::sleep(WINDOW).await;
+        let busy = (machine_ticks().0 - before) as f64 / 100.0 / WINDOW.as_secs_f64();
+        if busy < IDLE_CORES || start.elapsed() > Duration::from_secs(60) {
+            println!(
+                "density: {label} starts after {:.1}s of waiting for an idle machine (busy {busy:.2} cores)",
+                start.elapsed().as_secs_f64()
+            );
+            return;
+        }
+    }
+}
+
+/// Below this many busy cores the machine counts as idle.
+const IDLE_CORES: f64 = 0.15;
 
 /// The machine's busy CPU time (all but idle and iowait) and its iowait, in clock ticks.
 fn machine_ticks() -> (u64, u64) {

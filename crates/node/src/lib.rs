@@ -185,8 +185,12 @@ impl Node {
         supervisor.spawn("pod-workers", agent.run(sources.rx));
         self.ready.send_replace(true);
         tracing::info!(node = %settings.node_name, "node agent ready");
-        supervise(supervisor, shutdown).await?;
-        Ok(())
+        let outcome = supervise(supervisor, shutdown).await;
+        // The status file's writer gathers changes for a moment: the last ones are written now.
+        if let Err(e) = shared.statuses.write_file(&settings.root_dir).await {
+            tracing::warn!(node = %settings.node_name, error = %e, "cannot write pod status file");
+        }
+        Ok(outcome?)
     }
 }
 

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
     ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::probe::{self, Health};
@@ -282,6 +282,19 @@ fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatu
 }
 
 /// Conditions others set on the pod (e.g. `DisruptionTarget`, readiness gates) are kept.
+/// Whether a newer copy of a pod changes anything a sync reads. A copy whose only changes are
+/// its resource version, its managed fields and the kubelet's own part of its status (the
+/// pod's own status write coming back from the API server) needs no sync: upstream's pod
+/// config calls that a reconcile, not an update. Conditions other components own (readiness
+/// gates, `DisruptionTarget`) go into the status, so a change to them does need one.
+pub fn needs_sync(old: &Pod, new: &Pod) -> bool {
+    let bookkeeping_aside =
+        |pod: &Pod| ObjectMeta { resource_version: None, managed_fields: None, ..pod.metadata.clone() };
+    old.spec != new.spec
+        || bookkeeping_aside(old) != bookkeeping_aside(new)
+        || !foreign_conditions(old).eq(foreign_conditions(new))
+}
+
 fn foreign_conditions(pod: &Pod) -> impl Iterator<Item = PodCondition> + '_ {
     // The resize conditions are the kubelet's too; the worker adds them (`resize`).
     const OWNED: [&str; 7] = [

@@ -39,6 +39,9 @@ pub struct Call {
     pub pod: String,
     /// The container (metadata name) the call is about; empty if none.
     pub container: String,
+    /// The pod UID a list's label selector picks, if any: also before the pod has a sandbox
+    /// (and so a name here).
+    pub uid: String,
     /// When it arrived, on tokio's clock.
     pub at: tokio::time::Instant,
 }
@@ -424,11 +427,22 @@ impl Service {
     /// Logs the call and applies the scripted failure or hang, if any. The returned guard
     /// marks the call as in progress until the handler returns.
     async fn enter(&self, op: &'static str, pod: String, container: String) -> Result<InProgress<'_>, Status> {
+        self.enter_selecting(op, pod, container, String::new()).await
+    }
+
+    /// [`Service::enter`] for a list whose selector picks the pod with `uid`.
+    async fn enter_selecting(
+        &self,
+        op: &'static str,
+        pod: String,
+        container: String,
+        uid: String,
+    ) -> Result<InProgress<'_>, Status> {
         let effect = {
             let mut state = self.lock();
             let effect = state.rule(op, &pod);
             let at = tokio::time::Instant::now();
-            state.calls.push(Call { op, pod: pod.clone(), container, at });
+            state.calls.push(Call { op, pod: pod.clone(), container, uid, at });
             effect
         };
         self.changed.send_modify(|v| *v += 1);
@@ -545,7 +559,8 @@ impl RuntimeService for Service {
     ) -> Result<Response<ListPodSandboxResponse>, Status> {
         let filter = request.into_inner().filter.unwrap_or_default();
         let pod = self.lock().pod_selected(&filter.label_selector);
-        let _call = self.enter("ListPodSandbox", pod, String::new()).await?;
+        let uid = filter.label_selector.get(POD_UID_LABEL).cloned().unwrap_or_default();
+        let _call = self.enter_selecting("ListPodSandbox", pod, String::new(), uid).await?;
         let items = self
             .lock()
             .sandboxes

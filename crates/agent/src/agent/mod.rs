@@ -5,10 +5,10 @@ pub mod allocation;
 mod holds;
 mod prober;
 pub mod runonce;
+mod seen;
 mod worker;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,6 +130,9 @@ pub struct Shared {
     /// When this agent connected: a container created before then that never ran had its
     /// start cut off by the previous agent's death (`plan::compute`).
     pub started_at: gantry_pod::Nanos,
+    /// What each worker last saw of its pod in the runtime: the relist wakes it only for
+    /// changes it has not seen.
+    seen: seen::Seen,
 }
 
 impl Shared {
@@ -182,6 +185,7 @@ impl Shared {
             shutting_down: tokio::sync::watch::Sender::new(false),
             pressure: tokio::sync::watch::Sender::new(Default::default()),
             started_at,
+            seen: seen::Seen::default(),
         }))
     }
 
@@ -272,7 +276,6 @@ pub struct Agent {
     workers: HashMap<String, worker::Handle>,
     done_tx: mpsc::UnboundedSender<String>,
     done_rx: mpsc::UnboundedReceiver<String>,
-    fingerprints: HashMap<String, u64>,
     last_gc: Instant,
     /// Pods being deleted through the API whose termination already ran.
     finished: std::collections::HashSet<String>,
@@ -308,6 +311,8 @@ struct Background {
 
 struct Relisted {
     snapshot: Result<Snapshot, CriError>,
+    /// When the list ended: a worker that began a look after it has seen all it shows.
+    listed_at: Instant,
     gc_waiters: Vec<oneshot::Sender<()>>,
 }
 
@@ -385,7 +390,6 @@ impl Agent {
             workers: HashMap::new(),
             done_tx,
             done_rx,
-            fingerprints: HashMap::new(),
             last_gc: Instant::now(),
             finished: Default::default(),
             qos: None,
@@ -476,8 +480,10 @@ impl Agent {
         }
         let gc_waiters = std::mem::take(&mut background.gc_asked);
         let shared = self.shared.clone();
-        background.listing =
-            Some(Box::pin(async move { Relisted { snapshot: shared.observer.all().await, gc_waiters } }));
+        background.listing = Some(Box::pin(async move {
+            let snapshot = shared.observer.all().await;
+            Relisted { snapshot, listed_at: Instant::now(), gc_waiters }
+        }));
     }
 
     /// Starts the next chore when none runs: the QoS levels first, then collection passes.
@@ -607,17 +613,16 @@ impl Agent {
         };
         let sources_ready = self.merger.all_reported(&self.configured);
         for (uid, observed) in &snapshot.pods {
-            let fp = fingerprint(observed);
-            if self.fingerprints.insert(uid.clone(), fp) != Some(fp)
+            if self.shared.seen.changed(uid, observed)
                 && let Some(h) = self.workers.get(uid)
             {
-                let _ = h.tx.send(worker::Msg::Wake);
+                let _ = h.tx.send(worker::Msg::Relisted(relisted.listed_at));
             }
             if sources_ready && !self.workers.contains_key(uid) && !self.desired.contains_key(uid) {
                 self.stop_orphan(uid, snapshot.identities.get(uid));
             }
         }
-        self.fingerprints.retain(|uid, _| snapshot.pods.contains_key(uid));
+        self.shared.seen.retain(|uid| snapshot.pods.contains_key(uid));
         if sources_ready {
             // Pods removed while the agent was down leave no allocation behind.
             self.shared.allocations.retain(|uid| self.workers.contains_key(uid) || self.desired.contains_key(uid));
@@ -729,17 +734,4 @@ fn orphan_pod(uid: &str, identity: Option<&PodIdentity>) -> Pod {
         spec: Some(PodSpec { termination_grace_period_seconds: Some(identity.grace_seconds), ..Default::default() }),
         ..Default::default()
     }
-}
-
-fn fingerprint(observed: &ObservedPod) -> u64 {
-    let mut items: Vec<(&str, u8)> = observed
-        .sandboxes
-        .iter()
-        .map(|s| (s.id.as_str(), u8::from(s.ready)))
-        .chain(observed.containers.iter().map(|c| (c.id.as_str(), c.state as u8)))
-        .collect();
-    items.sort();
-    let mut hasher = DefaultHasher::new();
-    items.hash(&mut hasher);
-    hasher.finish()
 }

@@ -27,10 +27,14 @@ use gantry_pod::{ContainerInfo, ContainerState, Nanos, ObservedPod, SandboxInfo}
 use gantry_vocab::spec;
 
 pub enum Msg {
-    /// The pod's spec changed (same UID).
+    /// A newer copy of the pod (same UID); it calls for a sync unless only the pod's own
+    /// status came back ([`gantry_pod::status::needs_sync`]).
     Update(Arc<Pod>),
     /// Something about the pod may have changed in the runtime; look again.
     Wake,
+    /// The relist saw the pod changed, in a list that ended at this instant: a worker that
+    /// has looked at its pod since then has seen all of it.
+    Relisted(tokio::time::Instant),
     /// The pod is no longer wanted: stop it gracefully and remove it.
     Terminate,
     /// The node shuts down or the pod is evicted: stop it within the kill's grace, leave it
@@ -116,8 +120,10 @@ fn start(
 struct Early {
     /// The latest spec update.
     update: Option<Arc<Pod>>,
-    /// Whether anything came at all.
+    /// Whether anything came that calls for another sync whatever the sync saw.
     any: bool,
+    /// The latest relist that saw the pod changed.
+    relisted: Option<tokio::time::Instant>,
 }
 
 struct Worker {
@@ -138,6 +144,14 @@ struct Worker {
     probers: Probers,
     /// When this worker first saw the pod; None once its start duration was recorded.
     seen_at: Option<std::time::Instant>,
+    /// What admission saw of the pod in the runtime (and when it began to look), moments
+    /// before the first sync: that sync starts from it rather than listing the pod again.
+    admitted_as: Option<(tokio::time::Instant, ObservedPod)>,
+    /// When the look behind the latest round began.
+    looking_since: Option<tokio::time::Instant>,
+    /// When the look whose result was last reported began: a relist that ended before then
+    /// has nothing new for the worker.
+    reported_look: Option<tokio::time::Instant>,
 }
 
 impl Worker {
@@ -154,6 +168,9 @@ impl Worker {
             start_time: None,
             probers,
             seen_at: Some(std::time::Instant::now()),
+            admitted_as: None,
+            looking_since: None,
+            reported_look: None,
         }
     }
 
@@ -174,27 +191,45 @@ impl Worker {
             if let Some(pod) = early.update {
                 self.update(pod);
             }
-            if early.any {
+            if early.any || early.relisted.is_some_and(|at| !self.looked_since(at)) {
                 // What came during the sync is looked at now, as it would have been after it.
                 continue;
             }
-            tokio::select! {
-                msg = rx.recv() => match msg {
-                    Some(Msg::Update(pod)) => self.update(pod),
-                    Some(Msg::Wake) => {}
-                    Some(stop @ (Msg::Terminate | Msg::Stop(_))) => return Box::pin(self.end(stop, rx)).await,
-                    // The agent is gone (shutting down, or the TLS bootstrap phase handing its
-                    // pods over): the pod keeps running, and the next agent adopts it.
-                    None => return,
-                },
-                _ = tokio::time::sleep(wait) => {}
+            let next = tokio::time::Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    msg = rx.recv() => match msg {
+                        Some(Msg::Update(pod)) if !status::needs_sync(&self.desired, &pod) => {
+                            self.update(pod);
+                            continue;
+                        }
+                        Some(Msg::Update(pod)) => self.update(pod),
+                        Some(Msg::Wake) => {}
+                        // A relist that listed before the last look began: nothing new.
+                        Some(Msg::Relisted(at)) if self.looked_since(at) => continue,
+                        Some(Msg::Relisted(_)) => {}
+                        Some(stop @ (Msg::Terminate | Msg::Stop(_))) => return Box::pin(self.end(stop, rx)).await,
+                        // The agent is gone (shutting down, or the TLS bootstrap phase handing
+                        // its pods over): the pod keeps running, and the next agent adopts it.
+                        None => return,
+                    },
+                    _ = tokio::time::sleep_until(next) => {}
+                }
+                break;
             }
         }
     }
 
+    /// Whether the last reported look at the pod began at or after `at`.
+    fn looked_since(&self, at: tokio::time::Instant) -> bool {
+        self.reported_look.is_some_and(|look| look >= at)
+    }
+
+    /// Takes the newer copy; the status store keeps it too, so the older one is freed.
     fn update(&mut self, pod: Arc<Pod>) {
         self.pod = self.shared.allocations.apply(&pod);
         self.desired = pod;
+        self.shared.statuses.renew(&self.pod);
     }
 
     /// One sync, cut short by a stop or a termination (as upstream's pod workers cancel a
@@ -207,7 +242,7 @@ impl Worker {
         rx: &mut mpsc::UnboundedReceiver<Msg>,
         early: &mut Early,
     ) -> Result<Duration, Msg> {
-        let pod = self.pod.clone();
+        let (pod, desired) = (self.pod.clone(), self.desired.clone());
         let mut sync = Box::pin(self.sync());
         let mut open = true;
         loop {
@@ -219,10 +254,11 @@ impl Worker {
                         return Err(stop);
                     }
                     Some(Msg::Update(pod)) => {
+                        early.any |= status::needs_sync(early.update.as_ref().unwrap_or(&desired), &pod);
                         early.update = Some(pod);
-                        early.any = true;
                     }
                     Some(Msg::Wake) => early.any = true,
+                    Some(Msg::Relisted(at)) => early.relisted = early.relisted.max(Some(at)),
                     // The sync ends as it would have; the caller sees the channel closed.
                     None => open = false,
                 },
@@ -242,13 +278,14 @@ impl Worker {
     }
 
     /// Upstream admits a pod once, when it arrives; a pod that already has a sandbox (an agent
-    /// restart) was admitted before.
-    async fn admit(&self) -> Result<(), (&'static str, String)> {
+    /// restart) was admitted before. Keeps what it saw of the pod for the first sync.
+    async fn admit(&mut self) -> Result<(), (&'static str, String)> {
         if *self.shared.shutting_down.borrow() {
             return Err((shutdown::NOT_ADMITTED_REASON, shutdown::NOT_ADMITTED_MESSAGE.to_string()));
         }
-        let observed = self.shared.observer.pod(spec::uid(&self.pod)).await;
-        if observed.is_ok_and(|o| !o.sandboxes.is_empty()) {
+        let since = tokio::time::Instant::now();
+        self.admitted_as = self.shared.observer.pod(spec::uid(&self.pod)).await.ok().map(|o| (since, o));
+        if self.admitted_as.as_ref().is_some_and(|(_, o)| !o.sandboxes.is_empty()) {
             return Ok(());
         }
         let pressure = *self.shared.pressure.borrow();
@@ -275,7 +312,7 @@ impl Worker {
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.pod = pod,
-                Some(Msg::Wake | Msg::Stop(_)) => {}
+                Some(Msg::Wake | Msg::Relisted(_) | Msg::Stop(_)) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }
@@ -287,7 +324,7 @@ impl Worker {
     async fn sync(&mut self) -> Duration {
         self.allocate_resize();
         for _ in 0..MAX_ROUNDS {
-            let observed = match self.shared.observer.pod(spec::uid(&self.pod)).await {
+            let observed = match self.observe().await {
                 Ok(observed) => observed,
                 Err(e) => {
                     tracing::warn!(pod = %spec::full_name(&self.pod), error = %e, "cannot read pod state from the runtime");
@@ -317,7 +354,7 @@ impl Worker {
                 return self.next_wait(&observed, &actions);
             }
             if !self.kill_unhealthy(&probe_kills, &observed).await || !self.execute(&actions, &observed, now).await {
-                if let Ok(observed) = self.shared.observer.pod(spec::uid(&self.pod)).await {
+                if let Ok(observed) = self.observe().await {
                     self.publish(&observed, &self.probers.health(), now);
                 }
                 // Image pull backoff has its own schedule; looking earlier only repeats BackOff.
@@ -327,6 +364,17 @@ impl Worker {
         // Still not converged: something undoes our actions (e.g. a container that never
         // leaves an unknown state); back off rather than spin.
         self.failed()
+    }
+
+    /// The pod in the runtime: what admission just saw of it, on the first sync; listed afresh
+    /// after that.
+    async fn observe(&mut self) -> Result<ObservedPod, gantry_cri::CriError> {
+        let (since, observed) = match self.admitted_as.take() {
+            Some((since, observed)) => (since, Ok(observed)),
+            None => (tokio::time::Instant::now(), self.shared.observer.pod(spec::uid(&self.pod)).await),
+        };
+        self.looking_since = Some(since);
+        observed
     }
 
     fn next_wait(&self, observed: &ObservedPod, actions: &PodActions) -> Duration {
@@ -591,6 +639,8 @@ impl Worker {
     }
 
     fn publish(&mut self, observed: &ObservedPod, health: &HashMap<String, Health>, now: Nanos) {
+        self.shared.seen.note(spec::uid(&self.pod), observed);
+        self.reported_look = self.looking_since;
         let status = self.current_status(observed, health, now);
         self.report(status);
     }
@@ -682,7 +732,7 @@ impl Worker {
         loop {
             match rx.recv().await {
                 Some(Msg::Update(pod)) => self.desired = pod,
-                Some(Msg::Wake | Msg::Stop(_)) => {}
+                Some(Msg::Wake | Msg::Relisted(_) | Msg::Stop(_)) => {}
                 Some(Msg::Terminate) => return self.terminate().await,
                 None => return,
             }

@@ -393,3 +393,40 @@ fn waiting_container_reports_mounts_but_no_user() {
     assert_eq!(cs.volume_mounts.as_ref().unwrap().len(), 1);
     assert_eq!((cs.user.as_ref(), cs.resources.as_ref()), (None, None));
 }
+
+/// The pod as the API server has it after the kubelet's status write: a new resource version,
+/// managed fields, and the kubelet's conditions.
+fn written_back(pod: &Pod) -> Pod {
+    let mut newer = pod.clone();
+    newer.metadata.resource_version = Some("2".into());
+    newer.metadata.managed_fields = Some(vec![Default::default()]);
+    let status = newer.status.get_or_insert_with(Default::default);
+    status.phase = Some("Running".into());
+    status.conditions = Some(vec![cond_of("Ready", "True")]);
+    newer
+}
+
+fn cond_of(type_: &str, status: &str) -> PodCondition {
+    PodCondition { type_: type_.into(), status: status.into(), ..Default::default() }
+}
+
+#[test]
+fn the_kubelets_own_status_coming_back_needs_no_sync() {
+    let mut pod = pod(&[], &["app"], "Always");
+    pod.metadata.resource_version = Some("1".into());
+    assert!(!needs_sync(&pod, &written_back(&pod)));
+}
+
+#[test]
+fn spec_metadata_and_foreign_conditions_need_a_sync() {
+    let pod = pod(&[], &["app"], "Always");
+    let mut labelled = written_back(&pod);
+    labelled.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
+    assert!(needs_sync(&pod, &labelled), "labels feed the downward API");
+    let mut gated = written_back(&pod);
+    gated.status.as_mut().unwrap().conditions.as_mut().unwrap().push(cond_of("example.com/gate", "True"));
+    assert!(needs_sync(&pod, &gated), "a readiness gate's condition feeds Ready");
+    let mut respecced = written_back(&pod);
+    respecced.spec.as_mut().unwrap().active_deadline_seconds = Some(30);
+    assert!(needs_sync(&pod, &respecced));
+}

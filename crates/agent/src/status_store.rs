@@ -2,7 +2,7 @@
 //!
 //! Without an API server the status has to be visible somewhere: the store writes a v1
 //! `PodList` to `<root-dir>/pods.json` (atomically, after every change, at most every
-//! [`WRITE_SPACING`]; a failed write is retried with backoff), which `gantry pods`
+//! 250 ms; a failed write is retried with backoff), which `gantry pods`
 //! prints as a table and any JSON tool can read.
 
 use std::collections::BTreeMap;
@@ -203,7 +203,7 @@ impl StatusStore {
 /// about three times, and each write serializes every pod: written on each change, 110 pods
 /// starting together wrote the file some 330 times (14% of the agent's CPU time during the
 /// start).
-pub const WRITE_SPACING: Duration = Duration::from_millis(250);
+const WRITE_SPACING: Duration = Duration::from_millis(250);
 
 /// How soon a failed status file write is tried again, doubling up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_secs(1);

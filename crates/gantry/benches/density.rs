@@ -5,7 +5,8 @@
 //! distinct Secret and the default service-account volume. It prints:
 //! - the makespan (first create → last pod Running) next to the raw CRI floor, the best of
 //!   sequential and 8-way parallel raw CRI for the same number of pods on the same containerd,
-//!   and next to 8-way parallel raw CRI of pods configured as a kubelet configures them;
+//!   and next to 8-way parallel raw CRI of pods configured as a kubelet configures them (with
+//!   the objects case's ConfigMap, Secret and token volumes for that case);
 //! - where that time went: how busy the machine's cores were and which commands used them,
 //!   during the floor and the makespan, when the runtime created the sandboxes and started the
 //!   containers, and when the pods were first, half and all seen Running;
@@ -91,7 +92,7 @@ async fn main() {
         .await
         .expect("containerd starts");
     for &count in &counts {
-        let floor = raw_floor(&ctd, count).await;
+        let floor = raw_floor(&ctd, count, cases.contains(&Case::Objects)).await;
         for &case in &cases {
             run_case(&ctd, count, case, floor, steady).await;
         }
@@ -101,8 +102,9 @@ async fn main() {
 }
 
 /// The best of sequential and bounded-parallel raw CRI for `count` pods, with as many
-/// concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by default).
-async fn raw_floor(ctd: &Containerd, count: usize) -> Floor {
+/// concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by default); then pods
+/// shaped as a kubelet configures them, with the objects case's volumes too if `objects`.
+async fn raw_floor(ctd: &Containerd, count: usize, objects: bool) -> Floor {
     let client = ctd.runtime_client().await;
     idle_machine(&format!("pods={count} raw_sequential")).await;
     let busy = machine_ticks();
@@ -130,26 +132,58 @@ async fn raw_floor(ctd: &Containerd, count: usize) -> Floor {
     idle_machine(&format!("pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped")).await;
     let (busy, commands) = (machine_ticks(), cpu_by_process());
     let shaped = raw_start_shaped_pods_parallel(ctd, count, FLOOR_WORKERS, Shape::Kubelet).await.expect("raw pods");
-    println!(
-        "density: pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped cpu by command: {}",
-        top_commands(&commands)
-    );
-    println!(
-        "density: pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped={:.3}s (machine {}); {:.2}× the minimal floor",
-        shaped.as_secs_f64(),
-        busy_cores(busy, shaped),
-        shaped.as_secs_f64() / best.as_secs_f64()
-    );
+    shaped_line(count, "kubelet_shaped", shaped, busy, &commands, best);
     gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-    Floor { best, shaped }
+    // The objects case's pods also mount a ConfigMap, a Secret and the service-account token.
+    let mut shaped_objects = None;
+    if objects {
+        idle_machine(&format!("pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped_objects")).await;
+        let (busy, commands) = (machine_ticks(), cpu_by_process());
+        let shape = Shape::KubeletWithObjects;
+        let elapsed = raw_start_shaped_pods_parallel(ctd, count, FLOOR_WORKERS, shape).await.expect("raw pods");
+        shaped_line(count, "kubelet_shaped_objects", elapsed, busy, &commands, best);
+        gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
+        shaped_objects = Some(elapsed);
+    }
+    gantry_testkit::remove_raw_files(ctd).expect("raw pods' files removed");
+    Floor { best, shaped, shaped_objects }
+}
+
+fn shaped_line(
+    count: usize,
+    shape: &str,
+    elapsed: Duration,
+    busy: (u64, u64),
+    commands: &HashMap<u32, (String, u64)>,
+    best: Duration,
+) {
+    println!("density: pods={count} raw_parallel{FLOOR_WORKERS}_{shape} cpu by command: {}", top_commands(commands));
+    println!(
+        "density: pods={count} raw_parallel{FLOOR_WORKERS}_{shape}={:.3}s (machine {}); {:.2}× the minimal floor",
+        elapsed.as_secs_f64(),
+        busy_cores(busy, elapsed),
+        elapsed.as_secs_f64() / best.as_secs_f64()
+    );
 }
 
 /// The raw CRI floor: the best of minimal pods started sequentially or by workers, and
-/// kubelet-shaped pods started by [`FLOOR_WORKERS`] workers.
+/// kubelet-shaped pods started by [`FLOOR_WORKERS`] workers, without and (when the objects
+/// case runs) with the objects case's volumes.
 #[derive(Clone, Copy)]
 struct Floor {
     best: Duration,
     shaped: Duration,
+    shaped_objects: Option<Duration>,
+}
+
+impl Floor {
+    /// The kubelet-shaped floor of `case`'s pods.
+    fn shaped(&self, case: Case) -> Duration {
+        match case {
+            Case::Objects => self.shaped_objects.unwrap_or(self.shaped),
+            Case::None => self.shaped,
+        }
+    }
 }
 
 async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Floor, steady: Duration) {
@@ -191,8 +225,8 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Floor, stea
         makespan.as_secs_f64(),
         floor.best.as_secs_f64(),
         makespan.as_secs_f64() / floor.best.as_secs_f64(),
-        floor.shaped.as_secs_f64(),
-        makespan.as_secs_f64() / floor.shaped.as_secs_f64(),
+        floor.shaped(case).as_secs_f64(),
+        makespan.as_secs_f64() / floor.shaped(case).as_secs_f64(),
         agent_cpu as f64 / 100.0,
         server_cpu as f64 / 100.0
     );

@@ -53,7 +53,9 @@ pub use error::{Result, TestkitError};
 pub use fake_cri::{FakeCri, ManualClock};
 pub use images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 pub use pinning_images::{PinningImageService, PullRecord};
-pub use raw::{Shape, raw_start_pods, raw_start_pods_parallel, raw_start_shaped_pods_parallel, remove_all_pods};
+pub use raw::{
+    Shape, raw_start_pods, raw_start_pods_parallel, raw_start_shaped_pods_parallel, remove_all_pods, remove_raw_files,
+};
 
 /// Send this crate's (and the caller's) `tracing` output to the test writer,
 /// filtered by `RUST_LOG` (default `info`). Safe to call from every test.

@@ -68,6 +68,12 @@ pub enum Shape {
     /// container gets mounted (`/etc/hosts` and its termination message file), which the
     /// worker writes first as the kubelet does.
     Kubelet,
+    /// [`Shape::Kubelet`] with the volumes of a pod that mounts a ConfigMap, a Secret and the
+    /// default service-account token (the density bench's objects case), each written by the
+    /// worker first: a directory with the ConfigMap's file on disk, and a tmpfs each for the
+    /// Secret's file and the token's three, the token's mounted read-only. Their tmpfs stay
+    /// mounted until [`remove_raw_files`].
+    KubeletWithObjects,
 }
 
 /// [`raw_start_pods_parallel`] with pods of `shape`.
@@ -79,7 +85,7 @@ pub async fn raw_start_shaped_pods_parallel(
 ) -> Result<Duration> {
     let client = ctd.runtime_client().await;
     let log_root = raw_log_root(ctd);
-    let kubelet = (shape == Shape::Kubelet).then(|| KubeletShape::new(ctd));
+    let kubelet = (shape != Shape::Minimal).then(|| KubeletShape::new(ctd, shape == Shape::KubeletWithObjects));
     let left = std::sync::Arc::new(AtomicUsize::new(n));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -110,10 +116,12 @@ struct KubeletShape {
     cgroup_parent: String,
     files: PathBuf,
     dns: gantry_cri::api::DnsConfig,
+    /// With the objects case's three volumes.
+    objects: bool,
 }
 
 impl KubeletShape {
-    fn new(ctd: &Containerd) -> Self {
+    fn new(ctd: &Containerd, objects: bool) -> Self {
         let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
         let values = |key: &str| -> Vec<String> {
             resolv
@@ -124,7 +132,8 @@ impl KubeletShape {
         };
         KubeletShape {
             cgroup_parent: format!("{}/raw-kubepods/besteffort", ctd.cgroup_root()),
-            files: ctd.dir().join("raw-pods"),
+            files: raw_files(ctd),
+            objects,
             dns: gantry_cri::api::DnsConfig {
                 servers: values("nameserver "),
                 searches: values("search "),
@@ -150,6 +159,9 @@ impl KubeletShape {
             .ctx(|| format!("chmod {}", message.display()))?;
         let mut container = container_config(&["sleep", "3600"]);
         shape_container(&mut container, &name, &uid, &hosts, &message);
+        if self.objects {
+            container.mounts.extend(object_volumes(&files.join("volumes"))?);
+        }
         run(client, pod, container, &name, &log_dir).await
     }
 
@@ -205,6 +217,76 @@ fn shape_container(c: &mut ContainerConfig, name: &str, uid: &str, hosts: &Path,
         linux.resources =
             Some(gantry_cri::api::LinuxContainerResources { cpu_shares: 2, oom_score_adj: 1000, ..Default::default() });
     }
+}
+
+/// The objects case's volumes, written below `dir`, as container mounts: the ConfigMap's
+/// directory, and the Secret's and the token's tmpfs.
+fn object_volumes(dir: &Path) -> Result<Vec<gantry_cri::api::Mount>> {
+    let (config, secret, token) = (dir.join("cfg"), dir.join("sec"), dir.join("token"));
+    write_files(&config, &[("v", "1")])?;
+    mount_tmpfs(&secret)?;
+    write_files(&secret, &[("k", "1")])?;
+    mount_tmpfs(&token)?;
+    write_files(
+        &token,
+        &[
+            ("token", "header.claims.signature"),
+            ("ca.crt", "-----BEGIN CERTIFICATE-----\n"),
+            ("namespace", RAW_NAMESPACE),
+        ],
+    )?;
+    let mount = |container_path: &str, host: &Path, readonly| gantry_cri::api::Mount {
+        container_path: container_path.into(),
+        host_path: host.to_string_lossy().into_owned(),
+        readonly,
+        ..Default::default()
+    };
+    Ok(vec![
+        mount("/cfg", &config, false),
+        mount("/sec", &secret, false),
+        mount("/var/run/secrets/kubernetes.io/serviceaccount", &token, true),
+    ])
+}
+
+fn write_files(dir: &Path, files: &[(&str, &str)]) -> Result<()> {
+    std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
+    for (name, content) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, content).ctx(|| format!("write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn mount_tmpfs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).ctx(|| format!("create {}", dir.display()))?;
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).expect("no NUL in a path we made");
+    // SAFETY: NUL-terminated strings that outlive the call; no data argument.
+    let mounted = unsafe { libc::mount(c"tmpfs".as_ptr(), path.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) };
+    if mounted != 0 {
+        return Err(std::io::Error::last_os_error()).ctx(|| format!("mount a tmpfs on {}", dir.display()));
+    }
+    Ok(())
+}
+
+/// Where kubelet-shaped raw pods' files go.
+fn raw_files(ctd: &Containerd) -> PathBuf {
+    ctd.dir().join("raw-pods")
+}
+
+/// Unmounts the tmpfs of [`Shape::KubeletWithObjects`] pods and removes the files of every
+/// kubelet-shaped raw pod; call it once their sandboxes are removed.
+pub fn remove_raw_files(ctd: &Containerd) -> Result<()> {
+    let files = raw_files(ctd);
+    let Ok(pods) = std::fs::read_dir(&files) else { return Ok(()) };
+    for pod in pods.flatten() {
+        for volume in ["sec", "token"] {
+            let path = pod.path().join("volumes").join(volume);
+            let Ok(path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { continue };
+            // SAFETY: a NUL-terminated path. Not mounted (a pod of another shape): EINVAL.
+            unsafe { libc::umount2(path.as_ptr(), 0) };
+        }
+    }
+    std::fs::remove_dir_all(&files).ctx(|| format!("remove {}", files.display()))
 }
 
 /// Stop and remove every sandbox of `ctd` (raw or not); returns how many.

@@ -194,6 +194,39 @@ async fn kubelet_shaped_raw_pods_run_with_the_kubelets_mounts_and_pod_cgroup() {
 }
 
 #[tokio::test]
+async fn kubelet_shaped_raw_pods_with_objects_mount_their_volumes_until_their_files_go() {
+    gantry_testkit::init_test_tracing();
+    let Some(ctd) = Containerd::start_or_skip().await else {
+        return;
+    };
+    raw_start_shaped_pods_parallel(&ctd, 2, 2, Shape::KubeletWithObjects).await.expect("raw pods");
+    let mut client = ctd.runtime_client().await;
+    let containers = client.list_containers(ListContainersRequest::default()).await.unwrap().into_inner().containers;
+    assert_eq!(containers.len(), 2);
+    let tmpfs_below = |dir: &std::path::Path| -> usize {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = dir.to_string_lossy().into_owned();
+        mountinfo.lines().filter(|l| l.contains(&dir) && l.contains(" - tmpfs ")).count()
+    };
+    for c in containers {
+        assert_eq!(c.state, ContainerState::ContainerRunning as i32, "{c:?}");
+        let request = ContainerStatusRequest { container_id: c.id.clone(), verbose: false };
+        let mounts = client.container_status(request).await.unwrap().into_inner().status.unwrap().mounts;
+        let paths: Vec<(&str, bool)> = mounts.iter().map(|m| (m.container_path.as_str(), m.readonly)).collect();
+        let token = "/var/run/secrets/kubernetes.io/serviceaccount";
+        let expected =
+            [("/etc/hosts", false), ("/dev/termination-log", false), ("/cfg", false), ("/sec", false), (token, true)];
+        assert_eq!(paths, expected);
+    }
+    let files = ctd.dir().join("raw-pods");
+    assert_eq!(tmpfs_below(&files), 4, "a Secret and a token tmpfs for each pod");
+    assert_eq!(remove_all_pods(&ctd).await.expect("remove"), 2);
+    gantry_testkit::remove_raw_files(&ctd).expect("files removed");
+    assert_eq!(tmpfs_below(&files), 0);
+    assert!(!files.exists());
+}
+
+#[tokio::test]
 async fn drop_leaves_nothing_behind() {
     gantry_testkit::init_test_tracing();
     let Some(ctd) = Containerd::start_or_skip().await else {

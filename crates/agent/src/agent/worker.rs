@@ -118,7 +118,7 @@ fn start(
 /// Messages that came while a sync ran (stops and terminations interrupt it instead).
 #[derive(Default)]
 struct Early {
-    /// The latest spec update.
+    /// The latest copy of the pod.
     update: Option<Arc<Pod>>,
     /// Whether anything came that calls for another sync whatever the sync saw.
     any: bool,
@@ -178,6 +178,7 @@ impl Worker {
     /// boxed so that they take memory only while they run (inline, each idle task kept ~20 KiB).
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         if let Err((reason, message)) = Box::pin(self.admit()).await {
+            self.admitted_as = None;
             return Box::pin(self.rejected(reason, &message, rx)).await;
         }
         self.shared.allocations.admit(&self.desired);

@@ -452,6 +452,23 @@ async fn a_start_lists_its_pod_twice_and_the_relist_does_not_wake_it_for_its_own
     assert!(after >= 1 && after <= 1 + mid_start, "{after} lists after the sandbox ({mid_start} relists meanwhile)");
 }
 
+/// A container start asks the runtime about its image once when the image is present, and
+/// twice when it is pulled (before the pull, and after it for its size): the answer that
+/// found the image also gives the user the image runs as.
+#[tokio::test]
+async fn a_container_start_asks_about_its_image_once_or_around_its_pull() {
+    let node = Node::start().await;
+    let (shared, tx) = node.agent().await;
+    node.fake.add_image("registry.test/app:v1");
+    let pod = static_pod("oneimagestatus", &["app", "side"]);
+    send(&tx, &[&pod]).await;
+    wait_status(&shared, "the pod to run", |s| phase(s, &pod).as_deref() == Some("Running")).await;
+    let calls = node.fake.calls();
+    let ops = |op: &str| calls.iter().filter(|c| c.op == op).count();
+    assert_eq!(ops("PullImage"), 1, "only the side container's image was pulled");
+    assert_eq!(ops("ImageStatus"), 3, "once for the present image, twice for the pulled one");
+}
+
 /// A relist that sees the pod while the worker is still starting it (its container created,
 /// not yet started) wakes the worker, but the worker's own look after the start began later:
 /// it has seen all the relist saw, and does not list the pod again for it.

@@ -1,12 +1,15 @@
 //! Benchmark, cluster mode at density: what one node costs its machine and the API server.
 //! Through the in-process test API server with a real containerd whose state is on disk (as on
-//! real nodes, not tmpfs), for each pod count it runs two cases, each with a fresh agent and
-//! API server: pods with no API objects, and pods that each mount a distinct ConfigMap, a
-//! distinct Secret and the default service-account volume. It prints:
-//! - the makespan (first create → last pod Running) next to the raw CRI floor, the best of
-//!   sequential and 8-way parallel raw CRI for the same number of pods on the same containerd,
-//!   and next to 8-way parallel raw CRI of pods configured as a kubelet configures them (with
-//!   the objects case's ConfigMap, Secret and token volumes for that case);
+//! real nodes, not tmpfs; in an ext4 filesystem with a journal, see [`Disk`]), for each pod
+//! count it runs two cases, each with a fresh agent and API server: pods with no API objects,
+//! and pods that each mount a distinct ConfigMap, a distinct Secret and the default
+//! service-account volume. It prints:
+//! - the makespan (first create → last pod Running) next to the raw CRI floor measured right
+//!   before it, the best of sequential and 8-way parallel raw CRI for the same number of pods
+//!   on the same containerd, and next to 8-way parallel raw CRI of pods configured as a
+//!   kubelet configures the case's pods (with the objects case's ConfigMap, Secret and token
+//!   volumes for that case); in several rounds, each floor next to its makespan, and the
+//!   median of the rounds' ratios;
 //! - where that time went: how busy the machine's cores were and which commands used them,
 //!   during the floor and the makespan, when the runtime created the sandboxes and started the
 //!   containers, and when the pods were first, half and all seen Running;
@@ -20,10 +23,12 @@
 //!
 //! Asserts nothing. `cargo bench -p gantry --bench density` (as root).
 //! `GANTRY_BENCH_DENSITY_PODS`: pod counts (`110,250`); `GANTRY_BENCH_CASES`: `none,objects`;
-//! `GANTRY_BENCH_STEADY_SECS`: the steady-state window (60); `GANTRY_BENCH_FLOOR_WORKERS`: the
-//! raw floor's numbers of concurrent workers (`8`; e.g. `2,4,8,16`); `GANTRY_BENCH_BIN`: another
-//! gantry binary to measure; `GANTRY_BENCH_ARGS`: more flags for it (e.g. eviction thresholds
-//! this machine's disk does not meet).
+//! `GANTRY_BENCH_ROUNDS`: floors and makespans per case (3); `GANTRY_BENCH_STEADY_SECS`: the
+//! steady-state window (60); `GANTRY_BENCH_FLOOR_WORKERS`: the raw floor's numbers of
+//! concurrent workers (`8`; e.g. `2,4,8,16`); `GANTRY_BENCH_DISK=root`: containerd's state on
+//! the root filesystem instead; `GANTRY_BENCH_BIN`: another gantry binary to measure;
+//! `GANTRY_BENCH_ARGS`: more flags for it (e.g. eviction thresholds this machine's disk does
+//! not meet).
 
 mod common;
 
@@ -83,110 +88,142 @@ async fn main() {
             _ => None,
         })
         .collect();
-    let steady = Duration::from_secs(
-        std::env::var("GANTRY_BENCH_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60).max(10),
-    );
-    // containerd's state on disk, as on a real node (the test kit's default is tmpfs).
-    let disk = PathBuf::from(format!("/var/tmp/gantry-density-{}", std::process::id()));
-    let ctd = Containerd::start_with(ContainerdOptions { dir: Some(disk.clone()), image_cache: None })
+    let env_number =
+        |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let steady = Duration::from_secs(env_number("GANTRY_BENCH_STEADY_SECS", 60).max(10));
+    let rounds = env_number("GANTRY_BENCH_ROUNDS", 3).max(1) as usize;
+    let disk = Disk::new(std::env::var("GANTRY_BENCH_DISK").as_deref() != Ok("root"));
+    let ctd = Containerd::start_with(ContainerdOptions { dir: Some(disk.dir.clone()), image_cache: None })
         .await
         .expect("containerd starts");
     for &count in &counts {
-        let floor = raw_floor(&ctd, count, cases.contains(&Case::Objects)).await;
+        let sequential = raw_sequential(&ctd, count).await;
         for &case in &cases {
-            run_case(&ctd, count, case, floor, steady).await;
+            run_case(&ctd, count, case, sequential, rounds, steady).await;
         }
     }
     drop(ctd);
-    let _ = std::fs::remove_dir_all(&disk);
+    drop(disk);
 }
 
-/// The best of sequential and bounded-parallel raw CRI for `count` pods, with as many
-/// concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by default); then pods
-/// shaped as a kubelet configures them, with the objects case's volumes too if `objects`.
-async fn raw_floor(ctd: &Containerd, count: usize, objects: bool) -> Floor {
+/// Where containerd's state and the agent's directories live: on disk, as on a real node, in an
+/// ext4 filesystem with a journal as real nodes' are (mounted from an image file below
+/// `/var/tmp`). This machine's root filesystem has no journal, and without one ext4 passes over
+/// every inode freed in the last minute when it allocates one (`recently_deleted`), so each
+/// timed phase paid, unevenly, for the files the phase before it removed. `journal: false`, or
+/// when the filesystem cannot be made: a directory on the root filesystem.
+struct Disk {
+    dir: PathBuf,
+    image: Option<PathBuf>,
+}
+
+impl Disk {
+    fn new(journal: bool) -> Disk {
+        let dir = PathBuf::from(format!("/var/tmp/gantry-density-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("bench directory");
+        let image = dir.with_extension("img");
+        let run = |program: &str, args: &[&std::ffi::OsStr]| {
+            std::process::Command::new(program).args(args).status().is_ok_and(|s| s.success())
+        };
+        let mounted = journal
+            && std::fs::File::create(&image).and_then(|f| f.set_len(DISK_BYTES)).is_ok()
+            && run("mkfs.ext4", &["-q".as_ref(), "-F".as_ref(), image.as_os_str()])
+            && run("mount", &["-o".as_ref(), "loop".as_ref(), image.as_os_str(), dir.as_os_str()]);
+        println!(
+            "density: containerd's state and the agent's directories on {}",
+            if mounted { "an ext4 filesystem with a journal" } else { "the root filesystem" }
+        );
+        if !mounted {
+            let _ = std::fs::remove_file(&image);
+        }
+        Disk { dir, image: mounted.then_some(image) }
+    }
+}
+
+/// The bench's filesystem image: room for 250 pods' containerd state many times over (it is
+/// sparse, so only what is written takes space).
+const DISK_BYTES: u64 = 16 << 30;
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        if let Some(image) = &self.image {
+            // Dropping the containerd unmounts everything below its directory, this mount
+            // too, unless it failed first; a loop mount detaches its device when unmounted.
+            let _ = std::process::Command::new("umount").arg(&self.dir).stderr(std::process::Stdio::null()).status();
+            let _ = std::fs::remove_file(image);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Raw CRI pods started one after another, once per pod count: 8 workers beat it by far.
+async fn raw_sequential(ctd: &Containerd, count: usize) -> Duration {
     let client = ctd.runtime_client().await;
     idle_machine(&format!("pods={count} raw_sequential")).await;
     let busy = machine_ticks();
     let sequential = raw_start_pods(ctd, count).await.expect("raw pods");
     let sequential_busy = busy_cores(busy, sequential);
     gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-    let mut line =
-        format!("density: pods={count} raw_sequential={:.3}s (machine {sequential_busy})", sequential.as_secs_f64());
+    println!("density: pods={count} raw_sequential={:.3}s (machine {sequential_busy})", sequential.as_secs_f64());
+    sequential
+}
+
+/// The floor of one round: the best of `sequential` and bounded-parallel raw CRI for `count`
+/// pods, with as many concurrent workers as each of `GANTRY_BENCH_FLOOR_WORKERS` says (8 by
+/// default); then pods shaped as a kubelet configures `case`'s pods.
+async fn raw_floor(ctd: &Containerd, count: usize, case: Case, sequential: Duration, label: &str) -> Floor {
+    let client = ctd.runtime_client().await;
+    let mut line = format!("density: {label}");
     let mut best = sequential;
     for workers in env_list("GANTRY_BENCH_FLOOR_WORKERS", &FLOOR_WORKERS.to_string()) {
         let Ok(workers) = workers.parse::<usize>() else { continue };
-        idle_machine(&format!("pods={count} raw_parallel{workers}")).await;
+        idle_machine(&format!("{label} raw_parallel{workers}")).await;
         let (busy, commands) = (machine_ticks(), cpu_by_process());
         let parallel = raw_start_pods_parallel(ctd, count, workers).await.expect("raw pods");
         let parallel_busy = busy_cores(busy, parallel);
-        println!("density: pods={count} raw_parallel{workers} cpu by command: {}", top_commands(&commands));
+        println!("density: {label} raw_parallel{workers} cpu by command: {}", top_commands(&commands));
         gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
         line += &format!(" raw_parallel{workers}={:.3}s (machine {parallel_busy})", parallel.as_secs_f64());
         best = best.min(parallel);
     }
     println!("{line}");
     // The same floor again with pods configured as a kubelet configures them (cgroup parent,
-    // DNS, mounts of /etc/hosts and the termination message file, service variables): the
-    // runtime does more for each, so the makespan is also given against it.
-    idle_machine(&format!("pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped")).await;
+    // DNS, mounts of /etc/hosts and the termination message file, service variables, and the
+    // objects case's ConfigMap, Secret and token volumes): the runtime does more for each, so
+    // the makespan is also given against it.
+    let (shape, name) = match case {
+        Case::None => (Shape::Kubelet, "kubelet_shaped"),
+        Case::Objects => (Shape::KubeletWithObjects, "kubelet_shaped_objects"),
+    };
+    idle_machine(&format!("{label} raw_parallel{FLOOR_WORKERS}_{name}")).await;
     let (busy, commands) = (machine_ticks(), cpu_by_process());
-    let shaped = raw_start_shaped_pods_parallel(ctd, count, FLOOR_WORKERS, Shape::Kubelet).await.expect("raw pods");
-    shaped_line(count, "kubelet_shaped", shaped, busy, &commands, best);
-    gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-    // The objects case's pods also mount a ConfigMap, a Secret and the service-account token.
-    let mut shaped_objects = None;
-    if objects {
-        idle_machine(&format!("pods={count} raw_parallel{FLOOR_WORKERS}_kubelet_shaped_objects")).await;
-        let (busy, commands) = (machine_ticks(), cpu_by_process());
-        let shape = Shape::KubeletWithObjects;
-        let elapsed = raw_start_shaped_pods_parallel(ctd, count, FLOOR_WORKERS, shape).await.expect("raw pods");
-        shaped_line(count, "kubelet_shaped_objects", elapsed, busy, &commands, best);
-        gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
-        shaped_objects = Some(elapsed);
-    }
-    gantry_testkit::remove_raw_files(ctd).expect("raw pods' files removed");
-    Floor { best, shaped, shaped_objects }
-}
-
-fn shaped_line(
-    count: usize,
-    shape: &str,
-    elapsed: Duration,
-    busy: (u64, u64),
-    commands: &HashMap<u32, (String, u64)>,
-    best: Duration,
-) {
-    println!("density: pods={count} raw_parallel{FLOOR_WORKERS}_{shape} cpu by command: {}", top_commands(commands));
+    let shaped = raw_start_shaped_pods_parallel(ctd, count, FLOOR_WORKERS, shape).await.expect("raw pods");
+    println!("density: {label} raw_parallel{FLOOR_WORKERS}_{name} cpu by command: {}", top_commands(&commands));
     println!(
-        "density: pods={count} raw_parallel{FLOOR_WORKERS}_{shape}={:.3}s (machine {}); {:.2}× the minimal floor",
-        elapsed.as_secs_f64(),
-        busy_cores(busy, elapsed),
-        elapsed.as_secs_f64() / best.as_secs_f64()
+        "density: {label} raw_parallel{FLOOR_WORKERS}_{name}={:.3}s (machine {}); {:.2}× the minimal floor",
+        shaped.as_secs_f64(),
+        busy_cores(busy, shaped),
+        shaped.as_secs_f64() / best.as_secs_f64()
     );
+    gantry_testkit::cri::remove_sandboxes(&client, &[gantry_testkit::raw::RAW_LABEL]).await.expect("cleanup");
+    gantry_testkit::remove_raw_files(ctd).expect("raw pods' files removed");
+    Floor { best, shaped }
 }
 
-/// The raw CRI floor: the best of minimal pods started sequentially or by workers, and
-/// kubelet-shaped pods started by [`FLOOR_WORKERS`] workers, without and (when the objects
-/// case runs) with the objects case's volumes.
+/// The raw CRI floor of one round: the best of minimal pods started sequentially or by
+/// workers, and pods shaped as a kubelet configures the case's pods, started by
+/// [`FLOOR_WORKERS`] workers.
 #[derive(Clone, Copy)]
 struct Floor {
     best: Duration,
     shaped: Duration,
-    shaped_objects: Option<Duration>,
 }
 
-impl Floor {
-    /// The kubelet-shaped floor of `case`'s pods.
-    fn shaped(&self, case: Case) -> Duration {
-        match case {
-            Case::Objects => self.shaped_objects.unwrap_or(self.shaped),
-            Case::None => self.shaped,
-        }
-    }
-}
-
-async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Floor, steady: Duration) {
+/// Starts an API server and an agent, then measures `rounds` times the floor and, right after
+/// it, the makespan of the case's pods (deleting them between rounds): the runtime's speed
+/// drifts by more than the margins measured here, so each makespan is set against the floor
+/// measured next to it, and the median of the rounds is the figure. Then the steady state.
+async fn run_case(ctd: &Containerd, count: usize, case: Case, sequential: Duration, rounds: usize, steady: Duration) {
     let label = format!("pods={count} case={}", case.name());
     let server = TestApiServer::start().await;
     let admin = server.client(&User::Admin).await;
@@ -201,11 +238,57 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Floor, stea
     let mut agent = common::spawn(&dir, "gantry.log", &args);
     common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    idle_machine(&label).await;
-    let (ticks, requests) = ((cpu_ticks(agent.id()), cpu_ticks(std::process::id())), server.requests());
+    let mut ratios = Vec::new();
+    for round in 1..=rounds {
+        let label = format!("{label} round={round}");
+        let floor = raw_floor(ctd, count, case, sequential, &label).await;
+        let makespan = makespan(ctd, &server, &pods, agent.id(), count, case, &label).await;
+        let (ratio, ratio_shaped) = (makespan.div_duration_f64(floor.best), makespan.div_duration_f64(floor.shaped));
+        println!(
+            "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={ratio:.2} kubelet_shaped_floor={:.3}s \
+             ratio_shaped={ratio_shaped:.2}",
+            makespan.as_secs_f64(),
+            floor.best.as_secs_f64(),
+            floor.shaped.as_secs_f64(),
+        );
+        ratios.push((ratio, ratio_shaped));
+        if round < rounds {
+            delete_all(&pods).await;
+            sandboxes_gone(ctd).await;
+        }
+    }
+    let median = |pick: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = ratios.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "))
+    };
+    let ((ratio, all), (ratio_shaped, all_shaped)) = (median(|r| r.0), median(|r| r.1));
+    println!(
+        "density: {label} makespan over {rounds} rounds: ratio median {ratio:.2} ({all}); ratio_shaped median \
+         {ratio_shaped:.2} ({all_shaped})"
+    );
+    steady_state(&server, &Api::all(admin), agent.id(), &label, steady).await;
+    delete_all(&pods).await;
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+/// Creates the case's pods once the machine is idle and returns the time until the last one
+/// ran, printing where that time went.
+async fn makespan(
+    ctd: &Containerd,
+    server: &TestApiServer,
+    pods: &Api<Pod>,
+    agent: u32,
+    count: usize,
+    case: Case,
+    label: &str,
+) -> Duration {
+    idle_machine(label).await;
+    let (ticks, requests) = ((cpu_ticks(agent), cpu_ticks(std::process::id())), server.requests());
     let (busy, commands) = (machine_ticks(), cpu_by_process());
     let wall_start = std::time::SystemTime::now();
-    let makespan = create_and_wait(&pods, count, case).await;
+    let makespan = create_and_wait(pods, count, case, label).await;
     println!("density: {label} runtime timeline: {}", runtime_timeline(ctd, wall_start).await);
     let makespan_busy = busy_cores(busy, makespan);
     println!("density: {label} makespan cpu by command: {}", top_commands(&commands));
@@ -218,22 +301,13 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, floor: Floor, stea
     println!("density: {label} api requests during the makespan: {}", writes.join(", "));
     // Where the 2 cores went meanwhile: the raw floor has neither an agent nor an API server
     // (in this process, with the bench's own client) beside containerd.
-    let (agent_cpu, server_cpu) = (cpu_ticks(agent.id()) - ticks.0, cpu_ticks(std::process::id()) - ticks.1);
+    let (agent_cpu, server_cpu) = (cpu_ticks(agent) - ticks.0, cpu_ticks(std::process::id()) - ticks.1);
     println!(
-        "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={:.2} kubelet_shaped_floor={:.3}s ratio_shaped={:.2} \
-         cpu_agent={:.1}s cpu_apiserver_and_bench={:.1}s machine: {makespan_busy}",
-        makespan.as_secs_f64(),
-        floor.best.as_secs_f64(),
-        makespan.as_secs_f64() / floor.best.as_secs_f64(),
-        floor.shaped(case).as_secs_f64(),
-        makespan.as_secs_f64() / floor.shaped(case).as_secs_f64(),
+        "density: {label} cpu_agent={:.1}s cpu_apiserver_and_bench={:.1}s machine: {makespan_busy}",
         agent_cpu as f64 / 100.0,
         server_cpu as f64 / 100.0
     );
-    steady_state(&server, &Api::all(admin), agent.id(), &label, steady).await;
-    delete_all(&pods).await;
-    let _ = agent.kill();
-    let _ = agent.wait();
+    makespan
 }
 
 async fn create_objects(admin: &Client, count: usize) {
@@ -271,7 +345,7 @@ fn pod(i: usize, case: Case) -> Pod {
 }
 
 /// Creates the pods and returns the time from the first create to the last pod Running.
-async fn create_and_wait(pods: &Api<Pod>, count: usize, case: Case) -> Duration {
+async fn create_and_wait(pods: &Api<Pod>, count: usize, case: Case, label: &str) -> Duration {
     let mut stream = pods.watch(&WatchParams::default(), "0").await.unwrap().boxed();
     let start = Instant::now();
     for i in 0..count {
@@ -297,8 +371,7 @@ async fn create_and_wait(pods: &Api<Pod>, count: usize, case: Case) -> Duration 
     times.sort();
     let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize].as_secs_f64();
     println!(
-        "density: pods={count} case={} all created after {:.2}s; Running seen first {:.2}s, median {:.2}s, last {:.2}s",
-        case.name(),
+        "density: {label} all created after {:.2}s; Running seen first {:.2}s, median {:.2}s, last {:.2}s",
         created.as_secs_f64(),
         at(0.0),
         at(0.5),
@@ -507,6 +580,22 @@ async fn delete_all(pods: &Api<Pod>) {
     let deadline = Instant::now() + Duration::from_secs(300);
     while pods.list(&ListParams::default()).await.map(|l| l.items.len()).unwrap_or(1) > 0 {
         assert!(Instant::now() < deadline, "pods never went away");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the agent has removed the deleted pods' sandboxes from the runtime, so that the
+/// next round starts on the same runtime state as the first.
+async fn sandboxes_gone(ctd: &Containerd) {
+    let mut client = ctd.runtime_client().await;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let request = gantry_cri::api::ListPodSandboxRequest::default();
+        let left = client.list_pod_sandbox(request).await.map(|r| r.into_inner().items.len()).unwrap_or(1);
+        if left == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{left} sandboxes of deleted pods were never removed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -2,6 +2,8 @@
 //! service account and its token volume), the update restrictions on `spec`, graceful
 //! deletion timing, and which objects a pod references (for the Node authorizer).
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use crate::status::{ApiError, FieldError, GroupResource};
@@ -623,24 +625,25 @@ pub enum RefKind {
     ServiceAccount,
 }
 
-/// Names of objects a pod references.
+/// Names of objects a pod references, borrowed from the pod: the node authorizer reads them
+/// for every pod of the node on each request for a Secret or ConfigMap.
 #[derive(Debug, Default)]
-pub struct References {
-    pub secrets: Vec<String>,
-    pub configmaps: Vec<String>,
-    pub pvcs: Vec<String>,
-    pub service_account: Option<String>,
+pub struct References<'a> {
+    pub secrets: Vec<&'a str>,
+    pub configmaps: Vec<&'a str>,
+    pub pvcs: Vec<Cow<'a, str>>,
+    pub service_account: Option<&'a str>,
 }
 
-fn push_str(out: &mut Vec<String>, v: Option<&Value>) {
+fn push_str<'a, T: From<&'a str>>(out: &mut Vec<T>, v: Option<&'a Value>) {
     if let Some(s) = v.and_then(Value::as_str).filter(|s| !s.is_empty()) {
-        out.push(s.to_string());
+        out.push(s.into());
     }
 }
 
 /// Every secret, configmap and PVC a pod names (volumes, projections, env, envFrom,
 /// imagePullSecrets, CSI secrets), as upstream's VisitPod*Names do.
-pub fn references(pod: &Value) -> References {
+pub fn references(pod: &Value) -> References<'_> {
     let mut r = References::default();
     let spec = &pod["spec"];
     for s in spec.get("imagePullSecrets").and_then(Value::as_array).into_iter().flatten() {
@@ -654,7 +657,7 @@ pub fn references(pod: &Value) -> References {
         push_str(&mut r.pvcs, v.pointer("/persistentVolumeClaim/claimName"));
         if v.get("ephemeral").is_some() {
             let vol = v.get("name").and_then(Value::as_str).unwrap_or("");
-            r.pvcs.push(format!("{pod_name}-{vol}"));
+            r.pvcs.push(Cow::Owned(format!("{pod_name}-{vol}")));
         }
         for src in v.pointer("/projected/sources").and_then(Value::as_array).into_iter().flatten() {
             push_str(&mut r.secrets, src.pointer("/secret/name"));
@@ -673,8 +676,7 @@ pub fn references(pod: &Value) -> References {
             }
         }
     }
-    r.service_account =
-        spec.get("serviceAccountName").and_then(Value::as_str).filter(|s| !s.is_empty()).map(String::from);
+    r.service_account = spec.get("serviceAccountName").and_then(Value::as_str).filter(|s| !s.is_empty());
     r
 }
 
@@ -701,10 +703,10 @@ pub fn node_references(inner: &StoreInner, node: &str, kind: RefKind, ns: &str, 
     inner.list("pods", Some(ns)).iter().filter(|p| on_node(p)).any(|p| {
         let r = references(p);
         match kind {
-            RefKind::Secret => r.secrets.iter().any(|s| s == name),
-            RefKind::ConfigMap => r.configmaps.iter().any(|s| s == name),
+            RefKind::Secret => r.secrets.contains(&name),
+            RefKind::ConfigMap => r.configmaps.contains(&name),
             RefKind::Pvc => r.pvcs.iter().any(|s| s == name),
-            RefKind::ServiceAccount => r.service_account.as_deref() == Some(name),
+            RefKind::ServiceAccount => r.service_account == Some(name),
             RefKind::Pod | RefKind::Pv => false,
         }
     })
@@ -793,6 +795,6 @@ mod tests {
         assert_eq!(r.secrets, vec!["pull", "s1", "s2", "s3"]);
         assert_eq!(r.configmaps, vec!["c1", "c2"]);
         assert_eq!(r.pvcs, vec!["claim"]);
-        assert_eq!(r.service_account.as_deref(), Some("sa"));
+        assert_eq!(r.service_account, Some("sa"));
     }
 }

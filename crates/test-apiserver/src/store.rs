@@ -3,7 +3,9 @@
 //!
 //! All reads-modify-writes happen under one mutex ([`Store::lock`]), so each write and its
 //! watch event get the next resourceVersion in the order they happen. Watchers are woken
-//! through a `tokio::sync::watch` channel carrying the latest resourceVersion.
+//! through a `tokio::sync::watch` channel of their own resource (storage) carrying the latest
+//! resourceVersion, as kube-apiserver keeps a watch cache per resource: a write of an Event
+//! does not wake the watches of ConfigMaps.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::{Deref, DerefMut};
@@ -46,6 +48,9 @@ pub struct StoreInner {
     objects: HashMap<String, BTreeMap<ObjKey, Arc<Value>>>,
     history: VecDeque<Change>,
     history_limit: usize,
+    /// By storage, the resourceVersion of its newest change the history no longer has: a
+    /// running watch of that storage from an older one has missed it.
+    dropped: HashMap<String, u64>,
     pub registry: Registry,
     /// The cluster CA, published in every namespace as kube-root-ca.crt.
     pub ca_pem: String,
@@ -61,6 +66,7 @@ impl StoreInner {
             objects: HashMap::new(),
             history: VecDeque::new(),
             history_limit,
+            dropped: HashMap::new(),
             registry,
             ca_pem: String::new(),
             evictions: Vec::new(),
@@ -148,13 +154,16 @@ impl StoreInner {
         while self.history.len() > self.history_limit {
             if let Some(dropped) = self.history.pop_front() {
                 self.oldest = dropped.rv;
+                self.dropped.insert(dropped.storage, dropped.rv);
             }
         }
     }
 
     /// Forgets all history: only the current resourceVersion can be resumed from.
     pub fn compact(&mut self) {
-        self.history.clear();
+        for change in self.history.drain(..) {
+            self.dropped.insert(change.storage, change.rv);
+        }
         self.oldest = self.rv;
     }
 
@@ -165,6 +174,28 @@ impl StoreInner {
         }
         let start = self.history.partition_point(|c| c.rv <= rv);
         Ok(self.history.range(start..))
+    }
+
+    /// The changes of `storage` after `rv`, for a running watch: Err(oldest) only when the
+    /// history dropped one of them. Changes of other storages may have gone meanwhile: such a
+    /// watch is not woken for them, so its `rv` can be older than the history.
+    pub fn changes_of_since(&self, storage: &str, rv: u64) -> Result<impl Iterator<Item = &Change>, u64> {
+        if self.dropped.get(storage).is_some_and(|&dropped| dropped > rv) {
+            return Err(self.oldest);
+        }
+        let start = self.history.partition_point(|c| c.rv <= rv);
+        Ok(self.history.range(start..).filter(move |c| c.storage == storage))
+    }
+
+    /// The storages changed after `rv`.
+    fn storages_changed_since(&self, rv: u64) -> Vec<&str> {
+        let mut storages: Vec<&str> = Vec::new();
+        for change in self.history.iter().rev().take_while(|c| c.rv > rv) {
+            if !storages.contains(&change.storage.as_str()) {
+                storages.push(&change.storage);
+            }
+        }
+        storages
     }
 
     /// The objects of `storage` as they were at `rv`, rebuilt by undoing later changes.
@@ -191,30 +222,38 @@ impl StoreInner {
 pub struct Store {
     inner: Mutex<StoreInner>,
     latest: watch::Sender<u64>,
+    /// The latest resourceVersion that changed each watched storage.
+    by_storage: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 impl Store {
     pub fn new(inner: StoreInner) -> Store {
         let (latest, _) = watch::channel(inner.rv);
-        Store { inner: Mutex::new(inner), latest }
+        Store { inner: Mutex::new(inner), latest, by_storage: Mutex::default() }
     }
 
     /// Locks the store; when the guard drops after writes, watchers are woken.
     pub fn lock(&self) -> Txn<'_> {
         let guard = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let start_rv = guard.rv;
-        Txn { guard, latest: &self.latest, start_rv }
+        Txn { guard, store: self, start_rv }
     }
 
     /// A receiver that sees every new latest resourceVersion.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.latest.subscribe()
     }
+
+    /// A receiver that sees every write of `storage`.
+    pub fn subscribe_to(&self, storage: &str) -> watch::Receiver<u64> {
+        let mut by_storage = self.by_storage.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        by_storage.entry(storage.to_string()).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
 }
 
 pub struct Txn<'a> {
     guard: MutexGuard<'a, StoreInner>,
-    latest: &'a watch::Sender<u64>,
+    store: &'a Store,
     start_rv: u64,
 }
 
@@ -233,8 +272,15 @@ impl DerefMut for Txn<'_> {
 
 impl Drop for Txn<'_> {
     fn drop(&mut self) {
-        if self.guard.rv != self.start_rv {
-            self.latest.send_replace(self.guard.rv);
+        if self.guard.rv == self.start_rv {
+            return;
+        }
+        self.store.latest.send_replace(self.guard.rv);
+        let by_storage = self.store.by_storage.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for storage in self.guard.storages_changed_since(self.start_rv) {
+            if let Some(sender) = by_storage.get(storage) {
+                sender.send_replace(self.guard.rv);
+            }
         }
     }
 }
@@ -282,6 +328,48 @@ mod tests {
         }
         assert!(s.changes_since(start).is_err());
         assert_eq!(s.changes_since(s.current_rv() - 2).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_running_watch_loses_only_the_changes_of_its_own_storage() {
+        let mut s = StoreInner::new(Registry::default(), 2);
+        s.put("configmaps", obj("a", "c", 1));
+        let cursor = s.current_rv();
+        for i in 0..5 {
+            s.put("events", obj("a", "e", i));
+        }
+        // Only events left the history since: a ConfigMap watch at `cursor` missed nothing.
+        assert!(s.changes_since(cursor).is_err());
+        assert_eq!(s.changes_of_since("configmaps", cursor).unwrap().count(), 0);
+        s.put("configmaps", obj("a", "c", 2));
+        assert_eq!(s.changes_of_since("configmaps", cursor).unwrap().count(), 1);
+        s.put("events", obj("a", "e", 9));
+        s.put("events", obj("a", "e", 10));
+        // Now the ConfigMap's change is gone too.
+        assert!(s.changes_of_since("configmaps", cursor).is_err());
+        s.compact();
+        assert!(s.changes_of_since("events", s.current_rv() - 1).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_write_wakes_the_watchers_of_its_storage_only() {
+        let store = Store::new(StoreInner::new(Registry::default(), 100));
+        let (mut configmaps, mut events) = (store.subscribe_to("configmaps"), store.subscribe_to("events"));
+        store.lock().put("events", obj("a", "e", 1));
+        assert!(events.has_changed().unwrap());
+        assert!(!configmaps.has_changed().unwrap());
+        let rv = {
+            let mut txn = store.lock();
+            txn.put("events", obj("a", "e", 2));
+            txn.put("configmaps", obj("a", "c", 1)).clone()
+        };
+        assert!(configmaps.has_changed().unwrap());
+        assert_eq!(*configmaps.borrow_and_update(), rv_of(&rv));
+        assert_eq!(*events.borrow_and_update(), rv_of(&rv));
+    }
+
+    fn rv_of(obj: &Value) -> u64 {
+        obj["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
     }
 
     #[test]

@@ -143,11 +143,33 @@ fn initial_events(inner: &StoreInner, req: &WatchRequest) -> (Vec<Bytes>, u64) {
     (lines, rv)
 }
 
-/// Changes after `cursor`, and the RV reached; Err(line) when the history lost them.
-fn catch_up(inner: &StoreInner, req: &WatchRequest, cursor: u64) -> Result<(Vec<Bytes>, u64), Bytes> {
-    match inner.changes_since(cursor) {
-        Ok(changes) => Ok((changes.filter_map(|c| event_for(req, c)).collect(), inner.current_rv().max(cursor))),
-        Err(oldest) => Err(too_old(cursor, oldest)),
+/// Changes after `cursor`, and the RV reached; Err(line) when the history lost them. A watch
+/// that resumes from `cursor` needs it within the history (`resumed`), as the watch cache
+/// does; a running one, only the changes of its resource.
+fn catch_up(inner: &StoreInner, req: &WatchRequest, cursor: u64, resumed: bool) -> Result<(Vec<Bytes>, u64), Bytes> {
+    let reached = inner.current_rv().max(cursor);
+    let lines = if resumed {
+        inner.changes_since(cursor).map(|changes| changes.filter_map(|c| event_for(req, c)).collect())
+    } else {
+        inner
+            .changes_of_since(&req.rt.storage, cursor)
+            .map(|changes| changes.filter_map(|c| event_for(req, c)).collect())
+    };
+    lines.map(|lines| (lines, reached)).map_err(|oldest| too_old(cursor, oldest))
+}
+
+/// Sends the changes after `cursor` and moves it on; false when the watch ends.
+async fn advance(state: &State, req: &WatchRequest, tx: &mpsc::Sender<Bytes>, cursor: &mut u64, resumed: bool) -> bool {
+    let caught_up = catch_up(&state.store.lock(), req, *cursor, resumed);
+    match caught_up {
+        Ok((lines, rv)) => {
+            *cursor = rv;
+            send_all(tx, lines).await
+        }
+        Err(error) => {
+            let _ = tx.send(error).await;
+            false
+        }
     }
 }
 
@@ -168,9 +190,9 @@ async fn run(state: Arc<State>, req: WatchRequest, start: Start, tx: mpsc::Sende
         name: req.opts.fields.single_name().map(String::from),
     });
     // Subscribe before reading so no write between the read and the wait is missed.
-    let mut latest = state.store.subscribe();
+    let mut latest = state.store.subscribe_to(&req.rt.storage);
     let deadline = Instant::now() + req.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    let mut cursor = match start {
+    let (mut cursor, mut resumed) = match start {
         Start::Initial => {
             let (mut lines, rv) = initial_events(&state.store.lock(), &req);
             if req.send_initial_events {
@@ -179,29 +201,21 @@ async fn run(state: Arc<State>, req: WatchRequest, start: Start, tx: mpsc::Sende
             if !send_all(&tx, lines).await {
                 return;
             }
-            rv
+            (rv, false)
         }
-        Start::From(rv) => rv,
+        Start::From(rv) => (rv, true),
     };
     let mut bookmarks = tokio::time::interval_at(Instant::now() + BOOKMARK_INTERVAL, BOOKMARK_INTERVAL);
     loop {
-        let caught_up = catch_up(&state.store.lock(), &req, cursor);
-        match caught_up {
-            Ok((lines, rv)) => {
-                cursor = rv;
-                if !send_all(&tx, lines).await {
-                    return;
-                }
-            }
-            Err(error) => {
-                let _ = tx.send(error).await;
-                return;
-            }
+        if !advance(&state, &req, &tx, &mut cursor, resumed).await {
+            return;
         }
+        resumed = false;
         tokio::select! {
             changed = latest.changed() => if changed.is_err() { return },
             _ = bookmarks.tick(), if req.bookmarks => {
-                if tx.send(bookmark(&req.rt, cursor, false)).await.is_err() {
+                // Caught up first, so that the bookmark carries the current resourceVersion.
+                if !advance(&state, &req, &tx, &mut cursor, false).await || tx.send(bookmark(&req.rt, cursor, false)).await.is_err() {
                     return;
                 }
             }

@@ -18,6 +18,7 @@ use crate::containerd::Containerd;
 use crate::error::{IoContext, Result, TestkitError};
 use crate::images::BUSYBOX_IMAGE;
 use gantry_vocab::cri_labels as labels;
+use gantry_vocab::paths::{MASKED_PATHS, READONLY_PATHS};
 
 /// Label on every raw pod and container, telling them apart from Gantry's.
 pub const RAW_LABEL: (&str, &str) = ("gantry.test/raw", "true");
@@ -63,7 +64,8 @@ pub enum Shape {
     Minimal,
     /// As a kubelet configures an ordinary BestEffort pod of one container without volumes
     /// (what Gantry sends for it): a pod cgroup below a `kubepods/besteffort` of its own, the
-    /// host's DNS settings, CPU shares and the OOM score, the kubelet's labels and
+    /// host's DNS settings, CPU shares, the CFS period and the OOM score, the default masked
+    /// and read-only `/proc` and `/sys` paths, the kubelet's labels and
     /// annotations, the `default/kubernetes` service variables, and the two files every
     /// container gets mounted (`/etc/hosts` and its termination message file), which the
     /// worker writes first as the kubelet does.
@@ -214,8 +216,17 @@ fn shape_container(c: &mut ContainerConfig, name: &str, uid: &str, hosts: &Path,
     };
     c.mounts = vec![mount("/etc/hosts", hosts), mount("/dev/termination-log", message)];
     if let Some(linux) = c.linux.as_mut() {
-        linux.resources =
-            Some(gantry_cri::api::LinuxContainerResources { cpu_shares: 2, oom_score_adj: 1000, ..Default::default() });
+        linux.resources = Some(gantry_cri::api::LinuxContainerResources {
+            cpu_shares: 2,
+            cpu_period: 100_000,
+            oom_score_adj: 1000,
+            ..Default::default()
+        });
+        if let Some(security) = linux.security_context.as_mut() {
+            let paths = |paths: &[&str]| paths.iter().map(|p| p.to_string()).collect();
+            security.masked_paths = paths(MASKED_PATHS);
+            security.readonly_paths = paths(READONLY_PATHS);
+        }
     }
 }
 

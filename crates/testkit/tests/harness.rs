@@ -189,6 +189,14 @@ async fn kubelet_shaped_raw_pods_run_with_the_kubelets_mounts_and_pod_cgroup() {
         let info = response.info.get("info").cloned().unwrap_or_default();
         let parent = format!("{}/raw-kubepods/besteffort/pod", ctd.cgroup_root());
         assert!(info.contains(&parent), "the container's cgroup is not below {parent}: {info}");
+        let spec: serde_json::Value = serde_json::from_str(&info).expect("verbose info is JSON");
+        let linux = &spec["runtimeSpec"]["linux"];
+        let strings = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array().into_iter().flatten().filter_map(|p| p.as_str().map(String::from)).collect()
+        };
+        assert_eq!(strings(&linux["maskedPaths"]), gantry_vocab::paths::MASKED_PATHS, "as a kubelet masks");
+        assert_eq!(strings(&linux["readonlyPaths"]), gantry_vocab::paths::READONLY_PATHS);
+        assert_eq!(linux["resources"]["cpu"]["period"], 100_000);
     }
     assert_eq!(remove_all_pods(&ctd).await.expect("remove"), 2);
 }

@@ -1,5 +1,5 @@
 //! Where the node keeps a pod's files, as upstream lays them out (tools such as crictl and log
-//! shippers read these paths).
+//! shippers read these paths), and which paths inside a container a kubelet hides.
 
 use std::path::{Path, PathBuf};
 
@@ -47,3 +47,20 @@ pub fn volume_dir(root_dir: &Path, uid: &str, plugin: &str, name: &str) -> PathB
 
 /// The pod's managed hosts file in its pod directory, bind-mounted as `/etc/hosts`.
 pub const ETC_HOSTS: &str = "etc-hosts";
+
+/// The paths a container's `/proc` and `/sys` hide and make read-only, upstream's defaults
+/// (`procMount: Default`): the kubelet sends them for every container that is not privileged.
+pub const MASKED_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+pub const READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];

@@ -91,9 +91,10 @@ impl ImagePuller {
         backoff.remaining(&key, now()).map(|(nanos, _)| Duration::from_nanos(nanos as u64))
     }
 
-    /// Makes the container's image present as its pull policy says; returns whether it was
-    /// pulled.
-    pub async fn ensure_image(&self, pod: &Pod, c: &Container) -> Result<bool, PullFailure> {
+    /// Makes the container's image present as its pull policy says; returns the image as the
+    /// runtime describes it (`None` if it could not say after a pull), so the start need not
+    /// ask again for its user.
+    pub async fn ensure_image(&self, pod: &Pod, c: &Container) -> Result<Option<api::Image>, PullFailure> {
         let image = c.image.as_deref().unwrap_or_default();
         let event = |kind, reason: &str, message: &str| self.events.record(pod, Some(&c.name), kind, reason, message);
         if let Err(e) = credentials::repository(image) {
@@ -110,7 +111,7 @@ impl ImagePuller {
             })?;
             if present.is_some() {
                 event(EventType::Normal, "Pulled", &format!("Container image {image:?} already present on machine"));
-                return Ok(false);
+                return Ok(present);
             }
             if policy == PullPolicy::Never {
                 let message = format!("Container image {image:?} is not present with pull policy of Never");
@@ -134,7 +135,8 @@ impl ImagePuller {
         drop(permit);
         match result {
             Ok(image_ref) => {
-                let size = self.image_size(&image_ref).await;
+                let pulled = self.image_ref(&image_ref).await.ok().flatten();
+                let size = pulled.as_ref().map_or(0, |i| i.size);
                 let message = format!(
                     "Successfully pulled image {image:?} in {} ({} including waiting). Image size: {size} bytes.",
                     format_millis(pulled_in),
@@ -142,7 +144,7 @@ impl ImagePuller {
                 );
                 event(EventType::Normal, "Pulled", &message);
                 self.backoff.lock().unwrap_or_else(|p| p.into_inner()).collect(now());
-                Ok(true)
+                Ok(pulled)
             }
             Err(error) => {
                 let error = error.to_string();
@@ -165,10 +167,6 @@ impl ImagePuller {
         let spec = api::ImageSpec { image: image.to_string(), ..Default::default() };
         let status = self.images.image_status(api::ImageStatusRequest { image: Some(spec), verbose: false }).await?;
         Ok(status.image)
-    }
-
-    async fn image_size(&self, image_ref: &str) -> u64 {
-        self.image_ref(image_ref).await.ok().flatten().map_or(0, |i| i.size)
     }
 
     /// Pulls with each matching credential in turn until one works (anonymously when none

@@ -601,7 +601,7 @@ impl Driver {
         pod_ip: Option<&str>,
         target_id: Option<&str>,
     ) -> Result<Started, StartError> {
-        self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
+        let image = self.images.ensure_image(pod, c).await.map_err(|f| StartError::new(f.reason, f.message))?;
         let fields = self.fields(pod_ip);
         let volumes =
             volumes::prepare(&self.root_dir, pod, self.objects.as_ref(), self.csi.as_deref(), &fields).await?;
@@ -613,7 +613,10 @@ impl Driver {
         mounts.extend(self.hosts_mount(pod, c, pod_ip).await?);
         mounts.extend(self.termination_message_mount(pod, c, attempt)?);
         let env_objects = self.env_objects(pod, c).await?;
-        let image_user = self.image_user(c).await?;
+        let image_user = match image {
+            Some(image) => ImageUser::of(Some(&image)),
+            None => self.image_user(c).await?,
+        };
         let mut devices: RunOptions = match &self.devices {
             Some(d) => d
                 .run_options(pod, &c.name)

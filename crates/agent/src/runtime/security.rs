@@ -8,23 +8,8 @@ use std::path::Path;
 use gantry_cri::api;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSecurityContext, SeccompProfile, SecurityContext};
 
+use gantry_vocab::paths::{MASKED_PATHS, READONLY_PATHS};
 use gantry_vocab::spec;
-
-/// Upstream's default masked and read-only paths (`procMount: Default`).
-const MASKED_PATHS: &[&str] = &[
-    "/proc/asound",
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-const READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
 /// The user an image runs as (CRI `ImageStatus`): a uid, else a user name.
 #[derive(Debug, Clone, PartialEq, Eq)]

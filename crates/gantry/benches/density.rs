@@ -260,7 +260,8 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, sequential: Durati
     let median = |pick: fn(&(f64, f64)) -> f64| {
         let mut v: Vec<f64> = ratios.iter().map(pick).collect();
         v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "))
+        let middle = (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0;
+        (middle, v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "))
     };
     let ((ratio, all), (ratio_shaped, all_shaped)) = (median(|r| r.0), median(|r| r.1));
     println!(

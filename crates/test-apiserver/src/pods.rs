@@ -3,6 +3,7 @@
 //! deletion timing, and which objects a pod references (for the Node authorizer).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
@@ -615,7 +616,7 @@ pub fn is_ready(pod: &Value) -> bool {
 }
 
 /// Kinds of objects the Node authorizer relates to nodes through pods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RefKind {
     Pod,
     Secret,
@@ -700,16 +701,59 @@ pub fn node_references(inner: &StoreInner, node: &str, kind: RefKind, ns: &str, 
     if kind == RefKind::Secret && pv_secret_of_node(inner, node, ns, name) {
         return true;
     }
-    inner.list("pods", Some(ns)).iter().filter(|p| on_node(p)).any(|p| {
-        let r = references(p);
-        match kind {
-            RefKind::Secret => r.secrets.contains(&name),
-            RefKind::ConfigMap => r.configmaps.contains(&name),
-            RefKind::Pvc => r.pvcs.iter().any(|s| s == name),
-            RefKind::ServiceAccount => r.service_account == Some(name),
-            RefKind::Pod | RefKind::Pv => false,
+    inner.node_refs.contains(node, kind, ns, name)
+}
+
+/// The Node authorizer's graph: for each node, the Secrets, ConfigMaps, PVCs and
+/// ServiceAccounts its pods reference, with how many of its pods reference each. The store
+/// keeps it as pods are written, so a request for an object does not read every pod.
+#[derive(Debug, Default)]
+pub struct NodeRefs {
+    by_node: HashMap<String, HashMap<(RefKind, String, String), usize>>,
+}
+
+impl NodeRefs {
+    /// A pod was written: `old` is what the store held before (if anything), `new` what it
+    /// holds now (nothing after a deletion).
+    pub fn replace(&mut self, old: Option<&Value>, new: Option<&Value>) {
+        if let Some(old) = old {
+            self.count(old, false);
         }
-    })
+        if let Some(new) = new {
+            self.count(new, true);
+        }
+    }
+
+    pub fn contains(&self, node: &str, kind: RefKind, ns: &str, name: &str) -> bool {
+        self.by_node.get(node).is_some_and(|refs| refs.contains_key(&(kind, ns.to_string(), name.to_string())))
+    }
+
+    fn count(&mut self, pod: &Value, add: bool) {
+        let Some(node) = pod.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
+            return;
+        };
+        let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
+        let r = references(pod);
+        let names = r.secrets.iter().map(|s| (RefKind::Secret, *s));
+        let names = names.chain(r.configmaps.iter().map(|c| (RefKind::ConfigMap, *c)));
+        let names = names.chain(r.pvcs.iter().map(|p| (RefKind::Pvc, p.as_ref())));
+        let names = names.chain(r.service_account.map(|a| (RefKind::ServiceAccount, a)));
+        let refs = self.by_node.entry(node.to_string()).or_default();
+        for (kind, name) in names {
+            let key = (kind, ns.to_string(), name.to_string());
+            if add {
+                *refs.entry(key).or_insert(0) += 1;
+            } else if let Some(n) = refs.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    refs.remove(&key);
+                }
+            }
+        }
+        if refs.is_empty() {
+            self.by_node.remove(node);
+        }
+    }
 }
 
 /// The secret references of a CSI PersistentVolume (upstream's `VisitPVSecretNames` for CSI).
@@ -778,6 +822,29 @@ mod tests {
         assert_eq!(grace_period(&json!({"spec": {}}), Some(30)), 0);
         let done = json!({"spec": {"nodeName": "n"}, "status": {"phase": "Succeeded"}});
         assert_eq!(grace_period(&done, None), 0);
+    }
+
+    #[test]
+    fn the_node_graph_follows_pod_writes() {
+        let mut inner = StoreInner::new(crate::resources::Registry::default(), 100);
+        let pod = |name: &str, node: &str, secret: &str| {
+            json!({"metadata": {"namespace": "ns", "name": name}, "spec": {"nodeName": node,
+                "volumes": [{"name": "v", "secret": {"secretName": secret}}]}})
+        };
+        let related =
+            |inner: &StoreInner, node: &str, secret: &str| node_references(inner, node, RefKind::Secret, "ns", secret);
+        inner.put("pods", pod("a", "n1", "s"));
+        inner.put("pods", pod("b", "n1", "s"));
+        assert!(related(&inner, "n1", "s"));
+        assert!(!related(&inner, "n2", "s"), "another node");
+        assert!(!node_references(&inner, "n1", RefKind::Secret, "other", "s"), "another namespace");
+        inner.remove("pods", "ns", "a");
+        assert!(related(&inner, "n1", "s"), "pod b still references it");
+        inner.put("pods", pod("b", "n1", "t"));
+        assert!(!related(&inner, "n1", "s"), "no pod references it any more");
+        assert!(related(&inner, "n1", "t"));
+        inner.put("pods", pod("b", "", "t"));
+        assert!(!related(&inner, "n1", "t"), "an unbound pod relates no node");
     }
 
     #[test]

@@ -14,7 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::pods::NodeRefs;
 use crate::resources::Registry;
+
+/// The storage of pods, whose references the store indexes by node.
+const PODS: &str = "pods";
 
 /// (namespace, name); the namespace is empty for cluster-scoped objects.
 pub type ObjKey = (String, String);
@@ -51,6 +55,8 @@ pub struct StoreInner {
     /// By storage, the resourceVersion of its newest change the history no longer has: a
     /// running watch of that storage from an older one has missed it.
     dropped: HashMap<String, u64>,
+    /// What the pods bound to each node reference, kept as pods are written.
+    pub node_refs: NodeRefs,
     pub registry: Registry,
     /// The cluster CA, published in every namespace as kube-root-ca.crt.
     pub ca_pem: String,
@@ -67,6 +73,7 @@ impl StoreInner {
             history: VecDeque::new(),
             history_limit,
             dropped: HashMap::new(),
+            node_refs: NodeRefs::default(),
             registry,
             ca_pem: String::new(),
             evictions: Vec::new(),
@@ -127,6 +134,9 @@ impl StoreInner {
         let obj = Arc::new(obj);
         let key = Self::key_of(&obj);
         let prev = self.objects.entry(storage.to_string()).or_default().insert(key, obj.clone());
+        if storage == PODS {
+            self.node_refs.replace(prev.as_deref(), Some(&obj));
+        }
         let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
         self.record(Change { rv, storage: storage.to_string(), kind, object: obj.clone(), prev });
         obj
@@ -135,6 +145,9 @@ impl StoreInner {
     /// Removes an object; the DELETED event carries its last state at a new resourceVersion.
     pub fn remove(&mut self, storage: &str, ns: &str, name: &str) -> Option<Arc<Value>> {
         let prev = self.objects.get_mut(storage)?.remove(&(ns.to_string(), name.to_string()))?;
+        if storage == PODS {
+            self.node_refs.replace(Some(&prev), None);
+        }
         let rv = self.next_rv();
         let mut last = (*prev).clone();
         last["metadata"]["resourceVersion"] = Value::String(rv.to_string());

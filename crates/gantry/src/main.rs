@@ -43,7 +43,7 @@ enum Command {
         /// The node agent's --root-dir.
         #[arg(long, default_value = gantry_config::DEFAULT_ROOT_DIR)]
         root_dir: PathBuf,
-        /// Print the raw PodList JSON instead of a table.
+        /// Print the PodList as (indented) JSON instead of a table.
         #[arg(long, short = 'o', value_parser = ["table", "json"], default_value = "table")]
         output: String,
     },

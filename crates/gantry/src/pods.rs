@@ -10,26 +10,21 @@ use k8s_openapi::jiff::Timestamp;
 
 pub fn main(root_dir: &Path, output: &str) -> ExitCode {
     let path = root_dir.join(STATUS_FILE);
+    let pods = match read_pod_list(&path) {
+        Ok(pods) => pods,
+        Err(e) => return fail(&format!("{e}; is gantry kubelet running with --root-dir {}?", root_dir.display())),
+    };
     if output == "json" {
-        return match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(&format!(
-                "{}: {e}; is gantry kubelet running with --root-dir {}?",
-                path.display(),
-                root_dir.display()
-            )),
-        };
-    }
-    match read_pod_list(&path) {
-        Ok(pods) => {
-            print!("{}", table(&pods, Timestamp::now()));
-            ExitCode::SUCCESS
+        // The agent writes the file compact; people read it indented, as `kubectl -o json`.
+        let list = k8s_openapi::List::<Pod> { items: pods, metadata: Default::default() };
+        match serde_json::to_string_pretty(&list) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return fail(&format!("{}: {e}", path.display())),
         }
-        Err(e) => fail(&format!("{e}; is gantry kubelet running with --root-dir {}?", root_dir.display())),
+    } else {
+        print!("{}", table(&pods, Timestamp::now()));
     }
+    ExitCode::SUCCESS
 }
 
 fn fail(message: &str) -> ExitCode {

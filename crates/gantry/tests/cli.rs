@@ -133,3 +133,25 @@ fn completion_scripts_cover_the_subcommands() {
     let (ok, _, stderr) = run(None, &["completion", "tcsh"]);
     assert!(!ok && stderr.contains("tcsh"), "{stderr}");
 }
+
+#[test]
+fn pods_reads_the_status_file_as_a_table_or_indented_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (ok, _, stderr) = run(None, &["pods", "--root-dir", root]);
+    assert!(!ok && stderr.contains("pods.json") && stderr.contains("--root-dir"), "{stderr}");
+    // As the agent writes it: one line.
+    let list = r#"{"apiVersion":"v1","kind":"PodList","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"default","uid":"u1"},"status":{"phase":"Running","podIP":"10.88.0.7"}}]}"#;
+    std::fs::write(dir.path().join("pods.json"), list).unwrap();
+    let (ok, table, stderr) = run(None, &["pods", "--root-dir", root]);
+    assert!(ok, "{stderr}");
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(row.starts_with("default") && row.contains("web") && row.contains("10.88.0.7"), "{table}");
+    let (ok, json, stderr) = run(None, &["pods", "--root-dir", root, "-o", "json"]);
+    assert!(ok, "{stderr}");
+    assert!(json.lines().count() > 5 && json.contains("\n  \"items\""), "indented: {json}");
+    let printed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(printed["kind"], "PodList");
+    assert_eq!(printed["items"][0]["metadata"]["name"], "web");
+    assert_eq!(printed["items"][0]["status"]["podIP"], "10.88.0.7");
+}

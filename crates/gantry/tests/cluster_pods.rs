@@ -9,7 +9,7 @@ use common::cluster;
 use common::{eventually, pod_yaml};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 /// A pod already bound to the node. No service-account token volume (the API server injects one
 /// unless told not to): these tests are about the pod lifecycle, `pod_volumes.rs` covers volumes.
@@ -53,6 +53,48 @@ async fn api_pod_runs_reports_status_and_is_deleted_gracefully() {
     assert!(took >= Duration::from_secs(2), "grace period honoured: gone after {took:?}");
     assert!(env.sandboxes().await.iter().all(|s| s.1 != "web"), "sandbox removed");
     cluster.cleanup(&env.node).await;
+}
+
+/// Another writer changing the kubelet's part of a pod's status (here, a controller marking it
+/// unready) gets the node's status back within the resync, as upstream's status manager does;
+/// for a static pod, on its mirror pod.
+#[tokio::test]
+async fn a_status_another_writer_overwrites_is_sent_again() {
+    let Some((env, cluster)) = cluster::setup().await else { return };
+    env.write_manifest("static.yaml", &pod_yaml("static", "sleep 3600", ""));
+    let gantry = cluster::start_node(&env, &cluster);
+    let pods: Api<Pod> = Api::namespaced(cluster.admin().await, "default");
+    pods.create(&PostParams::default(), &bound_pod(&env.node, "overwritten", "sleep 3600")).await.unwrap();
+    let names = ["overwritten".to_string(), format!("static-{}", env.node)];
+    for name in &names {
+        let running = eventually(&format!("{name} Ready"), &gantry, || ready_pod(&pods, name)).await;
+        let mut conditions = running.status.unwrap().conditions.unwrap();
+        let condition = conditions.iter_mut().find(|c| c.type_ == "Ready").unwrap();
+        condition.status = "False".into();
+        condition.reason = Some("Overwritten".into());
+        let body = serde_json::json!({ "status": { "conditions": conditions } });
+        let overwritten = pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await.unwrap();
+        assert_eq!(
+            ready_condition(&overwritten),
+            Some(("False".into(), Some("Overwritten".into()))),
+            "the API took the overwrite of {name}"
+        );
+    }
+    for name in &names {
+        eventually(&format!("the node's Ready condition back on {name}"), &gantry, || ready_pod(&pods, name)).await;
+    }
+    cluster.cleanup(&env.node).await;
+}
+
+/// The pod, once the API has it Ready as the node reports it.
+async fn ready_pod(pods: &Api<Pod>, name: &str) -> Option<Pod> {
+    let pod = pods.get(name).await.ok()?;
+    (ready_condition(&pod) == Some(("True".into(), None))).then_some(pod)
+}
+
+fn ready_condition(pod: &Pod) -> Option<(String, Option<String>)> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "Ready").map(|c| (c.status.clone(), c.reason.clone()))
 }
 
 #[tokio::test]

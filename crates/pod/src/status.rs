@@ -281,7 +281,6 @@ fn conditions(input: &Input, init: &[ContainerStatus], regular: &[ContainerStatu
     conditions
 }
 
-/// Conditions others set on the pod (e.g. `DisruptionTarget`, readiness gates) are kept.
 /// Whether a newer copy of a pod changes anything a sync reads. A copy whose only changes are
 /// its resource version, its managed fields and the kubelet's own part of its status (the
 /// pod's own status write coming back from the API server) needs no sync: upstream's pod
@@ -295,7 +294,16 @@ pub fn needs_sync(old: &Pod, new: &Pod) -> bool {
         || !foreign_conditions(old).eq(foreign_conditions(new))
 }
 
+/// Conditions others set on the pod (e.g. `DisruptionTarget`, readiness gates); the status
+/// keeps them.
 fn foreign_conditions(pod: &Pod) -> impl Iterator<Item = PodCondition> + '_ {
+    let existing = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    existing.iter().filter(|c| !is_kubelet_condition(c)).cloned()
+}
+
+/// Whether the kubelet owns the condition (upstream's `PodConditionByKubelet`): its status
+/// writes replace it, while others' conditions are kept.
+pub fn is_kubelet_condition(condition: &PodCondition) -> bool {
     // The resize conditions are the kubelet's too; the worker adds them (`resize`).
     const OWNED: [&str; 7] = [
         "PodReadyToStartContainers",
@@ -306,8 +314,7 @@ fn foreign_conditions(pod: &Pod) -> impl Iterator<Item = PodCondition> + '_ {
         "PodResizePending",
         "PodResizeInProgress",
     ];
-    let existing = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
-    existing.iter().filter(|c| !OWNED.contains(&c.type_.as_str())).cloned()
+    OWNED.contains(&condition.type_.as_str())
 }
 
 #[derive(Clone)]

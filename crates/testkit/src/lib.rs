@@ -54,7 +54,8 @@ pub use fake_cri::{FakeCri, ManualClock};
 pub use images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 pub use pinning_images::{PinningImageService, PullRecord};
 pub use raw::{
-    Shape, raw_start_pods, raw_start_pods_parallel, raw_start_shaped_pods_parallel, remove_all_pods, remove_raw_files,
+    CLUSTER_DNS, Shape, raw_start_pods, raw_start_pods_parallel, raw_start_shaped_pods_parallel, remove_all_pods,
+    remove_raw_files,
 };
 
 /// Send this crate's (and the caller's) `tracing` output to the test writer,

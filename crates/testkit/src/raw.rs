@@ -64,7 +64,7 @@ pub enum Shape {
     Minimal,
     /// As a kubelet configures an ordinary BestEffort pod of one container without volumes
     /// (what Gantry sends for it): a pod cgroup below a `kubepods/besteffort` of its own, the
-    /// host's DNS settings, CPU shares, the CFS period and the OOM score, the default masked
+    /// cluster DNS settings of a kubeadm node ([`CLUSTER_DNS`]), CPU shares, the CFS period and the OOM score, the default masked
     /// and read-only `/proc` and `/sys` paths, the kubelet's labels and
     /// annotations, the `default/kubernetes` service variables, and the two files every
     /// container gets mounted (`/etc/hosts` and its termination message file), which the
@@ -112,6 +112,11 @@ pub async fn raw_start_shaped_pods_parallel(
     Ok(elapsed)
 }
 
+/// The cluster DNS service's address of a kubeadm cluster (`clusterDNS`), with the domain
+/// `cluster.local`: a kubelet-shaped pod resolves through it as an ordinary pod of namespace
+/// `default` on such a node does.
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+
 /// Where a kubelet-shaped raw pod's cgroup and files go.
 #[derive(Debug, Clone)]
 struct KubeletShape {
@@ -132,14 +137,17 @@ impl KubeletShape {
                 .flat_map(|rest| rest.split_whitespace().map(String::from))
                 .collect()
         };
+        let cluster = ["default.svc.cluster.local", "svc.cluster.local", "cluster.local"].map(String::from);
+        let mut searches: Vec<String> = cluster.to_vec();
+        searches.extend(values("search ").into_iter().filter(|s| !cluster.contains(s)));
         KubeletShape {
             cgroup_parent: format!("{}/raw-kubepods/besteffort", ctd.cgroup_root()),
             files: raw_files(ctd),
             objects,
             dns: gantry_cri::api::DnsConfig {
-                servers: values("nameserver "),
-                searches: values("search "),
-                options: values("options "),
+                servers: vec![CLUSTER_DNS.into()],
+                searches,
+                options: vec!["ndots:5".into()],
             },
         }
     }

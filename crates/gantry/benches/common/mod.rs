@@ -44,12 +44,15 @@ pub fn cluster_node_args(ctd: &Containerd, server: &TestApiServer, dir: &Path, n
     // than 90% full, and the default 10% would evict or refuse the pods being measured. The
     // eviction manager still runs (its cost is part of what is measured). Image GC is off
     // (`imageGCHighThresholdPercent: 100`, as upstream): on a disk over 85% full it removed the
-    // pods' image between their starts, and the rest waited in ImagePullBackOff.
+    // pods' image between their starts, and the rest waited in ImagePullBackOff. The cluster
+    // DNS settings are a kubeadm node's: without them each pod is told, in an Event, that it
+    // falls back to the host's DNS.
     let yaml = format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\npodLogsDir: {}\nenableServer: false\n\
-         imageGCHighThresholdPercent: 100\n\
+         imageGCHighThresholdPercent: 100\nclusterDNS: [{}]\nclusterDomain: cluster.local\n\
          evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n  nodefs.inodesFree: 1%\n",
-        dir.join("logs").display()
+        dir.join("logs").display(),
+        gantry_testkit::CLUSTER_DNS,
     );
     std::fs::write(&config, yaml).unwrap();
     vec![

@@ -78,19 +78,25 @@ impl<'a> From<&'a PodRecord> for PodView<'a> {
     }
 }
 
+/// Puts `pod` in place of the recorded copy of the same pod with the same spec, keeping its
+/// status.
+fn keep_newer_copy(pods: &mut BTreeMap<String, Arc<PodRecord>>, pod: &Arc<Pod>) {
+    let uid = spec::uid(pod);
+    let Some(r) = pods.get(uid).filter(|r| !Arc::ptr_eq(&r.pod, pod) && r.pod.spec == pod.spec) else { return };
+    let record = PodRecord { pod: pod.clone(), status: r.status.clone() };
+    pods.insert(uid.to_string(), Arc::new(record));
+}
+
 impl StatusStore {
     /// Records `status` for `pod`; returns whether anything changed.
     pub fn set(&self, pod: &Arc<Pod>, status: PodStatus) -> bool {
         let uid = spec::uid(pod).to_string();
         let mut pods = self.pods.lock().unwrap();
-        if let Some(r) = pods.get(&uid).filter(|r| *r.status == status && r.pod.spec == pod.spec) {
+        if pods.get(&uid).is_some_and(|r| *r.status == status && r.pod.spec == pod.spec) {
             // Nothing to report, but the worker may hold a newer copy of the same pod (the
             // source's, once the API object's status moved): keep that one, so that the older
             // copy is freed rather than kept here for the pod's life.
-            if !Arc::ptr_eq(&r.pod, pod) {
-                let record = PodRecord { pod: pod.clone(), status: r.status.clone() };
-                pods.insert(uid, Arc::new(record));
-            }
+            keep_newer_copy(&mut pods, pod);
             return false;
         }
         pods.insert(uid, Arc::new(PodRecord { pod: pod.clone(), status: Arc::new(status) }));
@@ -102,11 +108,7 @@ impl StatusStore {
     /// Keeps `pod` (a newer copy of a recorded pod with the same spec) in place of the recorded
     /// copy, which is freed rather than kept here until the next status change.
     pub fn renew(&self, pod: &Arc<Pod>) {
-        let mut pods = self.pods.lock().unwrap();
-        let uid = spec::uid(pod);
-        let Some(r) = pods.get(uid).filter(|r| !Arc::ptr_eq(&r.pod, pod) && r.pod.spec == pod.spec) else { return };
-        let record = PodRecord { pod: pod.clone(), status: r.status.clone() };
-        pods.insert(uid.to_string(), Arc::new(record));
+        keep_newer_copy(&mut self.pods.lock().unwrap(), pod);
     }
 
     pub fn remove(&self, uid: &str) {

@@ -64,10 +64,10 @@ pub enum Shape {
     Minimal,
     /// As a kubelet configures an ordinary BestEffort pod of one container without volumes
     /// (what Gantry sends for it): a pod cgroup below a `kubepods/besteffort` of its own, the
-    /// cluster DNS settings of a kubeadm node ([`CLUSTER_DNS`]), CPU shares, the CFS period and the OOM score, the default masked
-    /// and read-only `/proc` and `/sys` paths, the kubelet's labels and
-    /// annotations, the `default/kubernetes` service variables, and the two files every
-    /// container gets mounted (`/etc/hosts` and its termination message file), which the
+    /// cluster DNS settings of a kubeadm node ([`CLUSTER_DNS`]), CPU shares, the CFS period and
+    /// the OOM score, the default masked and read-only `/proc` and `/sys` paths, the kubelet's
+    /// labels and annotations, the `default/kubernetes` service variables, and the two files
+    /// every container gets mounted (`/etc/hosts` and its termination message file), which the
     /// worker writes first as the kubelet does.
     Kubelet,
     /// [`Shape::Kubelet`] with the volumes of a pod that mounts a ConfigMap, a Secret and the

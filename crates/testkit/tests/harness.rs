@@ -7,12 +7,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gantry_cri::api::{
-    ContainerState, ContainerStatusRequest, ImageSpec, ImageStatusRequest, ListContainersRequest,
+    ContainerState, ContainerStatusRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, ListContainersRequest,
     ListPodSandboxRequest, PodSandboxFilter, PodSandboxState, PodSandboxStatusRequest, VersionRequest,
 };
 use gantry_testkit::raw::{RAW_LABEL, raw_log_root, raw_run_pod};
 use gantry_testkit::{
-    BUSYBOX_IMAGE, Containerd, PAUSE_IMAGE, Shape, raw_start_pods, raw_start_shaped_pods_parallel, remove_all_pods,
+    BUSYBOX_IMAGE, CLUSTER_DNS, Containerd, PAUSE_IMAGE, Shape, raw_start_pods, raw_start_shaped_pods_parallel,
+    remove_all_pods,
 };
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -197,6 +198,12 @@ async fn kubelet_shaped_raw_pods_run_with_the_kubelets_mounts_and_pod_cgroup() {
         assert_eq!(strings(&linux["maskedPaths"]), gantry_vocab::paths::MASKED_PATHS, "as a kubelet masks");
         assert_eq!(strings(&linux["readonlyPaths"]), gantry_vocab::paths::READONLY_PATHS);
         assert_eq!(linux["resources"]["cpu"]["period"], 100_000);
+        let exec =
+            ExecSyncRequest { container_id: c.id, cmd: vec!["cat".into(), "/etc/resolv.conf".into()], timeout: 10 };
+        let resolv = client.exec_sync(exec).await.unwrap().into_inner();
+        let resolv = String::from_utf8_lossy(&resolv.stdout);
+        assert!(resolv.contains(&format!("nameserver {CLUSTER_DNS}")), "a kubeadm node's cluster DNS: {resolv}");
+        assert!(resolv.contains("search default.svc.cluster.local svc.cluster.local cluster.local"), "{resolv}");
     }
     assert_eq!(remove_all_pods(&ctd).await.expect("remove"), 2);
 }

@@ -4,12 +4,12 @@
 //! count it runs two cases, each with a fresh agent and API server: pods with no API objects,
 //! and pods that each mount a distinct ConfigMap, a distinct Secret and the default
 //! service-account volume. It prints:
-//! - the makespan (first create → last pod Running) next to the raw CRI floor measured right
-//!   before it, the best of sequential and 8-way parallel raw CRI for the same number of pods
-//!   on the same containerd, and next to 8-way parallel raw CRI of pods configured as a
-//!   kubelet configures the case's pods (with the objects case's ConfigMap, Secret and token
-//!   volumes for that case); in several rounds, each floor next to its makespan, and the
-//!   median of the rounds' ratios;
+//! - the makespan (first create → last pod Running) next to the raw CRI floor, the best of
+//!   sequential and 8-way parallel raw CRI for the same number of pods on the same containerd,
+//!   and next to 8-way parallel raw CRI of pods configured as a kubelet configures the case's
+//!   pods (with the objects case's ConfigMap, Secret and token volumes for that case); in
+//!   several rounds, each makespan against the mean of the floors measured right before and
+//!   right after it, and the median of the rounds' ratios;
 //! - where that time went: how busy the machine's cores were and which commands used them,
 //!   during the floor and the makespan, when the runtime created the sandboxes and started the
 //!   containers, and when the pods were first, half and all seen Running;
@@ -219,10 +219,12 @@ struct Floor {
     shaped: Duration,
 }
 
-/// Starts an API server and an agent, then measures `rounds` times the floor and, right after
-/// it, the makespan of the case's pods (deleting them between rounds): the runtime's speed
-/// drifts by more than the margins measured here, so each makespan is set against the floor
-/// measured next to it, and the median of the rounds is the figure. Then the steady state.
+/// Starts an API server and an agent, then measures `rounds` makespans of the case's pods
+/// (deleting them between rounds), each between two floors: the runtime's speed drifts by more
+/// than the margins measured here, so each makespan is set against the mean of the floors
+/// measured right before and right after it (a drift that is steady over a round cancels), and
+/// the median of the rounds is the figure. The steady state follows the last makespan, before
+/// the last floor.
 async fn run_case(ctd: &Containerd, count: usize, case: Case, sequential: Duration, rounds: usize, steady: Duration) {
     let label = format!("pods={count} case={}", case.name());
     let server = TestApiServer::start().await;
@@ -238,40 +240,75 @@ async fn run_case(ctd: &Containerd, count: usize, case: Case, sequential: Durati
     let mut agent = common::spawn(&dir, "gantry.log", &args);
     common::wait_for_node(&admin, NODE).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let mut ratios = Vec::new();
+    let mut before = raw_floor(ctd, count, case, sequential, &format!("{label} round=1")).await;
+    let mut ratios = Ratios::default();
     for round in 1..=rounds {
         let label = format!("{label} round={round}");
-        let floor = raw_floor(ctd, count, case, sequential, &label).await;
         let makespan = makespan(ctd, &server, &pods, agent.id(), count, case, &label).await;
-        let (ratio, ratio_shaped) = (makespan.div_duration_f64(floor.best), makespan.div_duration_f64(floor.shaped));
-        println!(
-            "density: {label} makespan={:.3}s raw_floor={:.3}s ratio={ratio:.2} kubelet_shaped_floor={:.3}s \
-             ratio_shaped={ratio_shaped:.2}",
-            makespan.as_secs_f64(),
-            floor.best.as_secs_f64(),
-            floor.shaped.as_secs_f64(),
-        );
-        ratios.push((ratio, ratio_shaped));
-        if round < rounds {
-            delete_all(&pods).await;
-            sandboxes_gone(ctd).await;
+        if round == rounds {
+            steady_state(&server, &Api::all(admin.clone()), agent.id(), &label, steady).await;
         }
+        delete_all(&pods).await;
+        sandboxes_gone(ctd).await;
+        let after = raw_floor(ctd, count, case, sequential, &format!("{label} after")).await;
+        ratios.push(&label, makespan, before, after);
+        before = after;
     }
-    let median = |pick: fn(&(f64, f64)) -> f64| {
-        let mut v: Vec<f64> = ratios.iter().map(pick).collect();
-        v.sort_by(f64::total_cmp);
-        let middle = (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0;
-        (middle, v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "))
-    };
-    let ((ratio, all), (ratio_shaped, all_shaped)) = (median(|r| r.0), median(|r| r.1));
-    println!(
-        "density: {label} makespan over {rounds} rounds: ratio median {ratio:.2} ({all}); ratio_shaped median \
-         {ratio_shaped:.2} ({all_shaped})"
-    );
-    steady_state(&server, &Api::all(admin), agent.id(), &label, steady).await;
-    delete_all(&pods).await;
+    ratios.print(&label, rounds);
     let _ = agent.kill();
     let _ = agent.wait();
+}
+
+/// The rounds' makespans against their floors: the mean of the floors before and after, and
+/// the floor before alone (comparable with figures measured that way); each against the
+/// minimal and the kubelet-shaped floor.
+#[derive(Default)]
+struct Ratios {
+    before: Vec<f64>,
+    bracketed: Vec<f64>,
+    shaped_before: Vec<f64>,
+    shaped_bracketed: Vec<f64>,
+}
+
+impl Ratios {
+    fn push(&mut self, label: &str, makespan: Duration, before: Floor, after: Floor) {
+        let mean = |a: Duration, b: Duration| (a + b) / 2;
+        let (best, shaped) = (mean(before.best, after.best), mean(before.shaped, after.shaped));
+        let ratio = makespan.div_duration_f64(best);
+        let ratio_shaped = makespan.div_duration_f64(shaped);
+        println!(
+            "density: {label} makespan={:.3}s raw_floor={:.3}s (before {:.3}s, after {:.3}s) ratio={ratio:.2} \
+             kubelet_shaped_floor={:.3}s (before {:.3}s, after {:.3}s) ratio_shaped={ratio_shaped:.2}",
+            makespan.as_secs_f64(),
+            best.as_secs_f64(),
+            before.best.as_secs_f64(),
+            after.best.as_secs_f64(),
+            shaped.as_secs_f64(),
+            before.shaped.as_secs_f64(),
+            after.shaped.as_secs_f64(),
+        );
+        self.bracketed.push(ratio);
+        self.shaped_bracketed.push(ratio_shaped);
+        self.before.push(makespan.div_duration_f64(before.best));
+        self.shaped_before.push(makespan.div_duration_f64(before.shaped));
+    }
+
+    fn print(&self, label: &str, rounds: usize) {
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            let middle = (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0;
+            format!("{middle:.2} ({})", v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "))
+        };
+        println!(
+            "density: {label} makespan over {rounds} rounds: ratio median {}; ratio_shaped median {}; against the \
+             floor before only: ratio median {}, ratio_shaped median {}",
+            median(&self.bracketed),
+            median(&self.shaped_bracketed),
+            median(&self.before),
+            median(&self.shaped_before),
+        );
+    }
 }
 
 /// Creates the case's pods once the machine is idle and returns the time until the last one
